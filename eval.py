@@ -1,0 +1,139 @@
+"""Evaluation: held-out accuracy, reward variance, convergence speed; reports and run comparisons.
+
+The proposal's §3.1 metrics, per policy:
+  accuracy     greedy pass@1 on the held-out split (never trained on: tasks.py splits by a hash)
+  reward var.  iteration-to-iteration variance of the mean training reward, estimated as half the mean squared
+               difference of consecutive iterations (von Neumann), so a learning trend does not count as noise
+  convergence  the first iteration at which held-out accuracy reaches a target
+
+    python eval.py runs/qwen-llama-none-s1                     # one run: report.md and curves.png in it
+    python eval.py runs/A runs/B runs/C --out runs/compare     # side by side
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+
+import tasks
+
+
+def heldout_accuracy(policy, problems: list[tasks.Problem], max_new_tokens: int, batch_size: int = 256) -> float:
+    """Greedy pass@1 of `policy` on `problems`."""
+    if not problems:
+        raise ValueError("no held-out problems to evaluate")
+    correct = 0.0
+    for i in range(0, len(problems), batch_size):
+        chunk = problems[i:i + batch_size]
+        rollouts = policy.rollout([tasks.prompt_text(p) for p in chunk], 1, max_new_tokens, greedy=True)
+        correct += sum(tasks.answer_reward(text, p) for text, p in zip(rollouts.texts, chunk))
+    return correct / len(problems)
+
+
+def load_metrics(run_dir: Path) -> list[dict]:
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.exists():
+        raise FileNotFoundError(f"{path} does not exist: is {run_dir} a run directory?")
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def curve(records: list[dict], policy: str, key: str) -> list[tuple[int, float]]:
+    return [(r["iteration"], r[key]) for r in records if r["policy"] == policy and key in r]
+
+
+def reward_variance(means: list[float]) -> float:
+    """Half the mean squared difference of consecutive values: the noise variance, insensitive to a trend."""
+    if len(means) < 2:
+        return float("nan")
+    return sum((b - a) ** 2 for a, b in zip(means, means[1:])) / (2 * (len(means) - 1))
+
+
+def summarize(run_dir: Path, target: float) -> list[dict]:
+    """One row per policy of a run."""
+    records = load_metrics(run_dir)
+    rows = []
+    for policy in dict.fromkeys(r["policy"] for r in records):
+        accuracy = curve(records, policy, "eval/heldout_accuracy")
+        rewards = [v for _, v in curve(records, policy, "charts/reward_mean")]
+        reached = [it for it, acc in accuracy if acc >= target]
+        rows.append({"run": Path(run_dir).name, "policy": policy,
+                     "start_accuracy": accuracy[0][1] if accuracy else float("nan"),
+                     "final_accuracy": accuracy[-1][1] if accuracy else float("nan"),
+                     "best_accuracy": max((a for _, a in accuracy), default=float("nan")),
+                     "mean_train_reward": sum(rewards) / len(rewards) if rewards else float("nan"),
+                     "reward_var": reward_variance(rewards),
+                     "iterations_to_target": reached[0] if reached else None,
+                     "iterations": max((r["iteration"] for r in records), default=0)})
+    return rows
+
+
+def markdown_table(rows: list[dict], target: float) -> str:
+    head = ("| run | policy | held-out acc. start | final | best | mean train reward | reward var. "
+            f"| iterations to {target:.0%} |\n|---|---|---|---|---|---|---|---|\n")
+    def cell(v) -> str:
+        return "—" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.3f}" if isinstance(v, float) else str(v)
+    return head + "".join(
+        f"| {r['run']} | {r['policy']} | {cell(r['start_accuracy'])} | {cell(r['final_accuracy'])} "
+        f"| {cell(r['best_accuracy'])} | {cell(r['mean_train_reward'])} | {cell(r['reward_var'])} "
+        f"| {cell(r['iterations_to_target']) if r['iterations_to_target'] is not None else 'not reached'} |\n"
+        for r in rows)
+
+
+def plot_curves(run_dirs: list[Path], path: Path) -> None:
+    """Held-out accuracy and mean training reward against iteration, one line per run and policy."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, (ax_acc, ax_rew) = plt.subplots(1, 2, figsize=(11, 4))
+    for run_dir in run_dirs:
+        records = load_metrics(run_dir)
+        for policy in dict.fromkeys(r["policy"] for r in records):
+            label = f"{Path(run_dir).name}/{policy}" if len(run_dirs) > 1 else policy
+            acc = curve(records, policy, "eval/heldout_accuracy")
+            ax_acc.plot([i for i, _ in acc], [a for _, a in acc], marker="o", label=label)
+            rew = curve(records, policy, "charts/reward_mean")
+            ax_rew.plot([i for i, _ in rew], smooth([r for _, r in rew]), label=label)
+    ax_acc.set(xlabel="iteration", ylabel="held-out greedy pass@1", title="accuracy", ylim=(0, 1))
+    ax_rew.set(xlabel="iteration", ylabel="mean reward (moving average of 10)", title="training reward", ylim=(0, 1))
+    for ax in (ax_acc, ax_rew):
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def smooth(values: list[float], window: int = 10) -> list[float]:
+    return [sum(values[max(0, i - window + 1):i + 1]) / (i + 1 - max(0, i - window + 1)) for i in range(len(values))]
+
+
+def write_report(run_dir: Path, target: float = 0.9) -> str:
+    """report.md and curves.png in the run directory; returns the markdown."""
+    run_dir = Path(run_dir)
+    text = f"# {run_dir.name}\n\n" + markdown_table(summarize(run_dir, target), target)
+    (run_dir / "report.md").write_text(text)
+    plot_curves([run_dir], run_dir / "curves.png")
+    return text
+
+
+def compare(run_dirs: list[Path], out: Path, target: float = 0.9) -> str:
+    """Side-by-side table and curves of several runs, written to `out`."""
+    out.mkdir(parents=True, exist_ok=True)
+    text = "# comparison\n\n" + markdown_table([row for d in run_dirs for row in summarize(d, target)], target)
+    (out / "comparison.md").write_text(text)
+    plot_curves(run_dirs, out / "comparison.png")
+    return text
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("runs", nargs="+", type=Path, help="run directories (runs/NAME)")
+    parser.add_argument("--target", type=float, default=0.9, help="accuracy that counts as converged")
+    parser.add_argument("--out", type=Path, default=None, help="where a comparison goes (default: runs/compare)")
+    cli = parser.parse_args()
+    if len(cli.runs) == 1:
+        print(write_report(cli.runs[0], cli.target))
+    else:
+        print(compare(cli.runs, cli.out or cli.runs[0].parent / "compare", cli.target))

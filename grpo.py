@@ -1,0 +1,186 @@
+"""GRPO: group-normalized advantages and the clipped surrogate with per-token advantages and weights.
+
+Group advantages (GRPO, Shao et al. 2024):   A_i = (r_i - mean(r_group)) / (std(r_group) + eps)
+  or, as Dr. GRPO (Liu et al. 2025), without the division by the std.
+Per-token loss, for token t of completion i with ratio rho = pi_theta / pi_old:
+  l_it = -w_it * min(rho_it A_it, clip(rho_it, 1 - eps_low, 1 + eps_high) A_it) + beta * k3_it
+  k3_it = exp(ref_it - logp_it) - (ref_it - logp_it) - 1               (Schulman's k3 estimator of KL)
+Advantages are per token because the fidelity repairs (tokalign, reachability, reward_drift) rescale them
+token by token; w_it are the importance weights of shared off-policy experience (DESIGN.md §4.4, §4.5).
+Aggregation: "sequence" (original GRPO: mean over each completion's tokens, then over completions) or
+"token" (DAPO: sum over all tokens of the batch divided by their number).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+def group_advantages(rewards: torch.Tensor, scale_by_std: bool = True, eps: float = 1e-4) -> torch.Tensor:
+    """rewards [B, G] (B groups of G completions) -> advantages [B, G].
+
+    A group whose rewards are all equal carries no signal: its advantages are exactly 0, never NaN.
+    """
+    if rewards.ndim != 2 or rewards.shape[1] == 0:
+        raise ValueError(f"rewards must be [groups, group_size] with group_size > 0, got {tuple(rewards.shape)}")
+    if not torch.isfinite(rewards).all():
+        raise ValueError("rewards contain NaN or inf")
+    centered = rewards - rewards.mean(dim=1, keepdim=True)
+    if not scale_by_std:
+        return centered
+    std = rewards.std(dim=1, keepdim=True, unbiased=False)
+    return torch.where(std > 0, centered / (std + eps), torch.zeros_like(centered))
+
+
+def token_logprobs_and_entropy(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor
+                               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """log pi(x_t | x_<t) and the entropy of pi(. | x_<t), both [N, L-1], aligned with input_ids[:, 1:]."""
+    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float()  # [N, L-1, V]
+    logprobs = torch.log_softmax(logits, dim=-1)
+    chosen = logprobs.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)                 # [N, L-1]
+    with torch.no_grad():
+        entropy = -(logprobs.exp() * logprobs).sum(-1)                                       # [N, L-1]
+    return chosen, entropy
+
+
+def rewards_stats(rewards: torch.Tensor) -> dict[str, float]:
+    """rewards [B, G] -> the reward charts of one iteration."""
+    return {"charts/reward_mean": rewards.mean().item(),
+            "charts/reward_std": rewards.std(unbiased=False).item(),
+            "charts/zero_std_groups": (rewards.std(dim=1, unbiased=False) == 0).float().mean().item()}
+
+
+def check_finite(name: str, value: torch.Tensor) -> None:
+    if not torch.isfinite(value).all():
+        raise FloatingPointError(f"{name} is not finite; the update is skipped and the parameters are untouched")
+
+
+@dataclass(frozen=True)
+class LossConfig:
+    clip_eps_low: float = 0.2
+    clip_eps_high: float = 0.2
+    beta: float = 0.0
+    aggregation: str = "sequence"
+
+
+def clipped_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
+                 cfg: LossConfig, weights: torch.Tensor | None = None, ref_logp: torch.Tensor | None = None,
+                 totals: tuple[int, float] | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The GRPO objective to minimize. All inputs [N, T]; mask is 1 on completion tokens, 0 elsewhere.
+
+    `totals` = (sequences, tokens) of the whole batch when this is one micro-batch of it, so that the
+    micro-batch losses add up to the batch loss. Returns the loss and summed metrics (clipped tokens, KL).
+    """
+    if cfg.aggregation not in ("sequence", "token"):
+        raise ValueError(f"aggregation must be 'sequence' or 'token', got {cfg.aggregation!r}")
+    if not (mask.sum(dim=1) > 0).all():
+        raise ValueError("every sequence needs at least one completion token")
+    num_sequences, num_tokens = totals if totals is not None else (mask.shape[0], mask.sum().item())
+    weights = torch.ones_like(logp) if weights is None else weights
+    ratio = torch.exp(logp - old_logp)                                                        # [N, T]
+    clipped = torch.clamp(ratio, 1 - cfg.clip_eps_low, 1 + cfg.clip_eps_high)
+    per_token = -weights * torch.minimum(ratio * advantages, clipped * advantages)           # [N, T]
+    kl = torch.zeros_like(logp)
+    if ref_logp is not None:
+        delta = ref_logp - logp
+        kl = torch.exp(delta) - delta - 1
+        per_token = per_token + cfg.beta * kl
+    if cfg.aggregation == "sequence":
+        loss = ((per_token * mask).sum(1) / mask.sum(1)).sum() / num_sequences
+    else:
+        loss = (per_token * mask).sum() / num_tokens
+    with torch.no_grad():
+        was_clipped = (clipped * advantages < ratio * advantages).float()
+        sums = {"clipped_tokens": (was_clipped * mask).sum(), "kl_sum": (kl.detach() * mask).sum()}
+    return loss, sums
+
+
+def pack_sequences(prompts: list[list[int]], completions: list[list[int]], pad_id: int
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-padded prompt+completion batch: input_ids [N, L], attention_mask [N, L], and the completion
+    mask [N, L-1] over next-token targets (1 where input_ids[:, 1:] is a completion token)."""
+    if not prompts or len(prompts) != len(completions):
+        raise ValueError(f"need as many prompts as completions, at least one; got {len(prompts)}, {len(completions)}")
+    length = max(len(p) + len(c) for p, c in zip(prompts, completions))
+    input_ids = torch.full((len(prompts), length), pad_id, dtype=torch.long)
+    attention = torch.zeros((len(prompts), length), dtype=torch.long)
+    mask = torch.zeros((len(prompts), length - 1), dtype=torch.float32)
+    for i, (p, c) in enumerate(zip(prompts, completions)):
+        if len(p) == 0 or len(c) == 0:
+            raise ValueError(f"sequence {i} has an empty prompt or completion")
+        input_ids[i, :len(p) + len(c)] = torch.tensor(list(p) + list(c), dtype=torch.long)
+        attention[i, :len(p) + len(c)] = 1
+        mask[i, len(p) - 1:len(p) + len(c) - 1] = 1.0
+    return input_ids, attention, mask
+
+
+@dataclass
+class TrainBatch:
+    """What one GRPO update consumes; every [N, L-1] tensor is aligned with the targets input_ids[:, 1:]."""
+
+    input_ids: torch.Tensor                 # [N, L]
+    attention_mask: torch.Tensor            # [N, L]
+    mask: torch.Tensor                      # [N, L-1]  1 on completion targets
+    advantages: torch.Tensor                # [N, L-1]  per-token advantages, 0 off the mask
+    weights: torch.Tensor | None = None     # [N, L-1]  importance weights of shared experience; None = 1
+
+
+def build_batch(prompts: list[list[int]], completions: list[list[int]], token_advantages: list[torch.Tensor],
+                pad_id: int, token_weights: list[torch.Tensor] | None = None) -> TrainBatch:
+    """Pack sequences with their per-token advantages (and weights), each a [T_i] tensor per completion."""
+    input_ids, attention, mask = pack_sequences(prompts, completions, pad_id)
+    def place(values: list[torch.Tensor]) -> torch.Tensor:
+        out = torch.zeros_like(mask)
+        for i, (p, v) in enumerate(zip(prompts, values)):
+            if len(v) != len(completions[i]):
+                raise ValueError(f"sequence {i}: {len(v)} per-token values for {len(completions[i])} tokens")
+            out[i, len(p) - 1:len(p) - 1 + len(v)] = v
+        return out
+    return TrainBatch(input_ids, attention, mask, place(token_advantages),
+                      place(token_weights) if token_weights is not None else None)
+
+
+def grpo_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: TrainBatch, cfg: LossConfig,
+              epochs: int = 1, micro_batch: int = 64, max_grad_norm: float = 1.0,
+              ref_model: torch.nn.Module | None = None) -> dict[str, float]:
+    """`epochs` clipped updates on one batch; pi_old is the model before the first (so the first has ratio 1).
+
+    Raises FloatingPointError, before touching the parameters, if a loss or gradient is not finite.
+    """
+    device = next(model.parameters()).device
+    tensors = {k: v.to(device) if v is not None else None for k, v in vars(batch).items()}
+    n, num_tokens = tensors["mask"].shape[0], tensors["mask"].sum().item()
+    chunks = [slice(i, i + micro_batch) for i in range(0, n, micro_batch)]
+    old_logp, ref_logp = [None] * len(chunks), [None] * len(chunks)
+    if ref_model is not None and cfg.beta > 0:
+        with torch.no_grad():
+            ref_logp = [token_logprobs_and_entropy(ref_model, tensors["input_ids"][c], tensors["attention_mask"][c])[0]
+                        for c in chunks]
+    totals = {"loss": 0.0, "clipped_tokens": 0.0, "kl_sum": 0.0, "entropy_sum": 0.0, "grad_norm": 0.0}
+    for _ in range(epochs):
+        optimizer.zero_grad(set_to_none=True)
+        for j, c in enumerate(chunks):
+            logp, entropy = token_logprobs_and_entropy(model, tensors["input_ids"][c], tensors["attention_mask"][c])
+            if old_logp[j] is None:
+                old_logp[j] = logp.detach()
+            mask = tensors["mask"][c]
+            weights = tensors["weights"][c] if tensors["weights"] is not None else None
+            loss, sums = clipped_loss(logp, old_logp[j], tensors["advantages"][c], mask, cfg, weights, ref_logp[j],
+                                      totals=(n, num_tokens))
+            check_finite("GRPO loss", loss)
+            loss.backward()
+            totals["loss"] += loss.item() / epochs
+            totals["clipped_tokens"] += sums["clipped_tokens"].item()
+            totals["kl_sum"] += sums["kl_sum"].item()
+            totals["entropy_sum"] += (entropy * mask).sum().item()
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+        check_finite("gradient norm", grad_norm)
+        optimizer.step()
+        totals["grad_norm"] += grad_norm.item() / epochs
+    seen = num_tokens * epochs
+    return {"losses/policy_loss": totals["loss"], "losses/clip_ratio": totals["clipped_tokens"] / seen,
+            "losses/kl": totals["kl_sum"] / seen, "losses/entropy": totals["entropy_sum"] / seen,
+            "losses/grad_norm": totals["grad_norm"],
+            "charts/completion_len": tensors["mask"].sum(1).float().mean().item()}

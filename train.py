@@ -1,0 +1,237 @@
+"""Train two or three heterogeneous policies with GRPO at once (DESIGN.md §3, one iteration).
+
+    python train.py --pair qwen-llama                 # tiny offline policies on a CPU, small real ones on CUDA
+    python train.py --pair trio --iterations 50 --seed 2
+    python train.py --name my-run --resume            # continue a killed run from its last checkpoint
+
+Each iteration draws one set of prompts for all policies (so groups on the same prompt exist for sharing),
+then for every policy: G rollouts per prompt, outcome rewards, group advantages, one GRPO update. Metrics go
+to runs/NAME/metrics.jsonl, one line per policy and iteration, under stable names (charts/, losses/, eval/);
+checkpoints to runs/NAME/checkpoints; the evaluation report (eval.py) to runs/NAME at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Literal
+
+import torch
+import tyro
+from tqdm import tqdm
+
+import eval as evaluation
+import grpo
+import policies
+import tasks
+
+
+@dataclass
+class Args:
+    pair: Literal["qwen-llama", "qwen-qwen", "trio"] = "qwen-llama"
+    """which policies train together: cross-family, same family at two sizes, or three families"""
+    scale: Literal["tiny", "small", "paper"] | None = None
+    """model sizes (policies.py): tiny offline models; ~1B real models; the proposal's 3B-8B. Default: small on
+    CUDA, tiny otherwise"""
+    model_paths: tuple[str, ...] = ()
+    """NAME=PATH per policy to load a model id or a local directory instead of the preset's, e.g. qwen=/models/q"""
+    share: Literal["none"] = "none"
+    """how experience crosses between policies; none = independent GRPO"""
+    iterations: int = 120
+    """training iterations; each updates every policy once"""
+    prompts_per_iteration: int = 16
+    """prompts drawn per iteration, the same for every policy"""
+    group_size: int = 8
+    """G: completions sampled per prompt"""
+    max_new_tokens: int = 40
+    """completion length limit in tokens"""
+    temperature: float = 1.0
+    """sampling temperature of rollouts"""
+    top_p: float = 1.0
+    """nucleus sampling threshold of rollouts"""
+    lr: float = 2e-4
+    """AdamW learning rate of every policy"""
+    scale_by_std: bool = True
+    """divide group advantages by the group's reward std (GRPO); off gives Dr. GRPO's centred rewards"""
+    aggregation: Literal["sequence", "token"] = "sequence"
+    """loss aggregation: per-sequence means (GRPO) or one mean over all tokens of the batch (DAPO)"""
+    clip_eps_low: float = 0.2
+    """lower clip range of the importance ratio"""
+    clip_eps_high: float = 0.2
+    """upper clip range of the importance ratio (DAPO's clip-higher raises it)"""
+    beta: float = 0.0
+    """weight of the k3 KL penalty to the policy as it was after warm-up; 0 holds no reference model"""
+    epochs: int = 1
+    """optimization passes over each iteration's batch"""
+    micro_batch: int = 64
+    """sequences per forward/backward pass (gradient accumulation); memory, not maths"""
+    max_grad_norm: float = 1.0
+    """gradient clipping"""
+    num_steps: int = 2
+    """task: operations per problem"""
+    max_operand: int = 9
+    """task: operands are drawn from 1..max_operand"""
+    ops: str = "+-"
+    """task: operations, a subset of '+-*'"""
+    train_size: int = 5000
+    """training problems drawn once; prompts are sampled from them"""
+    eval_size: int = 200
+    """held-out problems for greedy pass@1"""
+    eval_every: int = 20
+    """iterations between held-out evaluations (also run before the first and after the last)"""
+    warmup_scale: float = 1.0
+    """multiplies each tiny policy's supervised warm-up budget (tests use a small one)"""
+    seed: int = 1
+    """seeds models, warm-up, problems and sampling; a CPU run is repeatable"""
+    name: str | None = None
+    """run name; default PAIR-SHARE-sSEED"""
+    runs_dir: str = "runs"
+    """where run directories are made"""
+    cache_dir: str | None = None
+    """warm-up cache; default ~/.cache/cross-fidelity"""
+    checkpoint_every: int = 10
+    """iterations between checkpoints (the last iteration is always saved)"""
+    resume: bool = False
+    """continue the run NAME from its last checkpoint"""
+    device: str | None = None
+    """torch device; default cuda if available, else cpu"""
+
+
+def seed_iteration(seed: int, iteration: int) -> random.Random:
+    """Seed torch for one iteration and return its prompt sampler, so a resumed run draws what it would have."""
+    torch.manual_seed(seed * 1_000_003 + iteration)
+    return random.Random(f"{seed}/{iteration}")
+
+
+def own_batch(policy: policies.Policy, rollouts: policies.Rollouts, rewards: torch.Tensor, args: Args
+              ) -> grpo.TrainBatch:
+    """The policy's own rollouts with their group advantages spread over every completion token."""
+    advantages = grpo.group_advantages(rewards, args.scale_by_std).flatten()          # [B*G]
+    token_advantages = [a.expand(len(ids)) for a, ids in zip(advantages, rollouts.completion_ids)]
+    return grpo.build_batch([p.tolist() for p in rollouts.prompt_ids], [c.tolist() for c in rollouts.completion_ids],
+                            token_advantages, policy.tokenizer.pad_token_id)
+
+
+def save_checkpoint(run_dir: Path, iteration: int, pols: list[policies.Policy],
+                    optimizers: list[torch.optim.Optimizer]) -> None:
+    """Write iteration's checkpoint in full, then point `latest` at it, then drop older ones."""
+    root = run_dir / "checkpoints"
+    target = root / f"iter-{iteration:06d}"
+    target.mkdir(parents=True, exist_ok=True)
+    for policy, optimizer in zip(pols, optimizers):
+        torch.save({"model": policy.model.state_dict(), "optimizer": optimizer.state_dict()},
+                   target / f"{policy.name}.pt")
+    tmp = root / "latest.tmp"
+    tmp.write_text(target.name)
+    tmp.replace(root / "latest")
+    for old in root.glob("iter-*"):
+        if old != target:
+            shutil.rmtree(old)
+
+
+def load_checkpoint(run_dir: Path, pols: list[policies.Policy], optimizers: list[torch.optim.Optimizer]) -> int:
+    """Restore the last checkpoint; returns how many iterations it had completed."""
+    latest = run_dir / "checkpoints" / "latest"
+    folder = latest.parent / latest.read_text().strip()
+    for policy, optimizer in zip(pols, optimizers):
+        state = torch.load(folder / f"{policy.name}.pt", map_location=policy.device)
+        policy.model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+    return int(folder.name.split("-")[1])
+
+
+def truncate_metrics(path: Path, iteration: int) -> None:
+    """Keep the metric lines logged up to `iteration`, so a resumed run repeats none and loses none."""
+    if path.exists():
+        lines = [line for line in path.read_text().splitlines() if line.strip()]
+        kept = [line for line in lines if json.loads(line)["iteration"] <= iteration]
+        path.write_text("".join(line + "\n" for line in kept))
+
+
+def log(path: Path, record: dict) -> None:
+    with path.open("a") as f:
+        f.write(json.dumps(record) + "\n")
+
+
+def main(args: Args) -> Path:
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    scale = args.scale or policies.default_scale()
+    task_cfg = tasks.TaskConfig(num_steps=args.num_steps, max_operand=args.max_operand, ops=args.ops)
+    run_dir = Path(args.runs_dir) / (args.name or f"{args.pair}-{args.share}-s{args.seed}")
+    if run_dir.exists() and not args.resume and (run_dir / "metrics.jsonl").exists():
+        raise FileExistsError(f"{run_dir} holds a run; pass --resume to continue it or --name for a new one")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    metrics_path = run_dir / "metrics.jsonl"
+    print(f"pair={args.pair} scale={scale} device={device} dtype={policies.default_dtype(device)} run={run_dir}")
+
+    started = time.time()
+    model_paths = dict(item.split("=", 1) for item in args.model_paths)
+    pols = policies.load_policies(args.pair, scale, device, task_cfg, args.seed, args.cache_dir, model_paths,
+                                  args.warmup_scale)
+    for p in pols:
+        n_params = sum(t.numel() for t in p.model.parameters())
+        print(f"  {p.name}: {type(p.model).__name__}, {n_params / 1e6:.2f}M parameters, vocabulary {len(p.tokenizer)}")
+    optimizers = [torch.optim.AdamW(p.model.parameters(), lr=args.lr, weight_decay=0.0) for p in pols]
+    references = [policies.frozen_copy(p.model) if args.beta > 0 else None for p in pols]
+    train_problems = tasks.generate_problems(args.train_size, "train", args.seed, task_cfg)
+    heldout = tasks.generate_problems(args.eval_size, "heldout", args.seed, task_cfg)
+    (run_dir / "config.json").write_text(json.dumps({**asdict(args), "scale": scale}, indent=2))
+
+    def evaluate(iteration: int) -> dict[str, float]:
+        accuracies = {}
+        for p in pols:
+            accuracies[p.name] = evaluation.heldout_accuracy(p, heldout, args.max_new_tokens)
+            log(metrics_path, {"iteration": iteration, "policy": p.name, "time_s": time.time() - started,
+                               "eval/heldout_accuracy": accuracies[p.name]})
+        return accuracies
+
+    if args.resume and (run_dir / "checkpoints" / "latest").exists():
+        start = load_checkpoint(run_dir, pols, optimizers)
+        truncate_metrics(metrics_path, start)
+        accuracy = {p.name: float("nan") for p in pols}
+        print(f"resumed from iteration {start}")
+    else:  # a fresh run, or one killed before its first checkpoint: nothing to keep
+        start = 0
+        truncate_metrics(metrics_path, -1)
+        accuracy = evaluate(0)
+
+    bar = tqdm(range(start, args.iterations), initial=start, total=args.iterations, desc="train")
+    for it in bar:
+        sampler = seed_iteration(args.seed, it)
+        problems = sampler.sample(train_problems, args.prompts_per_iteration)
+        prompts = [tasks.prompt_text(q) for q in problems]
+        rollouts = {p.name: p.rollout(prompts, args.group_size, args.max_new_tokens, args.temperature, args.top_p)
+                    for p in pols}
+        rewards = {name: torch.tensor([tasks.answer_reward(t, q) for t, q in
+                                       zip(r.texts, (q for q in problems for _ in range(args.group_size)))]
+                                      ).view(len(problems), args.group_size)                  # [B, G]
+                   for name, r in rollouts.items()}
+        # Exchange: the sharing modes (sharing.py, curator.py) add peers' experience to these batches here.
+        batches = {p.name: own_batch(p, rollouts[p.name], rewards[p.name], args) for p in pols}
+        loss_cfg = grpo.LossConfig(args.clip_eps_low, args.clip_eps_high, args.beta, args.aggregation)
+        for p, optimizer, reference in zip(pols, optimizers, references):
+            stats = grpo.grpo_step(p.model, optimizer, batches[p.name], loss_cfg, args.epochs, args.micro_batch,
+                                   args.max_grad_norm, reference)
+            stats.update(grpo.rewards_stats(rewards[p.name]))
+            stats["charts/finished"] = sum(rollouts[p.name].finished) / len(rollouts[p.name].finished)
+            log(metrics_path, {"iteration": it + 1, "policy": p.name, "time_s": time.time() - started, **stats})
+        done = it + 1
+        if done % args.eval_every == 0 or done == args.iterations:
+            accuracy = evaluate(done)
+        if done % args.checkpoint_every == 0 or done == args.iterations:
+            save_checkpoint(run_dir, done, pols, optimizers)
+        bar.set_postfix({f"{n}_r": f"{rewards[n].mean():.2f}" for n in rewards} |
+                        {f"{n}_acc": f"{a:.2f}" for n, a in accuracy.items()})
+
+    report = evaluation.write_report(run_dir)
+    print(report)
+    print(f"done in {time.time() - started:.0f}s; report in {run_dir / 'report.md'}")
+    return run_dir
+
+
+if __name__ == "__main__":
+    main(tyro.cli(Args))
