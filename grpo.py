@@ -34,10 +34,13 @@ def group_advantages(rewards: torch.Tensor, scale_by_std: bool = True, eps: floa
     return torch.where(std > 0, centered / (std + eps), torch.zeros_like(centered))
 
 
-def token_logprobs_and_entropy(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor
-                               ) -> tuple[torch.Tensor, torch.Tensor]:
-    """log pi(x_t | x_<t) and the entropy of pi(. | x_<t), both [N, L-1], aligned with input_ids[:, 1:]."""
-    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float()  # [N, L-1, V]
+def token_logprobs_and_entropy(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                               temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """log pi(x_t | x_<t) and the entropy of pi(. | x_<t), both [N, L-1], aligned with input_ids[:, 1:].
+
+    pi is the model at the sampling temperature: the policy that produced the rollouts is the one optimized.
+    """
+    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float() / temperature
     logprobs = torch.log_softmax(logits, dim=-1)
     chosen = logprobs.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)                 # [N, L-1]
     with torch.no_grad():
@@ -144,7 +147,7 @@ def build_batch(prompts: list[list[int]], completions: list[list[int]], token_ad
 
 def grpo_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: TrainBatch, cfg: LossConfig,
               epochs: int = 1, micro_batch: int = 64, max_grad_norm: float = 1.0,
-              ref_model: torch.nn.Module | None = None) -> dict[str, float]:
+              ref_model: torch.nn.Module | None = None, temperature: float = 1.0) -> dict[str, float]:
     """`epochs` clipped updates on one batch; pi_old is the model before the first (so the first has ratio 1).
 
     Raises FloatingPointError, before touching the parameters, if a loss or gradient is not finite.
@@ -156,13 +159,14 @@ def grpo_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: T
     old_logp, ref_logp = [None] * len(chunks), [None] * len(chunks)
     if ref_model is not None and cfg.beta > 0:
         with torch.no_grad():
-            ref_logp = [token_logprobs_and_entropy(ref_model, tensors["input_ids"][c], tensors["attention_mask"][c])[0]
-                        for c in chunks]
+            ref_logp = [token_logprobs_and_entropy(ref_model, tensors["input_ids"][c], tensors["attention_mask"][c],
+                                                   temperature)[0] for c in chunks]
     totals = {"loss": 0.0, "clipped_tokens": 0.0, "kl_sum": 0.0, "entropy_sum": 0.0, "grad_norm": 0.0}
     for _ in range(epochs):
         optimizer.zero_grad(set_to_none=True)
         for j, c in enumerate(chunks):
-            logp, entropy = token_logprobs_and_entropy(model, tensors["input_ids"][c], tensors["attention_mask"][c])
+            logp, entropy = token_logprobs_and_entropy(model, tensors["input_ids"][c], tensors["attention_mask"][c],
+                                                       temperature)
             if old_logp[j] is None:
                 old_logp[j] = logp.detach()
             mask = tensors["mask"][c]

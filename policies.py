@@ -9,7 +9,8 @@ A policy is a causal LM with its own tokenizer. Three scales (issue 2):
          size, google/gemma-3-4b-it, stands in.
 
 A rollout carries what sharing needs (DESIGN.md §4.2): the completion text, the sampled token ids, their
-log-probs under the sampling policy at temperature 1, and each token's byte span in the UTF-8 completion.
+log-probs under the sampling distribution (the model at the sampling temperature; top-p is not folded in), and
+each token's byte span in the UTF-8 completion.
 Offsets are in bytes because a byte-level token can end inside a character; special tokens cover no bytes.
 """
 
@@ -25,7 +26,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from tokenizers import Tokenizer
+from tokenizers import Tokenizer, decoders
 from transformers import (AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM, MistralConfig,
                           MistralForCausalLM, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM)
 
@@ -57,10 +58,10 @@ def _tiny(name: str, family: str, hidden: int, layers: int, warmup_steps: int) -
 
 PRESETS: dict[str, dict[str, list[PolicySpec]]] = {
     "tiny": {
-        "qwen-llama": [_tiny("qwen", "qwen2", 128, 4, 600), _tiny("llama", "llama", 128, 4, 300)],
-        "qwen-qwen": [_tiny("qwen-small", "qwen2", 96, 3, 300), _tiny("qwen-large", "qwen2", 160, 4, 600)],
-        "trio": [_tiny("qwen", "qwen2", 128, 4, 600), _tiny("llama", "llama", 128, 4, 300),
-                 _tiny("mistral", "mistral", 128, 4, 450)],
+        "qwen-llama": [_tiny("qwen", "qwen2", 128, 4, 700), _tiny("llama", "llama", 128, 4, 800)],
+        "qwen-qwen": [_tiny("qwen-small", "qwen2", 96, 3, 700), _tiny("qwen-large", "qwen2", 160, 4, 800)],
+        "trio": [_tiny("qwen", "qwen2", 128, 4, 700), _tiny("llama", "llama", 128, 4, 800),
+                 _tiny("mistral", "mistral", 128, 4, 800)],
     },
     "small": {
         "qwen-llama": [PolicySpec("qwen", "qwen2", "Qwen/Qwen2.5-0.5B-Instruct"),
@@ -105,13 +106,23 @@ def packaged_tokenizer_path(family: str) -> Path:
     return Path(spec.submodule_search_locations[0]) / relative
 
 
-def _full_tokenizer_json(family: str) -> dict:
+def full_tokenizer_json(family: str) -> dict:
+    """The family's whole packaged tokenizer as tokenizers JSON."""
     path = packaged_tokenizer_path(family)
     if path.suffix == ".json":
         return json.loads(path.read_text())
-    # a SentencePiece model: transformers converts it into a tokenizers BPE with byte fallback
-    from transformers import LlamaTokenizerFast
-    return json.loads(LlamaTokenizerFast(vocab_file=str(path), legacy=False).backend_tokenizer.to_str())
+    # A SentencePiece BPE model (byte fallback): rebuilt as a tokenizers BPE by transformers' extractor. Its
+    # Metaspace pre-tokenizer would prepend "▁" to every encoded text, so a completion encoded on its own would
+    # gain a space it does not have; "never" makes every encoding cover exactly its text's bytes, and the
+    # decoder then must not strip a leading space either.
+    from transformers import LlamaTokenizer
+    from transformers.convert_slow_tokenizer import SentencePieceExtractor
+    extracted = SentencePieceExtractor(str(path)).extract(None)
+    converted = json.loads(LlamaTokenizer(vocab=extracted["vocab"], merges=extracted["merges"], legacy=False,
+                                          add_bos_token=False).backend_tokenizer.to_str())
+    converted["pre_tokenizer"]["prepend_scheme"] = "never"
+    converted["decoder"]["decoders"] = [d for d in converted["decoder"]["decoders"] if d["type"] != "Strip"]
+    return converted
 
 
 def task_corpus(n_problems: int = 3000) -> list[str]:
@@ -125,6 +136,13 @@ def task_corpus(n_problems: int = 3000) -> list[str]:
     texts.append(" ".join(f"{n} = {n}\n{n}" for n in range(10_000)))
     texts.append(" ".join(f"999{n:03d}" for n in range(1000)))  # 3-digit groups with leading zeros, as in 533022
     return texts
+
+
+def is_byte_token(piece: str, byte_fallback: bool) -> bool:
+    """A token of the byte alphabet: `<0xAB>` with byte fallback, else one of byte-level BPE's 256 characters."""
+    if byte_fallback:
+        return len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">")
+    return piece in _byte_decoder()
 
 
 def trim_bpe(tokenizer_json: dict, corpus: list[str], keep_special: list[str]) -> dict:
@@ -141,7 +159,7 @@ def trim_bpe(tokenizer_json: dict, corpus: list[str], keep_special: list[str]) -
     for a, b in merges:
         producers.setdefault(a + b, []).append((a, b))
     kept = {t for enc in full.encode_batch(corpus, add_special_tokens=False) for t in enc.tokens}
-    kept |= {t for t in model["vocab"] if len(t) == 1 or (t.startswith("<0x") and t.endswith(">") and len(t) == 6)}
+    kept |= {t for t in model["vocab"] if is_byte_token(t, byte_fallback=bool(model.get("byte_fallback")))}
     stack = list(kept)
     while stack:
         for pair in producers.get(stack.pop(), []):
@@ -166,7 +184,7 @@ def trim_bpe(tokenizer_json: dict, corpus: list[str], keep_special: list[str]) -
 def tiny_tokenizer(family: str) -> PreTrainedTokenizerFast:
     """The family's packaged tokenizer trimmed to the task vocabulary, with its EOS as the only special token."""
     eos = PACKAGED_TOKENIZERS[family][2]
-    trimmed = trim_bpe(_full_tokenizer_json(family), task_corpus(), keep_special=[eos])
+    trimmed = trim_bpe(full_tokenizer_json(family), task_corpus(), keep_special=[eos])
     tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(json.dumps(trimmed)), eos_token=eos,
                                   pad_token=eos, clean_up_tokenization_spaces=False)
     tok.padding_side = "left"
@@ -193,7 +211,7 @@ def _byte_decoder() -> dict[str, int]:
 def token_bytes_table(tokenizer) -> list[bytes]:
     """The bytes each token id stands for; special tokens stand for none (they are mapped, never aligned)."""
     special = set(tokenizer.all_special_ids) | {i for i, t in tokenizer.added_tokens_decoder.items() if t.special}
-    byte_level = "ByteLevel" in tokenizer.backend_tokenizer.to_str()[:20000]
+    byte_level = isinstance(tokenizer.backend_tokenizer.decoder, decoders.ByteLevel)
     table = []
     decoder = _byte_decoder()
     for i, piece in enumerate(tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))):
@@ -201,7 +219,7 @@ def token_bytes_table(tokenizer) -> list[bytes]:
             table.append(b"")
         elif byte_level:
             table.append(bytes(decoder[c] for c in piece))
-        elif piece.startswith("<0x") and piece.endswith(">") and len(piece) == 6:
+        elif is_byte_token(piece, byte_fallback=True):
             table.append(bytes([int(piece[3:5], 16)]))
         else:
             table.append(piece.replace("\u2581", " ").encode())
@@ -240,7 +258,7 @@ class Rollouts:
 
     prompt_ids: list[torch.Tensor]       # N x [P_i]     the prompt's ids, no padding
     completion_ids: list[torch.Tensor]   # N x [T_i]     sampled ids, EOS included when emitted
-    logprobs: list[torch.Tensor]         # N x [T_i]     log pi(token | prefix) at temperature 1, float32
+    logprobs: list[torch.Tensor]         # N x [T_i]     log pi(token | prefix) at the sampling temperature
     texts: list[str]                     # N             completion text, EOS excluded
     offsets: list[list[tuple[int, int]]]  # N x T_i      byte span of each token in the UTF-8 completion
     finished: list[bool]                 # N             EOS emitted before max_new_tokens
@@ -286,8 +304,11 @@ class Policy:
                                   return_dict_in_generate=True, output_logits=True)
         self.model.train(was_training)
         new = out.sequences[:, batch["input_ids"].shape[1]:]                      # [N, T]
-        logits = torch.stack(out.logits, dim=1).float()                            # [N, T, V]
-        logprobs = torch.log_softmax(logits, -1).gather(-1, new.unsqueeze(-1)).squeeze(-1)  # [N, T]
+        # the behaviour log-probs are those of the sampling distribution (the logits at the temperature); one
+        # step at a time, as a stacked float copy of all logits would be [N, T, V]
+        scale = 1.0 if greedy else temperature
+        logprobs = torch.stack([torch.log_softmax(step.float() / scale, -1).gather(-1, ids.unsqueeze(-1)).squeeze(-1)
+                                for step, ids in zip(out.logits, new.T)], dim=1)  # [N, T]
         eos = self.tokenizer.eos_token_id
         result = Rollouts([], [], [], [], [], [], group_size)
         for row, lp, prompt in zip(new.tolist(), logprobs.cpu(), prompt_lists):
@@ -382,7 +403,7 @@ def load_hub_policy(spec: PolicySpec, location: str, device: torch.device, dtype
     try:
         tokenizer = AutoTokenizer.from_pretrained(location)
         model = AutoModelForCausalLM.from_pretrained(location, dtype=dtype)
-    except OSError as err:
+    except (OSError, ValueError) as err:  # ValueError: a path that is neither a directory nor a valid hub id
         raise RuntimeError(
             f"could not load {spec.name} from {location!r} ({err.__class__.__name__}). Without a network to the "
             f"model hub, download the weights elsewhere (e.g. `hf download {spec.hub_id}`), copy the directory "
@@ -408,7 +429,7 @@ def load_policies(pair: str, scale: str, device: torch.device, task_cfg: tasks.T
             policies.append(load_hub_policy(spec, model_paths[spec.name], device, default_dtype(device)))
         elif spec.tiny is not None:
             policy = load_tiny_policy(spec, task_cfg, seed + 1000 * i, cache_dir, warmup_scale)
-            policy.model.to(device)
+            policy.model.to(device=device, dtype=default_dtype(device))
             policy.device = device
             policies.append(policy)
         else:

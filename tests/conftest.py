@@ -1,0 +1,14 @@
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+torch.set_num_threads(2)
+
+
+@pytest.fixture(scope="session")
+def cache_dir(tmp_path_factory) -> str:
+    """One warm-up cache for the whole session, so tiny policies are warmed up once."""
+    return str(tmp_path_factory.mktemp("cache"))

@@ -1,0 +1,43 @@
+import json
+
+import pytest
+
+import eval as evaluation
+
+
+def write_run(path, accuracies, rewards):
+    path.mkdir()
+    lines = [{"iteration": it, "policy": "p", "eval/heldout_accuracy": a} for it, a in accuracies]
+    lines += [{"iteration": i + 1, "policy": "p", "charts/reward_mean": r} for i, r in enumerate(rewards)]
+    (path / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return path
+
+
+def test_summary_by_hand(tmp_path):
+    run = write_run(tmp_path / "a", [(0, 0.2), (10, 0.5), (20, 0.7), (30, 0.6)], [0.1, 0.3, 0.2, 0.4])
+    [row] = evaluation.summarize(run, target=0.6)
+    assert (row["start_accuracy"], row["final_accuracy"], row["best_accuracy"]) == (0.2, 0.6, 0.7)
+    assert row["iterations_to_target"] == 20
+    # consecutive differences 0.2, -0.1, 0.2: (0.04 + 0.01 + 0.04) / (2 * 3)
+    assert row["reward_var"] == pytest.approx(0.09 / 6)
+    assert row["mean_train_reward"] == pytest.approx(0.25)
+
+
+def test_a_linear_trend_is_not_counted_as_reward_variance():
+    assert evaluation.reward_variance([0.1 * i for i in range(10)]) == pytest.approx(0.005)  # 0.01 / 2, not var
+    assert evaluation.reward_variance([0.5] * 5) == 0.0
+
+
+def test_report_and_comparison_files(tmp_path):
+    a = write_run(tmp_path / "a", [(0, 0.2), (10, 0.5)], [0.1, 0.3])
+    b = write_run(tmp_path / "b", [(0, 0.3), (10, 0.9)], [0.2, 0.6])
+    assert "| a | p | 0.200 | 0.500 |" in evaluation.write_report(a, target=0.9)
+    assert (a / "report.md").exists() and (a / "curves.png").stat().st_size > 0
+    text = evaluation.compare([a, b], tmp_path / "cmp", target=0.9)
+    assert "| b | p | 0.300 | 0.900 | 0.900 |" in text and "not reached" in text
+    assert (tmp_path / "cmp" / "comparison.png").stat().st_size > 0
+
+
+def test_a_directory_without_metrics_is_refused(tmp_path):
+    with pytest.raises(FileNotFoundError, match="run directory"):
+        evaluation.summarize(tmp_path, 0.5)

@@ -1,0 +1,164 @@
+"""GRPO against hand-computed values and naive loops."""
+
+import math
+
+import pytest
+import torch
+
+import grpo
+
+EPS = 1e-4
+
+
+def test_group_advantages_by_hand():
+    rewards = torch.tensor([[1.0, 0.0, 0.0, 1.0], [1.0, 1.0, 1.0, 0.0]])
+    # group 1: mean 0.5, population std 0.5; group 2: mean 0.75, std sqrt(3)/4
+    s2 = math.sqrt(3) / 4
+    expected = torch.tensor([[0.5 / (0.5 + EPS), -0.5 / (0.5 + EPS), -0.5 / (0.5 + EPS), 0.5 / (0.5 + EPS)],
+                             [0.25 / (s2 + EPS)] * 3 + [-0.75 / (s2 + EPS)]])
+    torch.testing.assert_close(grpo.group_advantages(rewards, eps=EPS), expected)
+    torch.testing.assert_close(grpo.group_advantages(rewards, scale_by_std=False),
+                               torch.tensor([[0.5, -0.5, -0.5, 0.5], [0.25, 0.25, 0.25, -0.75]]))
+
+
+def test_zero_variance_groups_give_exact_zeros():
+    rewards = torch.tensor([[1.0, 1.0, 1.0], [0.0, 0.0, 0.0], [0.3, 0.3, 0.3], [0.0, 1.0, 0.0]])
+    advantages = grpo.group_advantages(rewards)
+    assert torch.isfinite(advantages).all()
+    assert (advantages[:3] == 0).all() and (advantages[3] != 0).all()
+    stats = grpo.rewards_stats(rewards)
+    assert stats["charts/zero_std_groups"] == 0.75
+
+
+@pytest.mark.parametrize("rewards", [torch.zeros(2, 0), torch.zeros(4), torch.tensor([[1.0, float("nan")]]),
+                                     torch.tensor([[float("inf"), 0.0]])])
+def test_bad_rewards_are_refused(rewards):
+    with pytest.raises(ValueError):
+        grpo.group_advantages(rewards)
+
+
+def naive_loss(logp, old, adv, mask, weights, ref, eps_low, eps_high, beta, aggregation):
+    """The objective written out token by token with Python floats."""
+    per_seq, total, count = [], 0.0, 0
+    for i in range(len(logp)):
+        terms = []
+        for t in range(len(logp[i])):
+            if not mask[i][t]:
+                continue
+            ratio = math.exp(logp[i][t] - old[i][t])
+            clipped = min(max(ratio, 1 - eps_low), 1 + eps_high)
+            term = -weights[i][t] * min(ratio * adv[i][t], clipped * adv[i][t])
+            d = ref[i][t] - logp[i][t]
+            term += beta * (math.exp(d) - d - 1)
+            terms.append(term)
+        per_seq.append(sum(terms) / len(terms))
+        total += sum(terms)
+        count += len(terms)
+    return sum(per_seq) / len(per_seq) if aggregation == "sequence" else total / count
+
+
+@pytest.mark.parametrize("aggregation", ["sequence", "token"])
+def test_clipped_loss_matches_a_naive_loop(aggregation):
+    g = torch.Generator().manual_seed(0)
+    logp = -torch.rand(3, 5, generator=g, dtype=torch.float64) * 2
+    old = logp + (torch.rand(3, 5, generator=g, dtype=torch.float64) - 0.5)        # ratios well outside the clip
+    ref = logp + (torch.rand(3, 5, generator=g, dtype=torch.float64) - 0.5)
+    adv = torch.randn(3, 5, generator=g, dtype=torch.float64)
+    weights = torch.rand(3, 5, generator=g, dtype=torch.float64)
+    mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 0, 0, 0], [0, 1, 1, 1, 0]], dtype=torch.float64)
+    cfg = grpo.LossConfig(clip_eps_low=0.1, clip_eps_high=0.3, beta=0.05, aggregation=aggregation)
+    loss, sums = grpo.clipped_loss(logp, old, adv, mask, cfg, weights, ref)
+    expected = naive_loss(logp.tolist(), old.tolist(), adv.tolist(), mask.tolist(), weights.tolist(), ref.tolist(),
+                          0.1, 0.3, 0.05, aggregation)
+    assert loss.item() == pytest.approx(expected, rel=1e-12)
+    ratio = (logp - old).exp()
+    clip_active = ((adv > 0) & (ratio > 1.3)) | ((adv < 0) & (ratio < 0.9))
+    assert sums["clipped_tokens"].item() == (clip_active.double() * mask).sum().item() > 0
+
+
+def test_aggregations_differ_on_unequal_lengths_by_hand():
+    # one token of advantage 1 against three tokens of advantage 0, on-policy (ratio 1)
+    logp = torch.zeros(2, 3)
+    adv = torch.tensor([[1.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
+    mask = torch.tensor([[1.0, 0.0, 0.0], [1.0, 1.0, 1.0]])
+    seq, _ = grpo.clipped_loss(logp, logp, adv, mask, grpo.LossConfig(aggregation="sequence"))
+    tok, _ = grpo.clipped_loss(logp, logp, adv, mask, grpo.LossConfig(aggregation="token"))
+    assert seq.item() == pytest.approx(-0.5)     # mean of (-1/1, 0/3)
+    assert tok.item() == pytest.approx(-0.25)    # -1 over 4 tokens
+    with pytest.raises(ValueError, match="aggregation"):
+        grpo.clipped_loss(logp, logp, adv, mask, grpo.LossConfig(aggregation="batch"))
+
+
+def test_kl_is_zero_at_the_reference_and_positive_elsewhere():
+    logp = torch.log(torch.tensor([[0.2, 0.5]]))
+    mask = torch.ones(1, 2)
+    zero_adv = torch.zeros(1, 2)
+    at_ref, sums = grpo.clipped_loss(logp, logp, zero_adv, mask, grpo.LossConfig(beta=1.0), ref_logp=logp)
+    assert at_ref.item() == 0 and sums["kl_sum"].item() == 0
+    away, _ = grpo.clipped_loss(logp, logp, zero_adv, mask, grpo.LossConfig(beta=1.0), ref_logp=logp + 0.3)
+    assert away.item() == pytest.approx(math.exp(0.3) - 0.3 - 1)
+
+
+def test_build_batch_places_completions_and_advantages_on_their_targets():
+    prompts, completions = [[5, 6, 7], [8]], [[1, 2], [3, 4, 9]]
+    batch = grpo.build_batch(prompts, completions, [torch.tensor([0.5, 0.5]), torch.tensor([-1.0, -2.0, -3.0])],
+                             pad_id=0, token_weights=[torch.tensor([1.0, 0.25]), torch.tensor([1.0, 1.0, 0.5])])
+    targets = batch.input_ids[:, 1:]
+    for i, c in enumerate(completions):
+        assert targets[i][batch.mask[i] == 1].tolist() == c
+    assert batch.advantages[1][batch.mask[1] == 1].tolist() == [-1.0, -2.0, -3.0]
+    assert batch.weights[0][batch.mask[0] == 1].tolist() == [1.0, 0.25]
+    assert (batch.advantages[batch.mask == 0] == 0).all()
+    with pytest.raises(ValueError, match="per-token values"):
+        grpo.build_batch(prompts, completions, [torch.tensor([1.0]), torch.tensor([1.0, 1.0, 1.0])], pad_id=0)
+    with pytest.raises(ValueError, match="empty"):
+        grpo.build_batch([[1], []], [[2], [3]], [torch.ones(1), torch.ones(1)], pad_id=0)
+    with pytest.raises(ValueError, match="at least one"):
+        grpo.pack_sequences([], [], pad_id=0)
+
+
+class Bigram(torch.nn.Module):
+    """A model small enough to reason about: next-token logits depend on the current token only."""
+
+    def __init__(self, vocab=6):
+        super().__init__()
+        self.table = torch.nn.Parameter(torch.randn(vocab, vocab, generator=torch.Generator().manual_seed(0)))
+
+    def forward(self, input_ids, attention_mask=None):
+        return type("Out", (), {"logits": self.table[input_ids]})()
+
+
+def test_grpo_step_moves_probability_towards_positive_advantages():
+    model = Bigram()
+    batch = grpo.build_batch([[0], [0]], [[1], [2]], [torch.tensor([1.0]), torch.tensor([-1.0])], pad_id=0)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    before = torch.softmax(model.table[0].detach().clone(), -1)
+    stats = grpo.grpo_step(model, optimizer, batch, grpo.LossConfig())
+    after = torch.softmax(model.table[0].detach(), -1)
+    assert after[1] > before[1] and after[2] < before[2]
+    assert stats["losses/clip_ratio"] == 0.0 and stats["charts/completion_len"] == 1.0
+
+
+def test_micro_batches_give_the_gradient_of_the_whole_batch():
+    batch = grpo.build_batch([[0], [1, 2], [3]], [[1, 2, 3], [4], [5, 0]],
+                             [torch.tensor([1.0, 1.0, 1.0]), torch.tensor([-2.0]), torch.tensor([0.5, 0.5])], pad_id=0)
+    grads = []
+    for micro, aggregation in [(3, "sequence"), (1, "sequence"), (3, "token"), (2, "token")]:
+        model = Bigram()
+        optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+        before = model.table.detach().clone()
+        grpo.grpo_step(model, optimizer, batch, grpo.LossConfig(aggregation=aggregation), micro_batch=micro,
+                       max_grad_norm=1e9)
+        grads.append(before - model.table.detach())
+    torch.testing.assert_close(grads[0], grads[1])
+    torch.testing.assert_close(grads[2], grads[3])
+    assert not torch.allclose(grads[0], grads[2])
+
+
+def test_non_finite_loss_raises_and_leaves_parameters_untouched():
+    model = Bigram()
+    batch = grpo.build_batch([[0], [0]], [[1], [2]], [torch.tensor([float("nan")]), torch.tensor([1.0])], pad_id=0)
+    before = model.table.detach().clone()
+    with pytest.raises(FloatingPointError, match="untouched"):
+        grpo.grpo_step(model, torch.optim.SGD(model.parameters(), lr=1.0), batch, grpo.LossConfig(), micro_batch=1)
+    assert torch.equal(before, model.table.detach())
