@@ -58,10 +58,10 @@ def _tiny(name: str, family: str, hidden: int, layers: int, warmup_steps: int) -
 
 PRESETS: dict[str, dict[str, list[PolicySpec]]] = {
     "tiny": {
-        "qwen-llama": [_tiny("qwen", "qwen2", 128, 4, 700), _tiny("llama", "llama", 128, 4, 800)],
-        "qwen-qwen": [_tiny("qwen-small", "qwen2", 96, 3, 700), _tiny("qwen-large", "qwen2", 160, 4, 800)],
-        "trio": [_tiny("qwen", "qwen2", 128, 4, 700), _tiny("llama", "llama", 128, 4, 800),
-                 _tiny("mistral", "mistral", 128, 4, 800)],
+        "qwen-llama": [_tiny("qwen", "qwen2", 128, 4, 1000), _tiny("llama", "llama", 128, 4, 800)],
+        "qwen-qwen": [_tiny("qwen-small", "qwen2", 96, 3, 1000), _tiny("qwen-large", "qwen2", 160, 4, 1000)],
+        "trio": [_tiny("qwen", "qwen2", 128, 4, 1000), _tiny("llama", "llama", 128, 4, 800),
+                 _tiny("mistral", "mistral", 128, 4, 1000)],
     },
     "small": {
         "qwen-llama": [PolicySpec("qwen", "qwen2", "Qwen/Qwen2.5-0.5B-Instruct"),
@@ -180,15 +180,25 @@ def trim_bpe(tokenizer_json: dict, corpus: list[str], keep_special: list[str]) -
     return trimmed
 
 
+def wrap_tokenizer(tokenizer_json: dict, eos: str) -> PreTrainedTokenizerFast:
+    """A transformers tokenizer around tokenizers JSON: EOS doubles as padding, prompts are left-padded."""
+    tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(json.dumps(tokenizer_json)), eos_token=eos,
+                                  pad_token=eos, clean_up_tokenization_spaces=False)
+    tok.padding_side = "left"
+    return tok
+
+
+@lru_cache(maxsize=None)
+def full_tokenizer(family: str) -> PreTrainedTokenizerFast:
+    """The family's whole packaged tokenizer."""
+    return wrap_tokenizer(full_tokenizer_json(family), PACKAGED_TOKENIZERS[family][2])
+
+
 @lru_cache(maxsize=None)
 def tiny_tokenizer(family: str) -> PreTrainedTokenizerFast:
     """The family's packaged tokenizer trimmed to the task vocabulary, with its EOS as the only special token."""
     eos = PACKAGED_TOKENIZERS[family][2]
-    trimmed = trim_bpe(full_tokenizer_json(family), task_corpus(), keep_special=[eos])
-    tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(json.dumps(trimmed)), eos_token=eos,
-                                  pad_token=eos, clean_up_tokenization_spaces=False)
-    tok.padding_side = "left"
-    return tok
+    return wrap_tokenizer(trim_bpe(full_tokenizer_json(family), task_corpus(), keep_special=[eos]), eos)
 
 
 # ---------------------------------------------------------------------------------------------------------------

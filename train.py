@@ -41,7 +41,7 @@ class Args:
     """NAME=PATH per policy to load a model id or a local directory instead of the preset's, e.g. qwen=/models/q"""
     share: Literal["none"] = "none"
     """how experience crosses between policies; none = independent GRPO"""
-    iterations: int = 150
+    iterations: int = 200
     """training iterations; each updates every policy once"""
     prompts_per_iteration: int = 16
     """prompts drawn per iteration, the same for every policy"""
@@ -170,6 +170,15 @@ def main(args: Args) -> Path:
     metrics_path = run_dir / "metrics.jsonl"
     print(f"pair={args.pair} scale={scale} device={device} dtype={policies.default_dtype(device)} run={run_dir}")
 
+    config = json.loads(json.dumps({**asdict(args), "scale": scale}))  # as it reads back from config.json
+    saved = run_dir / "config.json"
+    if args.resume and saved.exists():
+        changed = {k for k, v in json.loads(saved.read_text()).items() if k != "resume" and config.get(k) != v}
+        if changed:
+            raise ValueError(f"--resume with other settings than the run's ({sorted(changed)}); resume as it was")
+    malformed = [item for item in args.model_paths if "=" not in item]
+    if malformed:
+        raise ValueError(f"--model-paths takes NAME=PATH items, got {malformed}")
     started = time.time()
     model_paths = dict(item.split("=", 1) for item in args.model_paths)
     pols = policies.load_policies(args.pair, scale, device, task_cfg, args.seed, args.cache_dir, model_paths,
@@ -181,7 +190,7 @@ def main(args: Args) -> Path:
     references = [policies.frozen_copy(p.model) if args.beta > 0 else None for p in pols]
     train_problems = tasks.generate_problems(args.train_size, "train", args.seed, task_cfg)
     heldout = tasks.generate_problems(args.eval_size, "heldout", args.seed, task_cfg)
-    (run_dir / "config.json").write_text(json.dumps({**asdict(args), "scale": scale}, indent=2))
+    saved.write_text(json.dumps(config, indent=2))
 
     def evaluate(iteration: int) -> dict[str, float]:
         accuracies = {}

@@ -79,7 +79,11 @@ def test_a_killed_run_resumes_where_an_uninterrupted_one_ends(tmp_path, cache_di
     assert strip(records(whole)) == strip(records(resumed))
 
 
-def test_an_existing_run_is_not_overwritten(tmp_path, cache_dir):
+def test_an_existing_run_is_not_overwritten_nor_resumed_with_other_settings(tmp_path, cache_dir):
     train.main(tiny_args(tmp_path, cache_dir, iterations=1))
     with pytest.raises(FileExistsError, match="--resume"):
         train.main(tiny_args(tmp_path, cache_dir, iterations=1))
+    with pytest.raises(ValueError, match="lr"):
+        train.main(tiny_args(tmp_path, cache_dir, iterations=1, lr=0.5, resume=True))
+    with pytest.raises(ValueError, match="NAME=PATH"):
+        train.main(tiny_args(tmp_path, cache_dir, name="other", model_paths=("qwen",)))

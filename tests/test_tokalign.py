@@ -1,0 +1,210 @@
+"""The alignment graph on real tokenizers, its properties on random text, and the TBD repair."""
+
+import unicodedata
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import policies
+import tokalign
+
+FAMILIES = ["qwen2", "llama", "mistral"]
+
+
+@pytest.fixture(scope="module")
+def real():
+    """family -> (full packaged tokenizer, its token bytes)"""
+    return {f: (policies.full_tokenizer(f), policies.token_bytes_table(policies.full_tokenizer(f))) for f in FAMILIES}
+
+
+def encode(real, family, text, eos=False):
+    tok, table = real[family]
+    ids = tok(text, add_special_tokens=False)["input_ids"] + ([tok.eos_token_id] if eos else [])
+    return tokalign.Encoding.from_ids(ids, table)
+
+
+def assert_partition(alignment, source, target):
+    """Groups partition both sequences in order; exact groups cover identical bytes, checked from the offsets."""
+    for ranges, encoding in ((alignment.src, source), (alignment.tgt, target)):
+        flat = [k for a, b in ranges for k in range(a, b)]
+        assert flat == list(range(len(encoding.ids)))
+    for (s0, s1), (t0, t1), ok in zip(alignment.src, alignment.tgt, alignment.exact):
+        src_bytes = b"".join(source.data[a:b] for a, b in source.offsets[s0:s1])
+        tgt_bytes = b"".join(target.data[a:b] for a, b in target.offsets[t0:t1])
+        if ok:
+            assert src_bytes == tgt_bytes and s1 > s0 and t1 > t0
+    assert 0.0 <= alignment.residual <= 1.0
+
+
+CASES = {
+    "digits": "123 + 4567 = 4690\nAnswer: 4690",
+    "period newline": "It is 12.\nThen 3 more.\n\nDone.",
+    "leading spaces": "   leading  spaces\t and tabs ",
+    "emoji": "great 👍🏽 job 🎉🎉",
+    "cjk": "数学题：小明有5个苹果。",
+    "combining": "cafe\u0301 nai\u0308ve",
+    "empty": "",
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("pair", [("qwen2", "llama"), ("llama", "qwen2"), ("qwen2", "mistral"), ("mistral", "llama")])
+def test_alignment_is_exact_on_real_tokenizers(real, case, pair):
+    text = CASES[case]
+    source = encode(real, pair[0], text, eos=True)
+    target = tokalign.retokenize(source, *real[pair[1]])
+    alignment = tokalign.align(source, target)
+    assert_partition(alignment, source, target)
+    if source.data == target.data:
+        assert all(alignment.exact) and alignment.residual == 0.0
+    assert alignment.modes[-1] == "1:1" and alignment.span[-1][0] == alignment.span[-1][1]  # EOS to EOS
+
+
+def test_digit_groups_are_n_to_one_between_qwen_and_llama(real):
+    source = encode(real, "qwen2", "4690")
+    alignment = tokalign.align(source, tokalign.retokenize(source, *real["llama"]))
+    assert alignment.modes == ["n:1", "1:1"] and alignment.sizes == [(3, 1), (1, 1)]  # 469 | 0
+    assert tokalign.boundary_similarity(alignment).tolist() == pytest.approx([1 / 3, 1.0])
+
+
+def test_nfd_text_under_qwen_is_noticed_not_misaligned(real):
+    text = "re\u0301sume\u0301 = 5"
+    source = encode(real, "llama", text)                 # Llama keeps the decomposed bytes
+    target = tokalign.retokenize(source, *real["qwen2"])  # Qwen normalizes to NFC: other bytes
+    assert target.data == unicodedata.normalize("NFC", text).encode()
+    alignment = tokalign.align(source, target)
+    assert_partition(alignment, source, target)
+    assert not all(alignment.exact) and 0 < alignment.residual < 1
+    inexact_bytes = b"".join(source.data[a:b] for (a, b), ok in zip(alignment.span, alignment.exact) if not ok)
+    assert "e\u0301".encode() in inexact_bytes and b"= 5" not in inexact_bytes
+
+
+def test_a_completion_cut_inside_a_character_is_trimmed_and_reported(real):
+    tok, table = real["qwen2"]
+    # "ok " then the first of the three bytes of 数 (e6 95 b0): a sampled completion stopped at max length
+    cut = tokalign.Encoding.from_ids([tok.convert_tokens_to_ids(t) for t in ["ok", "Ġ", "æ"]], table)
+    assert cut.data == b"ok \xe6"
+    target = tokalign.retokenize(cut, *real["llama"])
+    assert target.data == b"ok "
+    alignment = tokalign.align(cut, target)
+    assert_partition(alignment, cut, target)
+    assert alignment.residual == pytest.approx(1 / 4) and alignment.exact[-1] is False
+
+
+def test_non_canonical_source_ids_align_by_bytes(real):
+    tok, table = real["qwen2"]
+    pieces = [tok.convert_tokens_to_ids(t) for t in ["H", "ello", "Ġw", "orld"]]  # not how Qwen would encode it
+    source = tokalign.Encoding.from_ids(pieces, table)
+    target = tokalign.retokenize(source, *real["qwen2"])
+    alignment = tokalign.align(source, target)
+    assert_partition(alignment, source, target)
+    assert alignment.sizes == [(2, 1), (2, 1)] and all(alignment.exact)
+
+
+def test_utf8_prefix_by_hand():
+    assert tokalign.complete_utf8_prefix("a数".encode()[:-1]) == 1
+    assert tokalign.complete_utf8_prefix("a数".encode()) == 4
+    assert tokalign.complete_utf8_prefix("😀".encode()[:3]) == 0
+    assert tokalign.complete_utf8_prefix(b"") == 0
+
+
+@settings(max_examples=150, deadline=None)
+@given(text=st.text(max_size=60), pair=st.sampled_from([("qwen2", "llama"), ("llama", "mistral"), ("mistral", "qwen2")]),
+       eos=st.booleans())
+def test_property_groups_partition_and_exact_groups_share_bytes(real, text, pair, eos):
+    source = encode(real, pair[0], text, eos=eos)
+    target = tokalign.retokenize(source, *real[pair[1]])
+    alignment = tokalign.align(source, target)
+    assert_partition(alignment, source, target)
+    if source.data == target.data:
+        assert all(alignment.exact)
+
+
+@settings(max_examples=100, deadline=None)
+@given(text=st.text(alphabet=st.characters(codec="utf-8", exclude_categories=["Cs"]), min_size=1, max_size=40),
+       constant=st.floats(-5, 5), seed=st.integers(0, 1000))
+def test_property_redistribution_keeps_constants_and_conserves_the_byte_weighted_total(real, text, constant, seed):
+    source = encode(real, "qwen2", text)
+    target = tokalign.retokenize(source, *real["llama"])
+    alignment = tokalign.align(source, target)
+    if not all(alignment.exact):  # normalization changed the bytes: conservation is only promised for exact ones
+        return
+    n = len(source.ids)
+    flat = tokalign.redistribute(alignment, source, target, torch.full((n,), constant, dtype=torch.float64))
+    assert torch.allclose(flat, torch.full_like(flat, constant))
+    values = torch.randn(n, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    moved = tokalign.redistribute(alignment, source, target, values)
+    src_len = torch.tensor([b - a for a, b in source.offsets], dtype=torch.float64)
+    tgt_len = torch.tensor([b - a for a, b in target.offsets], dtype=torch.float64)
+    assert (moved * tgt_len).sum().item() == pytest.approx((values * src_len).sum().item(), abs=1e-9)
+
+
+def test_redistribution_by_hand(real):
+    # Qwen "123" = '1' '2' '3'  ->  Llama '123': the target token gets the mean of the three digits
+    source = encode(real, "qwen2", "123 =", eos=True)
+    target = tokalign.retokenize(source, *real["llama"])
+    alignment = tokalign.align(source, target)
+    values = torch.tensor([1.0, 2.0, 6.0, -1.0, 0.5])   # '1' '2' '3' ' =' EOS
+    assert tokalign.redistribute(alignment, source, target, values).tolist() == [3.0, -1.0, 0.5]
+    back = tokalign.redistribute(tokalign.align(target, source), target, source, torch.tensor([3.0, -1.0, 0.5]))
+    assert back.tolist() == [3.0, 3.0, 3.0, -1.0, 0.5]
+
+
+def test_group_log_ratio_against_a_naive_sum(real):
+    source = encode(real, "qwen2", "12 + 345 = 357\nAnswer: 357", eos=True)
+    target = tokalign.retokenize(source, *real["llama"])
+    alignment = tokalign.align(source, target)
+    g = torch.Generator().manual_seed(0)
+    src_lp, tgt_lp = -torch.rand(len(source.ids), generator=g), -torch.rand(len(target.ids), generator=g)
+    naive = [tgt_lp[t0:t1].sum() - src_lp[s0:s1].sum() for (s0, s1), (t0, t1) in zip(alignment.src, alignment.tgt)]
+    torch.testing.assert_close(tokalign.group_log_ratio(alignment, src_lp, tgt_lp), torch.stack(naive))
+    src_m, tgt_m = alignment.matrices(len(source.ids), len(target.ids))
+    torch.testing.assert_close(tgt_m.float() @ tgt_lp - src_m.float() @ src_lp, torch.stack(naive))
+    same = tokalign.align(source, source)
+    assert (tokalign.group_log_ratio(same, src_lp, src_lp) == 0).all()
+
+
+def test_step_consistency_and_hotspots_by_hand(real):
+    text = "7 + 5 = 12\n12 - 3 = 9"
+    source = encode(real, "qwen2", text)
+    target = tokalign.retokenize(source, *real["llama"])
+    alignment = tokalign.align(source, target)
+    sim = tokalign.boundary_similarity(alignment)
+    steps = tokalign.char_to_byte_spans(text, [(0, 10), (11, 21)])
+    # step 0 groups: 7 | ' +' | ' ' | 5 | ' =' | ' ' | 12 (2:1, sim 1/2); step 1: 12 (1/2) ' -' ' ' 3 ' =' ' ' 9
+    expected = [(6 + 0.5) / 7, (6 + 0.5) / 7]
+    assert tokalign.step_consistency(alignment, sim, steps).tolist() == pytest.approx(expected)
+    hot = tokalign.group_hotspots(alignment, sim)
+    assert [alignment.modes[g] for g in hot] == ["n:1", "n:1"]
+    assert tokalign.boundary_hotspots(source, target, steps) == []
+
+
+def test_a_token_straddling_a_step_boundary_on_one_side_is_a_hotspot(real):
+    tok, table = real["qwen2"]
+    split = tokalign.Encoding.from_ids(tok("a b", add_special_tokens=False)["input_ids"], table)   # 'a' ' b'
+    merged = tokalign.Encoding(ids=[0], offsets=[(0, 3)], data=b"a b")                               # 'a b'
+    steps = [(0, 1), (2, 3)]
+    assert tokalign.boundary_hotspots(merged, split, steps) == [(0, "source")]
+    assert tokalign.boundary_hotspots(split, merged, steps) == [(0, "target")]
+    assert tokalign.boundary_hotspots(split, split, steps) == []
+    assert tokalign.char_to_byte_spans("é x", [(0, 1), (2, 3)]) == [(0, 2), (3, 4)]
+
+
+def test_hidden_similarity_recovers_a_linear_map(real):
+    source = encode(real, "qwen2", "1 + 2 = 3\nAnswer: 3 and some words here")
+    target = tokalign.retokenize(source, *real["llama"])
+    alignment = tokalign.align(source, target)
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(6, 4, generator=g, dtype=torch.float64)
+    h_src = torch.randn(len(source.ids), 6, generator=g, dtype=torch.float64)
+    # target states: the mapped source state of the group each target token belongs to
+    group_of_tgt = alignment.group_ids("tgt")
+    src_means = tokalign.segment_mean(h_src, alignment.group_ids("src"), len(alignment.src))
+    h_tgt = (src_means @ w)[group_of_tgt]
+    sims = tokalign.hidden_similarity(alignment, h_src, h_tgt)
+    assert torch.allclose(sims, torch.ones_like(sims), atol=1e-6)
+    with pytest.raises(ValueError, match="1:1"):
+        tokalign.hidden_similarity(tokalign.align(encode(real, "qwen2", "123"), encode(real, "llama", "123")),
+                                   h_src[:3], h_tgt[:1])
