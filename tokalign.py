@@ -79,12 +79,10 @@ class Alignment:
 
     @property
     def modes(self) -> list[str]:
+        """'1:1', '1:n', 'n:1', 'n:m', or with a '0' side where one tokenization has nothing (an inexact tail)."""
         def word(k: int) -> str:
-            return "1" if k == 1 else "0" if k == 0 else ("n" if k > 1 else "?")
-        modes = []
-        for a, b in self.sizes:
-            modes.append("n:m" if a > 1 and b > 1 else f"{word(a)}:{word(b)}")
-        return modes
+            return "0" if k == 0 else "1" if k == 1 else "n"
+        return ["n:m" if a > 1 and b > 1 else f"{word(a)}:{word(b)}" for a, b in self.sizes]
 
     def matrices(self, n: int, m: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Boolean group membership: source [G, n] and target [G, m]."""

@@ -208,3 +208,13 @@ def test_hidden_similarity_recovers_a_linear_map(real):
     with pytest.raises(ValueError, match="1:1"):
         tokalign.hidden_similarity(tokalign.align(encode(real, "qwen2", "123"), encode(real, "llama", "123")),
                                    h_src[:3], h_tgt[:1])
+
+
+def test_n_to_m_groups_where_a_character_is_split_differently(real):
+    # Qwen: ' ' + the emoji's 4 bytes as byte-level pieces; Mistral: '▁' then byte-fallback tokens
+    source = encode(real, "qwen2", "great 👍 job")
+    target = tokalign.retokenize(source, *real["mistral"])
+    alignment = tokalign.align(source, target)
+    assert_partition(alignment, source, target)
+    spans = {source.data[a:b].decode(): mode for (a, b), mode in zip(alignment.span, alignment.modes)}
+    assert spans[" 👍"] == "n:m" and all(alignment.exact)

@@ -16,14 +16,15 @@ TRAIN_KEYS = {"iteration", "policy", "time_s", "losses/policy_loss", "losses/cli
 EVAL_KEYS = {"iteration", "policy", "time_s", "eval/heldout_accuracy"}
 
 
-# an easy task and a short warm-up, so that groups with mixed rewards (hence gradients) exist from the start
-TASK = tasks.TaskConfig(num_steps=1, max_operand=3)
+# an easy task, a short warm-up and a hot sampler, so that groups with mixed rewards (hence gradients) exist
+TASK = tasks.TaskConfig(num_steps=1, max_operand=9)
 
 
 def tiny_args(tmp_path, cache_dir, **overrides) -> train.Args:
-    settings = dict(iterations=2, prompts_per_iteration=8, group_size=4, max_new_tokens=16, eval_size=8,
+    settings = dict(iterations=2, prompts_per_iteration=8, group_size=6, max_new_tokens=16, eval_size=8,
                     eval_every=1, train_size=200, num_steps=TASK.num_steps, max_operand=TASK.max_operand,
-                    warmup_scale=0.2, lr=1e-3, runs_dir=str(tmp_path), cache_dir=cache_dir, name="run")
+                    warmup_scale=0.15, temperature=1.0, lr=1e-4, runs_dir=str(tmp_path), cache_dir=cache_dir,
+                    name="run")
     settings.update(overrides)
     return train.Args(**settings)
 
