@@ -1,0 +1,201 @@
+"""Per-step gradient norms, reachability and phantom advantage: CCM diagnosis and repair.
+
+Proposal §1.2: the reachability of step k of a shared trajectory under the target policy is
+    R_k = exp(-alpha * ||grad_theta L_k^force||_2)
+after VIGOR's intrinsic gradient-norm signal: a step far from what the target would produce has a large
+teacher-forced gradient. The phantom advantage P_k = A_k^src * (1 - R_k) flags high credit on unreachable steps,
+and the CCM repair of §2.2 attenuates it: A_k <- A_k * R_k^beta.
+
+Decisions relied on (DESIGN.md §4.8):
+  - L_k = mean teacher-forced NLL of step k's tokens under the target, given the whole prefix; its gradient norm
+    is taken over a declared parameter subset ("all", "last:N" = the last N blocks, final norm and head, or
+    "lora" = the adapters) and scaled by sqrt(|k|), as VIGOR does, so steps of different lengths compare.
+  - Exact per-step norms need one vector-Jacobian product per step. In a causal model every step's loss depends
+    on the parameters through all earlier positions, so a single backward of a masked or summed loss returns
+    sum_k grad L_k, from which no ||grad L_k|| can be recovered. `step_grad_norms` does all K products in one
+    batched backward (torch.autograd.grad with is_grads_batched=True over the K unit cotangents);
+    `step_grad_norms_loop` is the reference with one backward per step.
+  - alpha is calibrated from the target's own on-policy step norms: R = 1/2 at the q-quantile of the norms of
+    its own steps. A step within the target's own range (merely unfamiliar) keeps R >= 1/2; one far beyond it
+    (out of reach) goes to 0. This is the proposal's challenge 2: unfamiliar is told apart from unreachable.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def parameter_subset(model: torch.nn.Module, subset: str) -> list[torch.nn.Parameter]:
+    """The parameters gradient norms are taken over: "all", "last:N" or "lora"."""
+    if subset == "all":
+        return [p for p in model.parameters() if p.requires_grad]
+    if subset == "lora":
+        params = [p for n, p in model.named_parameters() if "lora_" in n and p.requires_grad]
+        if not params:
+            raise ValueError("subset 'lora' but the model has no trainable LoRA parameters")
+        return params
+    if subset.startswith("last:"):
+        n_blocks = int(subset.split(":", 1)[1])
+        layers = model.model.layers
+        if not 1 <= n_blocks <= len(layers):
+            raise ValueError(f"subset {subset!r}: the model has {len(layers)} blocks")
+        modules = [*layers[-n_blocks:], model.model.norm, model.lm_head]
+        seen, params = set(), []
+        for module in modules:
+            for p in module.parameters():
+                if p.requires_grad and id(p) not in seen:
+                    seen.add(id(p))
+                    params.append(p)
+        return params
+    raise ValueError(f"unknown parameter subset {subset!r}: use 'all', 'last:N' or 'lora'")
+
+
+def step_losses(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                steps: list[list[tuple[int, int]]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Teacher-forced mean NLL of every step, and the steps' token counts.
+
+    input_ids, attention_mask [B, L]; steps[b] lists, for trajectory b, each step's token positions [a, c) in
+    input_ids (the tokens predicted, so a >= 1). Returns losses [K] and sizes [K], K = all steps of all b.
+    """
+    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits.float()           # [B, L, V]
+    nll = torch.nn.functional.cross_entropy(logits[:, :-1].transpose(1, 2), input_ids[:, 1:], reduction="none")
+    losses, sizes = [], []                                                                       # nll [B, L-1]
+    for b, spans in enumerate(steps):
+        for a, c in spans:
+            if not 1 <= a < c <= input_ids.shape[1]:
+                raise ValueError(f"step [{a}, {c}) of trajectory {b} is empty or outside its {input_ids.shape[1]} tokens")
+            losses.append(nll[b, a - 1:c - 1].mean())
+            sizes.append(c - a)
+    if not losses:
+        raise ValueError("no steps to score")
+    return torch.stack(losses), torch.tensor(sizes, dtype=torch.float32)
+
+
+def step_grad_norms(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                    steps: list[list[tuple[int, int]]], params: list[torch.nn.Parameter]) -> torch.Tensor:
+    """[K] sqrt(|k|) * ||grad_params L_k||_2 for every step, exactly, with one batched backward."""
+    losses, sizes = step_losses(model, input_ids, attention_mask, steps)                       # [K], [K]
+    cotangents = torch.eye(len(losses), dtype=losses.dtype, device=losses.device)               # [K, K]
+    grads = torch.autograd.grad(losses, params, grad_outputs=cotangents, is_grads_batched=True,
+                                allow_unused=True)                                              # each [K, *p]
+    squared = sum(g.flatten(1).double().pow(2).sum(1) for g in grads if g is not None)          # [K]
+    return (squared.sqrt() * sizes.double().sqrt().to(squared.device)).float().cpu()
+
+
+def step_grad_norms_loop(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                         steps: list[list[tuple[int, int]]], params: list[torch.nn.Parameter]) -> torch.Tensor:
+    """The reference: the same norms with one backward per step."""
+    losses, sizes = step_losses(model, input_ids, attention_mask, steps)
+    norms = []
+    for k in range(len(losses)):
+        grads = torch.autograd.grad(losses[k], params, retain_graph=k + 1 < len(losses), allow_unused=True)
+        norms.append(math.sqrt(sum(g.double().pow(2).sum().item() for g in grads if g is not None)))
+    return (torch.tensor(norms, dtype=torch.float64) * sizes.double().sqrt()).float()
+
+
+def calibrate_alpha(own_norms: torch.Tensor, quantile: float = 0.9) -> float:
+    """alpha such that R = 1/2 at the `quantile` of the target's own step norms."""
+    if own_norms.numel() == 0 or not torch.isfinite(own_norms).all():
+        raise ValueError("calibration needs finite step norms of the target's own rollouts")
+    reference = torch.quantile(own_norms.double(), quantile).item()
+    if reference <= 0:
+        raise ValueError("the target's own step norms are all zero; nothing to calibrate against")
+    return math.log(2.0) / reference
+
+
+def reachability(norms: torch.Tensor, alpha: float) -> torch.Tensor:
+    """[K] R_k = exp(-alpha g_k), in (0, 1]."""
+    return torch.exp(-alpha * norms)
+
+
+def phantom_advantage(advantages: torch.Tensor, reach: torch.Tensor) -> torch.Tensor:
+    """[K] P_k = A_k (1 - R_k): the credit a step carries that the target cannot realize."""
+    return advantages * (1 - reach)
+
+
+def ccm_hotspots(phantom: torch.Tensor, threshold: float) -> list[int]:
+    """Steps whose phantom advantage exceeds `threshold`: high credit on a step out of the target's reach."""
+    return (phantom > threshold).nonzero().flatten().tolist()
+
+
+def repair(advantages: torch.Tensor, reach: torch.Tensor, beta: float = 1.0) -> torch.Tensor:
+    """The CCM repair A_k <- A_k R_k^beta."""
+    return advantages * reach.pow(beta)
+
+
+def step_token_ranges(offsets: list[tuple[int, int]], step_byte_spans: list[tuple[int, int]]
+                      ) -> list[tuple[int, int]]:
+    """For each step (byte span), the half-open range of tokens overlapping it; steps no token covers are dropped."""
+    ranges = []
+    for a, b in step_byte_spans:
+        hit = [t for t, (s, e) in enumerate(offsets) if s < b and e > a]
+        if hit:
+            ranges.append((hit[0], hit[-1] + 1))
+    return ranges
+
+
+def batch_inputs(trajectories: list[tuple[list[int], list[int], list[tuple[int, int]]]], pad_id: int
+                 ) -> tuple[torch.Tensor, torch.Tensor, list[list[tuple[int, int]]]]:
+    """Pack (prompt ids, completion ids, step token ranges within the completion) for `step_grad_norms`.
+
+    Returns input_ids [B, L], attention_mask [B, L] (right-padded, so positions are those of each sequence
+    alone) and each trajectory's steps as positions in input_ids.
+    """
+    from grpo import pack_sequences
+    input_ids, attention, _ = pack_sequences([p for p, _, _ in trajectories], [c for _, c, _ in trajectories], pad_id)
+    steps = [[(len(p) + a, len(p) + b) for a, b in ranges] for p, _, ranges in trajectories]
+    return input_ids, attention, steps
+
+
+if __name__ == "__main__":
+    # A stronger tiny policy's solutions scored step by step under a weaker one: g_k, R_k and P_k.
+    import argparse
+
+    import eval as evaluation
+    import policies
+    import tasks
+    import tokalign
+
+    cli = argparse.ArgumentParser(description="CCM demo on the tiny qwen-llama pair")
+    cli.add_argument("--warmup-scale", type=float, default=1.0, help="the tiny policies' warm-up budget factor")
+    cli.add_argument("--subset", default="all", help="parameters: all, last:N or lora")
+    args = cli.parse_args()
+    cfg = tasks.TaskConfig()
+    pols = policies.load_policies("qwen-llama", "tiny", torch.device("cpu"), cfg, seed=1,
+                                  warmup_scale=args.warmup_scale)
+    heldout = tasks.generate_problems(200, "heldout", 1, cfg)
+    accuracy = {p.name: evaluation.heldout_accuracy(p, heldout, 40) for p in pols}
+    weak, strong = sorted(pols, key=lambda p: accuracy[p.name])
+    print(f"held-out accuracy: {accuracy}; target (weaker) = {weak.name}, source = {strong.name}")
+
+    def scored(policy, source_policy, problems):
+        """Greedy solutions of `source_policy`, retokenized for `policy`, with their steps' token ranges."""
+        out = source_policy.rollout([tasks.prompt_text(q) for q in problems], 1, 40, greedy=True)
+        items = []
+        for q, ids, text in zip(problems, out.completion_ids, out.texts):
+            source = tokalign.Encoding.from_ids(ids.tolist(), source_policy.token_bytes)
+            target = tokalign.retokenize(source, policy.tokenizer, policy.token_bytes)
+            spans = tokalign.char_to_byte_spans(text, tasks.line_spans(text))
+            items.append((policy.encode_prompt(tasks.prompt_text(q)), target.ids,
+                          step_token_ranges(target.offsets, spans), text))
+        return items
+
+    params = parameter_subset(weak.model, args.subset)
+    own = scored(weak, weak, tasks.generate_problems(32, "train", 5, cfg))
+    own_norms = step_grad_norms(weak.model, *batch_inputs([i[:3] for i in own if i[2]], weak.tokenizer.pad_token_id),
+                                params)
+    alpha = calibrate_alpha(own_norms)
+    print(f"calibration on {len(own_norms)} of {weak.name}'s own steps: median g = {own_norms.median():.2f}, "
+          f"90% quantile = {torch.quantile(own_norms, 0.9):.2f}, alpha = {alpha:.4f}")
+    for q, item in zip(heldout[:4], scored(weak, strong, heldout[:4])):
+        prompt_ids, ids, ranges, text = item
+        norms = step_grad_norms(weak.model, *batch_inputs([(prompt_ids, ids, ranges)], weak.tokenizer.pad_token_id),
+                                params)
+        reach = reachability(norms, alpha)
+        phantom = phantom_advantage(torch.ones_like(reach), reach)
+        print(f"\n{q.question}\n{strong.name}'s solution, reward {tasks.answer_reward(text, q):.0f}, under {weak.name}:")
+        for (a, b), g, r, p in zip(ranges, norms, reach, phantom):
+            line = weak.decode(ids[a:b]).strip()
+            print(f"   {line:<22} g = {g:6.2f}   R = {r:.2f}   P (A = 1) = {p:.2f}")

@@ -1,0 +1,123 @@
+"""Per-step gradient norms against a one-backward-per-step loop, and reachability on tiny policies."""
+
+import math
+
+import pytest
+import torch
+
+import policies
+import reachability
+import tasks
+import tokalign
+
+TASK = tasks.TaskConfig(num_steps=1, max_operand=9)  # the end-to-end tests' task: their warm-ups are shared
+
+
+def random_trajectories(vocab: int, generator: torch.Generator):
+    """Three trajectories of different lengths with 2 to 4 steps each (token ranges within the completion)."""
+    out = []
+    for prompt_len, steps in [(5, [(0, 3), (3, 7)]), (9, [(0, 2), (2, 5), (6, 9), (9, 10)]), (3, [(0, 6), (6, 8)])]:
+        completion = steps[-1][1] + 1
+        ids = torch.randint(vocab, (prompt_len + completion,), generator=generator).tolist()
+        out.append((ids[:prompt_len], ids[prompt_len:], steps))
+    return out
+
+
+@pytest.mark.parametrize("family", ["qwen2", "llama"])
+@pytest.mark.parametrize("dtype, rtol", [(torch.float64, 1e-5), (torch.float32, 1e-3)])
+@pytest.mark.parametrize("subset", ["all", "last:1"])
+def test_batched_norms_equal_one_backward_per_step(family, dtype, rtol, subset):
+    model = policies.tiny_model(family, policies.TinyShape(32, 2, 4, 0), vocab_size=50, seed=0).to(dtype)
+    trajectories = random_trajectories(50, torch.Generator().manual_seed(1))
+    inputs = reachability.batch_inputs(trajectories, pad_id=0)
+    params = reachability.parameter_subset(model, subset)
+    batched = reachability.step_grad_norms(model, *inputs, params)
+    loop = reachability.step_grad_norms_loop(model, *inputs, params)
+    assert batched.shape == (8,) and (batched > 0).all()
+    torch.testing.assert_close(batched, loop, rtol=rtol, atol=0)
+    # each trajectory alone gives the same norms: batching (and its padding) changes nothing
+    alone = torch.cat([reachability.step_grad_norms(model, *reachability.batch_inputs([t], 0), params)
+                       for t in trajectories])
+    torch.testing.assert_close(batched, alone, rtol=rtol, atol=0)
+
+
+def test_one_summed_backward_would_not_give_the_per_step_norms():
+    model = policies.tiny_model("qwen2", policies.TinyShape(32, 2, 4, 0), 50, seed=0).double()
+    inputs = reachability.batch_inputs(random_trajectories(50, torch.Generator().manual_seed(1))[:1], pad_id=0)
+    params = reachability.parameter_subset(model, "all")
+    losses, sizes = reachability.step_losses(model, *inputs)
+    summed = torch.autograd.grad(losses.sum(), params)
+    norm_of_sum = math.sqrt(sum(g.pow(2).sum().item() for g in summed))
+    per_step = reachability.step_grad_norms(model, *inputs, params).double() / sizes.double().sqrt()
+    assert norm_of_sum < per_step.sum().item() and norm_of_sum != pytest.approx(per_step.norm().item(), rel=1e-3)
+
+
+def test_parameter_subsets():
+    model = policies.tiny_model("llama", policies.TinyShape(32, 3, 4, 0), 50, seed=0)
+    everything = reachability.parameter_subset(model, "all")
+    last = reachability.parameter_subset(model, "last:1")
+    assert len(everything) == len(list(model.parameters())) and 0 < len(last) < len(everything)
+    assert {id(p) for p in model.model.layers[-1].parameters()} <= {id(p) for p in last}
+    assert not {id(p) for p in model.model.layers[0].parameters()} & {id(p) for p in last}
+    for bad, message in [("lora", "LoRA"), ("last:9", "blocks"), ("some", "unknown")]:
+        with pytest.raises(ValueError, match=message):
+            reachability.parameter_subset(model, bad)
+
+
+def test_reachability_calibration_phantom_and_repair_by_hand():
+    own = torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0])
+    alpha = reachability.calibrate_alpha(own, quantile=0.5)          # median 3 -> R = 1/2 there
+    assert alpha == pytest.approx(math.log(2) / 3)
+    reach = reachability.reachability(torch.tensor([0.0, 3.0, 30.0]), alpha)
+    assert reach.tolist() == pytest.approx([1.0, 0.5, 2 ** -10])
+    advantages = torch.tensor([2.0, 2.0, -1.0])
+    phantom = reachability.phantom_advantage(advantages, reach)
+    assert phantom.tolist() == pytest.approx([0.0, 1.0, -(1 - 2 ** -10)])
+    assert reachability.ccm_hotspots(phantom, threshold=0.5) == [1]
+    assert reachability.repair(advantages, reach, beta=2.0).tolist() == pytest.approx([2.0, 0.5, -(2 ** -20)])
+    for bad in (torch.tensor([]), torch.tensor([float("nan")]), torch.zeros(3)):
+        with pytest.raises(ValueError):
+            reachability.calibrate_alpha(bad)
+
+
+def test_step_token_ranges_and_bad_steps():
+    assert reachability.step_token_ranges([(0, 2), (2, 3), (3, 6), (6, 6)], [(0, 3), (4, 5), (9, 10)]) == [(0, 2), (2, 3)]
+    model = policies.tiny_model("qwen2", policies.TinyShape(32, 1, 4, 0), 50, seed=0)
+    with pytest.raises(ValueError, match="empty or outside"):
+        reachability.step_losses(model, torch.zeros(1, 5, dtype=torch.long), torch.ones(1, 5), [[(3, 3)]])
+    with pytest.raises(ValueError, match="no steps"):
+        reachability.step_losses(model, torch.zeros(1, 5, dtype=torch.long), torch.ones(1, 5), [[]])
+
+
+def scored_steps(target: policies.Policy, writer: policies.Policy, problems: list[tasks.Problem]):
+    """`writer`'s greedy solutions in `target`'s tokenization, with each line's token range."""
+    out = writer.rollout([tasks.prompt_text(q) for q in problems], 1, 16, greedy=True)
+    items = []
+    for q, ids, text in zip(problems, out.completion_ids, out.texts):
+        source = tokalign.Encoding.from_ids(ids.tolist(), writer.token_bytes)
+        encoded = tokalign.retokenize(source, target.tokenizer, target.token_bytes)
+        ranges = reachability.step_token_ranges(encoded.offsets,
+                                                tokalign.char_to_byte_spans(text, tasks.line_spans(text)))
+        if ranges:
+            items.append((target.encode_prompt(tasks.prompt_text(q)), encoded.ids, ranges))
+    return items
+
+
+def test_own_steps_are_more_reachable_than_those_of_a_policy_that_never_saw_the_task(cache_dir):
+    spec = policies.PRESETS["tiny"]["qwen-llama"][0]
+    trained = policies.load_tiny_policy(spec, TASK, seed=1, cache_dir=cache_dir, warmup_scale=0.15)
+    untrained = policies.Policy("untrained", policies.tiny_model(spec.family, spec.tiny, len(trained.tokenizer), 99),
+                                trained.tokenizer, use_chat_template=False)
+    problems = tasks.generate_problems(24, "heldout", 3, TASK)
+    params = reachability.parameter_subset(trained.model, "all")
+    own = scored_steps(trained, trained, problems)
+    foreign = scored_steps(trained, untrained, problems)
+    pad = trained.tokenizer.pad_token_id
+    own_norms = reachability.step_grad_norms(trained.model, *reachability.batch_inputs(own, pad), params)
+    foreign_norms = reachability.step_grad_norms(trained.model, *reachability.batch_inputs(foreign, pad), params)
+    count = min(len(own_norms), len(foreign_norms))
+    assert count >= 10
+    alpha = reachability.calibrate_alpha(own_norms)
+    own_reach = reachability.reachability(own_norms[:count], alpha).mean()
+    foreign_reach = reachability.reachability(foreign_norms[:count], alpha).mean()
+    assert own_reach > foreign_reach + 0.2
