@@ -26,6 +26,9 @@ import math
 
 import torch
 
+import tasks
+import tokalign
+
 
 def parameter_subset(model: torch.nn.Module, subset: str) -> list[torch.nn.Parameter]:
     """The parameters gradient norms are taken over: "all", "last:N" or "lora"."""
@@ -149,14 +152,28 @@ def batch_inputs(trajectories: list[tuple[list[int], list[int], list[tuple[int, 
     return input_ids, attention, steps
 
 
+def solution_steps(target, writer, problems: list, max_new_tokens: int = 40
+                   ) -> list[tuple[list[int], list[int], list[tuple[int, int]]]]:
+    """`writer`'s greedy solutions to `problems`, as `target` would score them: (target prompt ids, target
+    completion ids, each solution line's token range), retokenized through tokalign. Solutions with no line
+    are left out."""
+    out = writer.rollout([tasks.prompt_text(q) for q in problems], 1, max_new_tokens, greedy=True)
+    items = []
+    for q, ids, text in zip(problems, out.completion_ids, out.texts):
+        source = tokalign.Encoding.from_ids(ids.tolist(), writer.token_bytes)
+        encoded = tokalign.retokenize(source, target.tokenizer, target.token_bytes)
+        ranges = step_token_ranges(encoded.offsets, tokalign.char_to_byte_spans(text, tasks.line_spans(text)))
+        if ranges:
+            items.append((target.encode_prompt(tasks.prompt_text(q)), encoded.ids, ranges))
+    return items
+
+
 if __name__ == "__main__":
     # A stronger tiny policy's solutions scored step by step under a weaker one: g_k, R_k and P_k.
     import argparse
 
     import eval as evaluation
     import policies
-    import tasks
-    import tokalign
 
     cli = argparse.ArgumentParser(description="CCM demo on the tiny qwen-llama pair")
     cli.add_argument("--warmup-scale", type=float, default=1.0, help="the tiny policies' warm-up budget factor")
@@ -170,27 +187,14 @@ if __name__ == "__main__":
     weak, strong = sorted(pols, key=lambda p: accuracy[p.name])
     print(f"held-out accuracy: {accuracy}; target (weaker) = {weak.name}, source = {strong.name}")
 
-    def scored(policy, source_policy, problems):
-        """Greedy solutions of `source_policy`, retokenized for `policy`, with their steps' token ranges."""
-        out = source_policy.rollout([tasks.prompt_text(q) for q in problems], 1, 40, greedy=True)
-        items = []
-        for q, ids, text in zip(problems, out.completion_ids, out.texts):
-            source = tokalign.Encoding.from_ids(ids.tolist(), source_policy.token_bytes)
-            target = tokalign.retokenize(source, policy.tokenizer, policy.token_bytes)
-            spans = tokalign.char_to_byte_spans(text, tasks.line_spans(text))
-            items.append((policy.encode_prompt(tasks.prompt_text(q)), target.ids,
-                          step_token_ranges(target.offsets, spans), text))
-        return items
-
     params = parameter_subset(weak.model, args.subset)
-    own = scored(weak, weak, tasks.generate_problems(32, "train", 5, cfg))
-    own_norms = step_grad_norms(weak.model, *batch_inputs([i[:3] for i in own if i[2]], weak.tokenizer.pad_token_id),
-                                params)
+    own = solution_steps(weak, weak, tasks.generate_problems(32, "train", 5, cfg))
+    own_norms = step_grad_norms(weak.model, *batch_inputs(own, weak.tokenizer.pad_token_id), params)
     alpha = calibrate_alpha(own_norms)
     print(f"calibration on {len(own_norms)} of {weak.name}'s own steps: median g = {own_norms.median():.2f}, "
           f"90% quantile = {torch.quantile(own_norms, 0.9):.2f}, alpha = {alpha:.4f}")
-    for q, item in zip(heldout[:4], scored(weak, strong, heldout[:4])):
-        prompt_ids, ids, ranges, text = item
+    solutions = strong.rollout([tasks.prompt_text(q) for q in heldout[:4]], 1, 40, greedy=True).texts
+    for q, text, (prompt_ids, ids, ranges) in zip(heldout[:4], solutions, solution_steps(weak, strong, heldout[:4])):
         norms = step_grad_norms(weak.model, *batch_inputs([(prompt_ids, ids, ranges)], weak.tokenizer.pad_token_id),
                                 params)
         reach = reachability(norms, alpha)

@@ -12,28 +12,17 @@
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
+from timing import best_of  # noqa: E402
+
 import policies  # noqa: E402
 import reachability  # noqa: E402
 import tasks  # noqa: E402
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from test_reachability import scored_steps  # noqa: E402
-
-
-def best_of(repeats: int, fn) -> float:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
 
 
 def main() -> None:
@@ -65,10 +54,10 @@ def main() -> None:
                                 policy.tokenizer, use_chat_template=False)
     problems = tasks.generate_problems(args.problems, "heldout", 3, cfg)
     pad = policy.tokenizer.pad_token_id
-    own = reachability.step_grad_norms(model, *reachability.batch_inputs(scored_steps(policy, policy, problems), pad),
+    own = reachability.step_grad_norms(model, *reachability.batch_inputs(reachability.solution_steps(policy, policy, problems), pad),
                                        params)
     foreign = reachability.step_grad_norms(
-        model, *reachability.batch_inputs(scored_steps(policy, untrained, problems), pad), params)
+        model, *reachability.batch_inputs(reachability.solution_steps(policy, untrained, problems), pad), params)
     count = min(len(own), len(foreign))
     alpha = reachability.calibrate_alpha(own)
     own_r, foreign_r = (reachability.reachability(x[:count], alpha) for x in (own, foreign))

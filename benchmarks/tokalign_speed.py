@@ -8,7 +8,6 @@ matched when their strings are equal.
 """
 
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -16,6 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import policies  # noqa: E402
 import tasks  # noqa: E402
 import tokalign  # noqa: E402
+from timing import best_of  # noqa: E402
 
 
 def edit_distance_alignment(a: list[str], b: list[str]) -> list[tuple[int, int]]:
@@ -51,15 +51,6 @@ def completion_of(tokens: int, tokenizer) -> str:
         text += next(problems).solution + "\n"
     ids = tokenizer(text, add_special_tokens=False)["input_ids"][:tokens]
     return tokenizer.decode(ids)
-
-
-def best_of(repeats: int, fn) -> float:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
 
 
 def main() -> None:

@@ -8,7 +8,6 @@ import torch
 import policies
 import reachability
 import tasks
-import tokalign
 
 TASK = tasks.TaskConfig(num_steps=1, max_operand=9)  # the end-to-end tests' task: their warm-ups are shared
 
@@ -89,20 +88,6 @@ def test_step_token_ranges_and_bad_steps():
         reachability.step_losses(model, torch.zeros(1, 5, dtype=torch.long), torch.ones(1, 5), [[]])
 
 
-def scored_steps(target: policies.Policy, writer: policies.Policy, problems: list[tasks.Problem]):
-    """`writer`'s greedy solutions in `target`'s tokenization, with each line's token range."""
-    out = writer.rollout([tasks.prompt_text(q) for q in problems], 1, 16, greedy=True)
-    items = []
-    for q, ids, text in zip(problems, out.completion_ids, out.texts):
-        source = tokalign.Encoding.from_ids(ids.tolist(), writer.token_bytes)
-        encoded = tokalign.retokenize(source, target.tokenizer, target.token_bytes)
-        ranges = reachability.step_token_ranges(encoded.offsets,
-                                                tokalign.char_to_byte_spans(text, tasks.line_spans(text)))
-        if ranges:
-            items.append((target.encode_prompt(tasks.prompt_text(q)), encoded.ids, ranges))
-    return items
-
-
 def test_own_steps_are_more_reachable_than_those_of_a_policy_that_never_saw_the_task(cache_dir):
     spec = policies.PRESETS["tiny"]["qwen-llama"][0]
     trained = policies.load_tiny_policy(spec, TASK, seed=1, cache_dir=cache_dir, warmup_scale=0.15)
@@ -110,8 +95,8 @@ def test_own_steps_are_more_reachable_than_those_of_a_policy_that_never_saw_the_
                                 trained.tokenizer, use_chat_template=False)
     problems = tasks.generate_problems(24, "heldout", 3, TASK)
     params = reachability.parameter_subset(trained.model, "all")
-    own = scored_steps(trained, trained, problems)
-    foreign = scored_steps(trained, untrained, problems)
+    own = reachability.solution_steps(trained, trained, problems, 16)
+    foreign = reachability.solution_steps(trained, untrained, problems, 16)
     pad = trained.tokenizer.pad_token_id
     own_norms = reachability.step_grad_norms(trained.model, *reachability.batch_inputs(own, pad), params)
     foreign_norms = reachability.step_grad_norms(trained.model, *reachability.batch_inputs(foreign, pad), params)
