@@ -1,0 +1,154 @@
+"""Process rewards and reward semantic drift: RSD diagnosis and repair.
+
+Proposal §1.3: the same outcome reward carries different process information for different policies. Per
+policy, process rewards are collected on its own rollouts; the drift of step k of a shared trajectory is
+    D_RSD(k) = KL( p_src(r | s_k) || p_tgt(r | s_k) )
+and a trajectory's drift is the mean over its steps. §2.2, RSD repair: step credit is recalibrated with a
+verifiable process signal (VPR-style) where a step can be checked, else with an intrinsic one (VIGOR-style).
+
+Decisions relied on (DESIGN.md §4.9):
+  - "similar steps" are steps of the same type, a small documented key (`step_type`): for arithmetic the
+    operation, the digit count of the larger operand and whether a carry (or borrow) is needed, e.g. "+2c".
+  - p(r | type) is a Bernoulli step-success rate from each policy's own rollouts over a window of recent
+    iterations, smoothed by a Beta(1, 1) prior, so unseen types and zero counts give finite, small drifts.
+  - steps that cannot be checked are marked None and never scored 0.
+RSD repair: a step's credit becomes a mix of the outcome advantage and its process advantage under the target,
+r_k - p_tgt(success | type_k): a verified step of a type the target usually fails earns more, a routine one
+little. Where no step can be checked, the intrinsic reward stands in: the negative sqrt(|k|)-scaled gradient
+norm of the teacher-forced NLL (reachability.py), rank-normalized within the group to [0, 1].
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter, deque
+from dataclasses import dataclass
+
+import torch
+
+import tasks
+
+
+@dataclass(frozen=True)
+class StepReward:
+    span: tuple[int, int]
+    """character span of the step's line in the completion"""
+    type: str | None
+    """step type (`step_type`); None for a line that is not a step"""
+    reward: float | None
+    """1.0 correct, 0.0 wrong, None not checkable"""
+
+
+def step_type(line: str) -> str | None:
+    """The type key of an arithmetic step, e.g. "+2c": operation, digits of the larger operand, carry/borrow."""
+    m = tasks.STEP_RE.match(line)
+    if m is None:
+        return None
+    a, op, b = abs(int(m.group(1))), m.group(2), abs(int(m.group(3)))
+    digits = len(str(max(a, b)))
+    carry = (op == "+" and a % 10 + b % 10 >= 10) or (op == "-" and a % 10 < b % 10)
+    return f"{op}{digits}{'c' if carry else ''}"
+
+
+def process_rewards(completion: str, problem: tasks.Problem) -> list[StepReward]:
+    """The VPR-style signal: one reward per line from the task's step verifier, None where not checkable."""
+    return [StepReward(span, step_type(completion[span[0]:span[1]]), None if ok is None else float(ok))
+            for span, ok in tasks.step_verdicts(completion, problem)]
+
+
+class StepStats:
+    """A policy's step successes and trials by type, over a window of its most recent iterations."""
+
+    def __init__(self, window: int = 20):
+        self.iterations: deque[tuple[Counter, Counter]] = deque(maxlen=window)
+
+    def add_iteration(self, steps: list[StepReward]) -> None:
+        successes, trials = Counter(), Counter()
+        for step in steps:
+            if step.type is not None and step.reward is not None:
+                trials[step.type] += 1
+                successes[step.type] += step.reward
+        self.iterations.append((successes, trials))
+
+    def counts(self, kind: str) -> tuple[float, float]:
+        return (sum(s[kind] for s, _ in self.iterations), sum(t[kind] for _, t in self.iterations))
+
+    def success_rate(self, kind: str, prior: float = 1.0) -> float:
+        """Posterior mean of p(success | type) under a Beta(prior, prior) prior: 1/2 for an unseen type."""
+        s, n = self.counts(kind)
+        return (s + prior) / (n + 2 * prior)
+
+    @property
+    def types(self) -> set[str]:
+        return {k for _, t in self.iterations for k in t}
+
+
+def bernoulli_kl(p: float, q: float) -> float:
+    """KL(Bernoulli(p) || Bernoulli(q)), with 0 log 0 = 0; finite for q in (0, 1)."""
+    if not (0 <= p <= 1 and 0 < q < 1):
+        raise ValueError(f"need p in [0, 1] and q in (0, 1), got {p}, {q}")
+    return sum(a * math.log(a / b) for a, b in ((p, q), (1 - p, 1 - q)) if a > 0)
+
+
+def step_drift(source: StepStats, target: StepStats, kind: str | None, prior: float = 1.0) -> float | None:
+    """D_RSD of one step type; None for a line that is not a step."""
+    if kind is None:
+        return None
+    return bernoulli_kl(source.success_rate(kind, prior), target.success_rate(kind, prior))
+
+
+def trajectory_drift(source: StepStats, target: StepStats, steps: list[StepReward], prior: float = 1.0) -> float:
+    """The mean D_RSD over a trajectory's typed steps (0 if it has none)."""
+    drifts = [d for d in (step_drift(source, target, s.type, prior) for s in steps) if d is not None]
+    return sum(drifts) / len(drifts) if drifts else 0.0
+
+
+def verified_credit(advantage: float, steps: list[StepReward], target: StepStats, mix: float = 0.5
+                    ) -> list[float | None]:
+    """Per-step recalibrated credit (1 - mix) A + mix (r_k - p_tgt(type_k)); None where a step is not checkable."""
+    return [None if s.reward is None or s.type is None
+            else (1 - mix) * advantage + mix * (s.reward - target.success_rate(s.type)) for s in steps]
+
+
+def intrinsic_step_rewards(group_norms: torch.Tensor) -> torch.Tensor:
+    """[N] VIGOR-style rewards for a group: the negative gradient norms, rank-normalized to [0, 1] (ties share)."""
+    if group_norms.numel() == 0 or not torch.isfinite(group_norms).all():
+        raise ValueError("intrinsic rewards need a non-empty group of finite norms")
+    if group_norms.numel() == 1:
+        return torch.full_like(group_norms, 0.5)
+    negated = -group_norms.double()
+    ranks = (negated.unsqueeze(0) < negated.unsqueeze(1)).double().sum(1) \
+        + 0.5 * ((negated.unsqueeze(0) == negated.unsqueeze(1)).double().sum(1) - 1)      # average ranks, 0-based
+    return (ranks / (len(group_norms) - 1)).to(group_norms.dtype)
+
+
+if __name__ == "__main__":
+    # Two tiny policies' step statistics side by side, and the drift of a few shared trajectories.
+    import argparse
+
+    import policies
+
+    cli = argparse.ArgumentParser(description="RSD demo on the tiny qwen-llama pair")
+    cli.add_argument("--warmup-scale", type=float, default=1.0)
+    cli.add_argument("--problems", type=int, default=256)
+    args = cli.parse_args()
+    cfg = tasks.TaskConfig()
+    pols = policies.load_policies("qwen-llama", "tiny", torch.device("cpu"), cfg, 1, warmup_scale=args.warmup_scale)
+    problems = tasks.generate_problems(args.problems, "heldout", 2, cfg)
+    stats, rewards = {}, {}
+    torch.manual_seed(0)
+    for p in pols:
+        out = p.rollout([tasks.prompt_text(q) for q in problems], 4, 40, temperature=0.7)
+        rewards[p.name] = [process_rewards(t, q) for t, q in zip(out.texts, (q for q in problems for _ in range(4)))]
+        stats[p.name] = StepStats(window=1)
+        stats[p.name].add_iteration([s for r in rewards[p.name] for s in r])
+    a, b = (p.name for p in pols)
+    print(f"{'type':<6} {a + ' success':>14} {'(n)':>6} {b + ' success':>14} {'(n)':>6} "
+          f"{'D(' + a + '||' + b + ')':>16} {'D(' + b + '||' + a + ')':>16}")
+    for kind in sorted(stats[a].types | stats[b].types):
+        na, nb = stats[a].counts(kind)[1], stats[b].counts(kind)[1]
+        print(f"{kind:<6} {stats[a].success_rate(kind):>14.3f} {na:>6.0f} {stats[b].success_rate(kind):>14.3f} "
+              f"{nb:>6.0f} {step_drift(stats[a], stats[b], kind):>16.4f} {step_drift(stats[b], stats[a], kind):>16.4f}")
+    for r in rewards[a][::4][:4]:  # one sample of each of four problems
+        print(f"{a}'s trajectory {[s.type for s in r if s.type]} shared with {b}: "
+              f"D_RSD = {trajectory_drift(stats[a], stats[b], r):.4f}")
