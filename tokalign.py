@@ -31,6 +31,8 @@ from dataclasses import dataclass
 
 import torch
 
+import policies
+
 
 @dataclass(frozen=True)
 class Encoding:
@@ -42,11 +44,7 @@ class Encoding:
 
     @classmethod
     def from_ids(cls, ids: list[int], token_bytes: list[bytes]) -> Encoding:
-        offsets, pos = [], 0
-        for i in ids:
-            offsets.append((pos, pos + len(token_bytes[i])))
-            pos += len(token_bytes[i])
-        return cls(list(ids), offsets, b"".join(token_bytes[i] for i in ids))
+        return cls(list(ids), policies.byte_offsets(ids, token_bytes), b"".join(token_bytes[i] for i in ids))
 
     @property
     def text_tokens(self) -> int:
@@ -331,7 +329,6 @@ def group_log_ratio(alignment: Alignment, src_logprobs: torch.Tensor, tgt_logpro
 
 if __name__ == "__main__":
     # One solution under the real Qwen2 and Llama-3 tokenizers: groups with their modes, steps and hotspots.
-    import policies
     import tasks
 
     def show(token_id: int, tok, table: list[bytes]) -> str:
