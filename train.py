@@ -2,11 +2,14 @@
 
     python train.py --pair qwen-llama                 # tiny offline policies on a CPU, small real ones on CUDA
     python train.py --pair trio --iterations 50 --seed 2
+    python train.py --share prp                       # Mutual RL's data-level sharing (also xgrpo, sgt)
     python train.py --name my-run --resume            # continue a killed run from its last checkpoint
 
-Each iteration draws one set of prompts for all policies (so groups on the same prompt exist for sharing),
-then for every policy: G rollouts per prompt, outcome rewards, group advantages, one GRPO update. Metrics go
-to runs/NAME/metrics.jsonl, one line per policy and iteration, under stable names (charts/, losses/, eval/);
+Each iteration draws one set of prompts for all policies (so groups on the same prompt exist for sharing);
+every policy samples G rollouts per prompt and gets outcome rewards and group advantages; the exchange
+(sharing.py) hands every policy what the sharing level lets cross from its peers; then every policy takes one
+GRPO update on its own rollouts and what it received. Metrics go to runs/NAME/metrics.jsonl, one line per
+policy and iteration, under stable names (charts/, losses/, sharing/, eval/);
 checkpoints to runs/NAME/checkpoints; the evaluation report (eval.py) to runs/NAME at the end.
 """
 
@@ -27,6 +30,7 @@ from tqdm import tqdm
 import eval as evaluation
 import grpo
 import policies
+import sharing
 import tasks
 
 
@@ -39,8 +43,13 @@ class Args:
     CUDA, tiny otherwise"""
     model_paths: tuple[str, ...] = ()
     """NAME=PATH per policy to load a model id or a local directory instead of the preset's, e.g. qwen=/models/q"""
-    share: Literal["none"] = "none"
-    """how experience crosses between policies; none = independent GRPO"""
+    share: Literal["none", "prp", "xgrpo", "sgt"] = "none"
+    """how experience crosses between policies (sharing.py): none = independent GRPO; prp = peer rollouts join the
+    batch with truncated density ratios; xgrpo = peer rewards join the group baseline; sgt = peer successes
+    rescue prompts the receiver failed"""
+    ratio_cap: float = 2.0
+    """prp, sgt: the truncation of the group-wise density ratio pi_receiver / pi_peer (2 as in truncated
+    importance sampling); no weight exceeds it"""
     iterations: int = 200
     """training iterations; each updates every policy once"""
     prompts_per_iteration: int = 16
@@ -109,13 +118,18 @@ def seed_iteration(seed: int, iteration: int) -> random.Random:
     return random.Random(f"{seed}/{iteration}")
 
 
-def own_batch(policy: policies.Policy, rollouts: policies.Rollouts, rewards: torch.Tensor, args: Args
-              ) -> grpo.TrainBatch:
-    """The policy's own rollouts with their group advantages spread over every completion token."""
-    advantages = grpo.group_advantages(rewards, args.scale_by_std).flatten()          # [B*G]
-    token_advantages = [a.expand(len(ids)) for a, ids in zip(advantages, rollouts.completion_ids)]
-    return grpo.build_batch([p.tolist() for p in rollouts.prompt_ids], [c.tolist() for c in rollouts.completion_ids],
-                            token_advantages, policy.tokenizer.pad_token_id)
+def training_batch(policy: policies.Policy, rollouts: policies.Rollouts, received: sharing.Received
+                   ) -> grpo.TrainBatch:
+    """The policy's own rollouts, their advantages spread over every completion token with weight 1, and the
+    peer trajectories it received with their own per-token advantages and weights."""
+    advantages = received.advantages.flatten()                                          # [B*G]
+    prompts = [p.tolist() for p in rollouts.prompt_ids] + [c.prompt_ids for c in received.crossings]
+    completions = [c.tolist() for c in rollouts.completion_ids] + [c.completion_ids for c in received.crossings]
+    token_advantages = ([a.expand(len(ids)) for a, ids in zip(advantages, rollouts.completion_ids)]
+                        + [c.advantages for c in received.crossings])
+    token_weights = ([torch.ones(len(ids)) for ids in rollouts.completion_ids]
+                     + [c.weights for c in received.crossings])
+    return grpo.build_batch(prompts, completions, token_advantages, policy.tokenizer.pad_token_id, token_weights)
 
 
 def save_checkpoint(run_dir: Path, iteration: int, pols: list[policies.Policy],
@@ -210,6 +224,9 @@ def main(args: Args) -> Path:
         truncate_metrics(metrics_path, -1)
         accuracy = evaluate(0)
 
+    share_cfg = sharing.ShareConfig(args.share, args.ratio_cap, scale_by_std=args.scale_by_std,
+                                    temperature=args.temperature, micro_batch=args.micro_batch)
+    loss_cfg = grpo.LossConfig(args.clip_eps_low, args.clip_eps_high, args.beta, args.aggregation)
     bar = tqdm(range(start, args.iterations), initial=start, total=args.iterations, desc="train")
     for it in bar:
         sampler = seed_iteration(args.seed, it)
@@ -221,13 +238,15 @@ def main(args: Args) -> Path:
                                        zip(r.texts, (q for q in problems for _ in range(args.group_size)))]
                                       ).view(len(problems), args.group_size)                  # [B, G]
                    for name, r in rollouts.items()}
-        # Exchange: the sharing modes (sharing.py, curator.py) add peers' experience to these batches here.
-        batches = {p.name: own_batch(p, rollouts[p.name], rewards[p.name], args) for p in pols}
-        loss_cfg = grpo.LossConfig(args.clip_eps_low, args.clip_eps_high, args.beta, args.aggregation)
+        experiences = [sharing.Experience(p, prompts, rollouts[p.name], rewards[p.name],
+                                          grpo.group_advantages(rewards[p.name], args.scale_by_std)) for p in pols]
+        received = sharing.exchange(experiences, share_cfg)
         for p, optimizer, reference in zip(pols, optimizers, references):
-            stats = grpo.grpo_step(p.model, optimizer, batches[p.name], loss_cfg, args.epochs, args.micro_batch,
+            batch = training_batch(p, rollouts[p.name], received[p.name])
+            stats = grpo.grpo_step(p.model, optimizer, batch, loss_cfg, args.epochs, args.micro_batch,
                                    args.max_grad_norm, reference, args.temperature)
             stats.update(grpo.rewards_stats(rewards[p.name]))
+            stats.update(received[p.name].metrics)
             stats["charts/finished"] = sum(rollouts[p.name].finished) / len(rollouts[p.name].finished)
             log(metrics_path, {"iteration": it + 1, "policy": p.name, "time_s": time.time() - started, **stats})
         done = it + 1

@@ -1,0 +1,232 @@
+"""Mutual RL's three sharing levels between heterogeneous policies: PRP, XGRPO and SGT.
+
+DESIGN.md §1 (the three levels, the baselines the proposal compares against and the levels its curator admits
+trajectories to) and §4.5 (their definitions, since the Mutual RL paper body is not public):
+
+  PRP    data level. Every peer rollout with a non-zero advantage joins the receiver's batch as an extra
+         trajectory: its completion text is re-encoded by the receiver (tokalign), the advantage it earned in
+         the peer's own group is carried onto the receiver's tokens by byte overlap, and each receiver token is
+         weighted by the truncated density ratio of its aligned group,
+             w_g = min(pi_receiver(g) / pi_peer(g), cap)                                   (DESIGN.md §4.4)
+         A zero-advantage rollout adds nothing to the policy gradient, so it is not sent.
+  XGRPO  value level. Peer rewards on the same prompt join the receiver's group statistics,
+             A_i = (r_i - mean(R_self u R_peers)) / std(R_self u R_peers),
+         and the receiver trains on its own rollouts only.
+  SGT    outcome level. Where the receiver's whole group failed a prompt and a peer succeeded, the peer's
+         verified successes join the receiver's batch, weighted as in PRP, with the advantage they would have
+         had as members of the receiver's group (the pooled group of its failures and the rescued successes,
+         so the rarer the rescue the larger the credit). Nothing else crosses.
+
+`exchange` applies one level to an iteration's experience of every policy and returns, per receiver, the
+advantages of its own rollouts and the peer trajectories it takes in, with metrics under `sharing/`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+import grpo
+import policies
+import tokalign
+
+MODES = ("none", "prp", "xgrpo", "sgt")
+
+
+@dataclass
+class Experience:
+    """One policy's iteration: B prompts, G rollouts each (prompt-major), their rewards and own advantages."""
+
+    policy: policies.Policy
+    prompts: list[str]               # B prompt texts, the same for every policy of the iteration
+    rollouts: policies.Rollouts      # N = B*G
+    rewards: torch.Tensor            # [B, G]
+    advantages: torch.Tensor         # [B, G]  from the policy's own group
+
+
+@dataclass
+class Crossing:
+    """A peer trajectory as the receiver trains on it, in the receiver's tokenization."""
+
+    source: str                      # the peer's name
+    index: int                       # the rollout's position in the peer's Rollouts
+    reward: float
+    prompt_ids: list[int]            # the receiver's encoding of the prompt
+    completion_ids: list[int]        # [T] the receiver's encoding of the completion text
+    advantages: torch.Tensor         # [T] the peer's advantages carried over by byte overlap
+    weights: torch.Tensor            # [T] truncated density ratio of each token's aligned group
+    log_ratio: torch.Tensor          # [G_align] log pi_receiver(g) - log pi_peer(g), untruncated
+    residual: float                  # share of the peer's bytes the receiver could not reproduce
+
+
+@dataclass
+class Received:
+    """What one receiver trains on after the exchange."""
+
+    advantages: torch.Tensor                                  # [B, G] of its own rollouts
+    crossings: list[Crossing] = field(default_factory=list)
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ShareConfig:
+    mode: str = "none"
+    ratio_cap: float = 2.0
+    """the truncation of the group-wise density ratio (PRP, SGT): no weight exceeds it"""
+    success: float = 1.0
+    """a reward at or above this is a verified success (SGT)"""
+    scale_by_std: bool = True
+    """as in grpo.group_advantages: GRPO's std-normalized or Dr. GRPO's centred advantages"""
+    temperature: float = 1.0
+    """the receiver's log-probs are taken at the sampling temperature, as the peer's behaviour log-probs are"""
+    micro_batch: int = 64
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The three levels on rewards alone
+# ---------------------------------------------------------------------------------------------------------------
+
+def xgrpo_advantages(own: torch.Tensor, peers: list[torch.Tensor], scale_by_std: bool = True) -> torch.Tensor:
+    """[B, G] the receiver's advantages against the pooled group: own [B, G] and peers' [B, G_j] rewards."""
+    pooled = torch.cat([own, *peers], dim=1)                                      # [B, G + sum G_j]
+    return grpo.group_advantages(pooled, scale_by_std)[:, :own.shape[1]]
+
+
+def sgt_rescues(own: torch.Tensor, peer: torch.Tensor, success: float = 1.0) -> list[tuple[int, int]]:
+    """(prompt b, peer rollout j) for every peer success on a prompt where the receiver's group has none.
+
+    own [B, G], peer [B, G_peer] rewards.
+    """
+    failed = (own < success).all(dim=1)                                          # [B]
+    rescued = (peer >= success) & failed.unsqueeze(1)                            # [B, G_peer]
+    return [tuple(pair) for pair in rescued.nonzero().tolist()]
+
+
+def rescue_advantages(own: torch.Tensor, rescued: torch.Tensor, scale_by_std: bool = True) -> torch.Tensor:
+    """[S] the advantages of S rescued rewards as members of the receiver's group own [G]."""
+    pooled = torch.cat([own, rescued]).unsqueeze(0)                               # [1, G + S]
+    return grpo.group_advantages(pooled, scale_by_std)[0, own.numel():]
+
+
+def truncated_weights(log_ratio: torch.Tensor, cap: float) -> torch.Tensor:
+    """[G] min(exp(log_ratio), cap), computed without overflow."""
+    if cap <= 0:
+        raise ValueError(f"the ratio cap must be positive, got {cap}")
+    if not torch.isfinite(log_ratio).all():
+        raise ValueError("log density ratios contain NaN or inf")
+    return torch.exp(torch.clamp(log_ratio, max=math.log(cap)))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Moving a trajectory from a peer to a receiver
+# ---------------------------------------------------------------------------------------------------------------
+
+def receiver_logprobs(receiver: policies.Policy, prompts: list[list[int]], completions: list[list[int]],
+                      temperature: float, micro_batch: int) -> list[torch.Tensor]:
+    """log pi_receiver of each completion token given its prompt, at the sampling temperature; N x [T_i]."""
+    out = []
+    for i in range(0, len(prompts), micro_batch):
+        chunk_p, chunk_c = prompts[i:i + micro_batch], completions[i:i + micro_batch]
+        input_ids, attention, mask = grpo.pack_sequences(chunk_p, chunk_c, receiver.tokenizer.pad_token_id)
+        with torch.no_grad():
+            logp, _ = grpo.token_logprobs_and_entropy(receiver.model, input_ids.to(receiver.device),
+                                                      attention.to(receiver.device), temperature)   # [n, L-1]
+        logp = logp.float().cpu()
+        for row, (p, c) in enumerate(zip(chunk_p, chunk_c)):
+            out.append(logp[row, len(p) - 1:len(p) - 1 + len(c)])
+    return out
+
+
+def cross(source: Experience, picks: list[tuple[int, float]], receiver: policies.Policy, cfg: ShareConfig
+          ) -> list[Crossing]:
+    """Move the source's rollouts `picks` = (flat index, sequence advantage) into the receiver's tokenization.
+
+    A rollout whose text the receiver cannot encode into at least one token (a lone cut byte) is dropped.
+    """
+    group_size = source.rollouts.group_size
+    moved = []
+    for index, advantage in picks:
+        src = tokalign.Encoding.from_ids(source.rollouts.completion_ids[index].tolist(), source.policy.token_bytes)
+        tgt = tokalign.retokenize(src, receiver.tokenizer, receiver.token_bytes)
+        if tgt.ids:
+            moved.append((index, advantage, src, tgt, tokalign.align(src, tgt)))
+    if not moved:
+        return []
+    encoded = {b: receiver.encode_prompt(source.prompts[b]) for b in {index // group_size for index, *_ in moved}}
+    prompt_ids = [encoded[index // group_size] for index, *_ in moved]
+    tgt_logprobs = receiver_logprobs(receiver, prompt_ids, [tgt.ids for *_, tgt, _ in moved], cfg.temperature,
+                                     cfg.micro_batch)
+    crossings = []
+    for (index, advantage, src, tgt, alignment), prompt, logp in zip(moved, prompt_ids, tgt_logprobs):
+        src_advantages = torch.full((len(src.ids),), float(advantage))                           # [n]
+        log_ratio = tokalign.group_log_ratio(alignment, source.rollouts.logprobs[index].float(), logp)  # [G_align]
+        weights = truncated_weights(log_ratio, cfg.ratio_cap)[alignment.group_ids("tgt")]        # [m]
+        crossings.append(Crossing(source.policy.name, index, source.rewards.flatten()[index].item(), prompt,
+                                  tgt.ids, tokalign.redistribute(alignment, src, tgt, src_advantages), weights,
+                                  log_ratio, alignment.residual))
+    return crossings
+
+
+def crossing_metrics(crossings: list[Crossing], cap: float) -> dict[str, float]:
+    """How much crossed, what it earned, and the density-ratio statistics PRP pays for (over aligned groups)."""
+    if not crossings:
+        return {"sharing/received": 0.0}
+    log_ratio = torch.cat([c.log_ratio for c in crossings])
+    return {"sharing/received": float(len(crossings)),
+            "sharing/received_reward": sum(c.reward for c in crossings) / len(crossings),
+            "sharing/log_ratio_mean": log_ratio.mean().item(),
+            "sharing/log_ratio_max": log_ratio.max().item(),
+            "sharing/truncated_share": (log_ratio > math.log(cap)).float().mean().item(),
+            "sharing/weight_mean": torch.cat([c.weights for c in crossings]).mean().item(),
+            "sharing/residual": sum(c.residual for c in crossings) / len(crossings)}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# One exchange between all policies
+# ---------------------------------------------------------------------------------------------------------------
+
+def exchange(experiences: list[Experience], cfg: ShareConfig) -> dict[str, Received]:
+    """Apply the sharing level cfg.mode to one iteration: every policy receives from every other one."""
+    if cfg.mode not in MODES:
+        raise ValueError(f"unknown sharing mode {cfg.mode!r}: use one of {MODES}")
+    out = {}
+    for receiver in experiences:
+        peers = [e for e in experiences if e is not receiver]
+        name = receiver.policy.name
+        if cfg.mode == "none":
+            out[name] = Received(receiver.advantages)
+        elif cfg.mode == "xgrpo":
+            advantages = xgrpo_advantages(receiver.rewards, [p.rewards for p in peers], cfg.scale_by_std)
+            own_flat = (receiver.advantages == 0).all(dim=1)                           # [B]
+            out[name] = Received(advantages, metrics={
+                "sharing/received": float(sum(p.rewards.numel() for p in peers)),
+                "sharing/baseline_shift": (advantages - receiver.advantages).abs().mean().item(),
+                "sharing/revived_groups": (own_flat & (advantages != 0).any(dim=1)).float().sum().item()})
+        else:
+            chosen = prp_picks(peers) if cfg.mode == "prp" else sgt_picks(receiver.rewards, peers, cfg)
+            crossings = [c for peer, p in zip(peers, chosen) for c in cross(peer, p, receiver.policy, cfg)]
+            out[name] = Received(receiver.advantages, crossings, crossing_metrics(crossings, cfg.ratio_cap))
+    return out
+
+
+def prp_picks(peers: list[Experience]) -> list[list[tuple[int, float]]]:
+    """Per peer, (flat index, advantage) of every rollout with a non-zero advantage in its own group."""
+    return [[(i, a) for i, a in enumerate(peer.advantages.flatten().tolist()) if a != 0] for peer in peers]
+
+
+def sgt_picks(own: torch.Tensor, peers: list[Experience], cfg: ShareConfig) -> list[list[tuple[int, float]]]:
+    """Per peer, (flat index, rescue advantage) of its successes on prompts the receiver (own [B, G]) failed.
+
+    The successes of all peers on one prompt are pooled with the receiver's group for their advantages.
+    """
+    rescues = [sgt_rescues(own, peer.rewards, cfg.success) for peer in peers]
+    out: list[list[tuple[int, float]]] = [[] for _ in peers]
+    for b in sorted({b for found in rescues for b, _ in found}):
+        members = [(k, j) for k, found in enumerate(rescues) for bb, j in found if bb == b]
+        rewards = torch.stack([peers[k].rewards[b, j] for k, j in members])                    # [S]
+        credit = rescue_advantages(own[b], rewards, cfg.scale_by_std)                           # [S]
+        for (k, j), a in zip(members, credit.tolist()):
+            out[k].append((b * peers[k].rollouts.group_size + j, a))
+    return out

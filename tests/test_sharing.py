@@ -1,0 +1,204 @@
+"""The three sharing levels against hand-computed examples, naive loops and properties; runs of each mode."""
+
+import json
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import grpo
+import policies
+import sharing
+import tasks
+import train
+from test_train import TASK, tiny_args
+
+EPS = 1e-4  # grpo.group_advantages' default
+
+
+def test_xgrpo_advantages_by_hand():
+    own = torch.tensor([[1.0, 0.0], [0.0, 0.0], [1.0, 1.0]])
+    peer = torch.tensor([[1.0, 1.0], [0.0, 0.0], [0.0, 0.0]])
+    s = math.sqrt(3) / 4  # row 0 pools [1, 0, 1, 1]: mean 3/4, population std sqrt(3)/4
+    expected = torch.tensor([[0.25 / (s + EPS), -0.75 / (s + EPS)],
+                             [0.0, 0.0],                          # nobody solved it: no signal, not NaN
+                             [0.5 / (0.5 + EPS)] * 2])            # own group alone is flat; pooled it is not
+    torch.testing.assert_close(sharing.xgrpo_advantages(own, [peer]), expected)
+    torch.testing.assert_close(sharing.xgrpo_advantages(own, [peer], scale_by_std=False),
+                               torch.tensor([[0.25, -0.75], [0.0, 0.0], [0.5, 0.5]]))
+
+
+def test_xgrpo_pools_every_peer_whatever_its_group_size():
+    own, a, b = torch.tensor([[0.0, 1.0]]), torch.tensor([[1.0, 1.0]]), torch.tensor([[0.0, 0.0, 0.0]])
+    # pooled [0, 1, 1, 1, 0, 0, 0]: mean 3/7, centred own rewards -3/7 and 4/7
+    torch.testing.assert_close(sharing.xgrpo_advantages(own, [a, b], scale_by_std=False),
+                               torch.tensor([[-3 / 7, 4 / 7]]))
+
+
+def naive_rescues(own, peer):
+    return [(b, j) for b in range(own.shape[0]) if all(r < 1 for r in own[b].tolist())
+            for j in range(peer.shape[1]) if peer[b, j] >= 1]
+
+
+def test_sgt_fires_on_all_failed_groups_with_a_peer_success_only():
+    own = torch.tensor([[0.0, 0.0], [1.0, 0.0], [0.0, 0.0], [1.0, 1.0]])
+    peer = torch.tensor([[0.0, 1.0], [1.0, 1.0], [0.0, 0.0], [1.0, 0.0]])
+    assert sharing.sgt_rescues(own, peer) == [(0, 1)]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 5), st.integers(1, 4), st.integers(1, 4), st.integers(0, 2**31 - 1))
+def test_sgt_rescues_equal_a_naive_loop(groups, g_own, g_peer, seed):
+    gen = torch.Generator().manual_seed(seed)
+    own = torch.randint(0, 2, (groups, g_own), generator=gen).float()
+    peer = torch.randint(0, 2, (groups, g_peer), generator=gen).float()
+    assert sharing.sgt_rescues(own, peer) == naive_rescues(own, peer)
+
+
+def test_rescue_advantages_by_hand():
+    # one success joins three failures: pooled [0, 0, 0, 1], mean 1/4, std sqrt(3)/4
+    s = math.sqrt(3) / 4
+    torch.testing.assert_close(sharing.rescue_advantages(torch.zeros(3), torch.ones(1)),
+                               torch.tensor([0.75 / (s + EPS)]))
+    # two successes: pooled [0, 0, 0, 1, 1], mean 2/5, std sqrt(6)/5 -- a rarer rescue earns more
+    s2 = math.sqrt(6) / 5
+    torch.testing.assert_close(sharing.rescue_advantages(torch.zeros(3), torch.ones(2)),
+                               torch.full((2,), 0.6 / (s2 + EPS)))
+    torch.testing.assert_close(sharing.rescue_advantages(torch.zeros(3), torch.ones(2), scale_by_std=False),
+                               torch.full((2,), 0.6))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.floats(-1e4, 1e4), min_size=1, max_size=50), st.floats(0.01, 100))
+def test_truncated_weights_never_exceed_the_cap(log_ratios, cap):
+    log_ratio = torch.tensor(log_ratios, dtype=torch.float64)
+    weights = sharing.truncated_weights(log_ratio, cap)
+    assert torch.isfinite(weights).all() and (weights <= cap * (1 + 1e-12)).all()
+    below = log_ratio < math.log(cap)
+    torch.testing.assert_close(weights[below], log_ratio[below].exp())
+
+
+@pytest.mark.parametrize("log_ratio, cap", [(torch.tensor([0.0, float("nan")]), 2.0), (torch.zeros(2), 0.0)])
+def test_bad_ratios_or_caps_are_refused(log_ratio, cap):
+    with pytest.raises(ValueError):
+        sharing.truncated_weights(log_ratio, cap)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Moving trajectories between real tokenizers
+# ---------------------------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def untrained():
+    """family -> a random-initialized tiny policy with its trimmed real tokenizer (no warm-up needed here)."""
+    out = {}
+    for family in ("qwen2", "llama"):
+        tok = policies.tiny_tokenizer(family)
+        model = policies.tiny_model(family, policies.TinyShape(32, 2, 4, 0), len(tok), seed=0)
+        out[family] = policies.Policy(family, model, tok, use_chat_template=False)
+    return out
+
+
+def experience(policy, prompts, texts, rewards, logprob=-0.5):
+    """Hand-made rollouts of `texts` (B lists of G strings, each ending with EOS) with a constant log-prob."""
+    group = len(texts[0])
+    ids = [policy.encode_completion(t, eos=True) for row in texts for t in row]
+    rollouts = policies.Rollouts([torch.tensor(policy.encode_prompt(p)) for p in prompts for _ in range(group)],
+                                 [torch.tensor(i) for i in ids], [torch.full((len(i),), logprob) for i in ids],
+                                 [t for row in texts for t in row],
+                                 [policies.byte_offsets(i, policy.token_bytes) for i in ids], [True] * len(ids), group)
+    rewards = torch.tensor(rewards)
+    return sharing.Experience(policy, prompts, rollouts, rewards, grpo.group_advantages(rewards))
+
+
+PROMPTS = [tasks.prompt_text(p) for p in tasks.generate_problems(3, "train", seed=0, cfg=TASK)]
+TEXTS = [["3 + 4 = 7\nAnswer: 7", "3 + 4 = 8\nAnswer: 8"],
+         ["12 - 5 = 7\nAnswer: 7", "12 - 5 = 17\nAnswer: 17"],
+         ["9 + 9 = 18\nAnswer: 18", "9 + 9 = 19\nAnswer: 19"]]
+
+
+def test_prp_carries_the_peer_advantage_onto_the_receiver_tokens_with_capped_weights(untrained):
+    peer = experience(untrained["qwen2"], PROMPTS, TEXTS, [[1.0, 0.0], [0.0, 0.0], [1.0, 1.0]])
+    receiver = experience(untrained["llama"], PROMPTS, TEXTS, [[0.0, 0.0], [1.0, 0.0], [0.0, 0.0]])
+    cfg = sharing.ShareConfig("prp", ratio_cap=1.5)
+    received = sharing.exchange([receiver, peer], cfg)
+    crossings = received["llama"].crossings
+    assert [c.index for c in crossings] == [0, 1]            # the only peer group with a non-zero advantage
+    llama = untrained["llama"]
+    for c in crossings:
+        assert llama.decode(c.completion_ids) == TEXTS[0][c.index]
+        assert c.completion_ids[-1] == llama.tokenizer.eos_token_id
+        expected = peer.advantages.flatten()[c.index].item()
+        torch.testing.assert_close(c.advantages, torch.full((len(c.completion_ids),), expected))
+        assert (c.weights <= 1.5).all() and c.prompt_ids == llama.encode_prompt(PROMPTS[0])
+    torch.testing.assert_close(received["llama"].advantages, receiver.advantages)
+    assert [c.index for c in received["qwen2"].crossings] == [2, 3]
+    assert received["qwen2"].metrics["sharing/received"] == 2
+
+
+def test_prp_weights_are_one_for_a_peer_with_the_same_tokenizer_and_log_probs(untrained):
+    qwen = untrained["qwen2"]
+    twin = policies.Policy("twin", qwen.model, qwen.tokenizer, use_chat_template=False)
+    peer = experience(qwen, PROMPTS[:1], TEXTS[:1], [[1.0, 0.0]])
+    ids = [c.tolist() for c in peer.rollouts.completion_ids]
+    prompts = [p.tolist() for p in peer.rollouts.prompt_ids]
+    # the peer's behaviour log-probs are its own model's, computed by a plain forward pass per sequence
+    peer.rollouts.logprobs = [torch.log_softmax(qwen.model(torch.tensor([p + i])).logits[0, :-1], -1)
+                              [torch.arange(len(p) - 1, len(p) + len(i) - 1), torch.tensor(i)].detach()
+                              for p, i in zip(prompts, ids)]
+    receiver = experience(twin, PROMPTS[:1], TEXTS[:1], [[0.0, 0.0]])
+    crossings = sharing.exchange([receiver, peer], sharing.ShareConfig("prp"))["twin"].crossings
+    assert len(crossings) == 2
+    for c in crossings:
+        assert c.completion_ids == ids[c.index]
+        torch.testing.assert_close(c.weights, torch.ones(len(ids[c.index])), atol=1e-5, rtol=0)
+
+
+def test_sgt_moves_only_verified_successes_onto_failed_prompts(untrained):
+    peer = experience(untrained["qwen2"], PROMPTS, TEXTS, [[1.0, 0.0], [1.0, 1.0], [0.0, 1.0]])
+    receiver = experience(untrained["llama"], PROMPTS, TEXTS, [[0.0, 0.0], [1.0, 0.0], [0.0, 0.0]])
+    received = sharing.exchange([receiver, peer], sharing.ShareConfig("sgt"))
+    crossings = received["llama"].crossings
+    assert [c.index for c in crossings] == [0, 5]              # prompts 0 and 2: llama failed, qwen succeeded
+    assert all(c.reward == 1.0 for c in crossings)
+    s = math.sqrt(2) / 3                                        # pooled [0, 0, 1]: mean 1/3, std sqrt(2)/3
+    for c in crossings:
+        torch.testing.assert_close(c.advantages, torch.full((len(c.completion_ids),), (2 / 3) / (s + EPS)))
+    assert received["qwen2"].crossings == []                   # llama never succeeded where qwen failed
+    torch.testing.assert_close(received["llama"].advantages, receiver.advantages)
+
+
+def test_none_and_xgrpo_move_no_trajectory(untrained):
+    peer = experience(untrained["qwen2"], PROMPTS, TEXTS, [[1.0, 0.0], [1.0, 1.0], [0.0, 1.0]])
+    receiver = experience(untrained["llama"], PROMPTS, TEXTS, [[0.0, 0.0], [1.0, 0.0], [0.0, 0.0]])
+    alone = sharing.exchange([receiver, peer], sharing.ShareConfig("none"))["llama"]
+    assert alone.crossings == [] and torch.equal(alone.advantages, receiver.advantages)
+    pooled = sharing.exchange([receiver, peer], sharing.ShareConfig("xgrpo"))["llama"]
+    assert pooled.crossings == []
+    torch.testing.assert_close(pooled.advantages, sharing.xgrpo_advantages(receiver.rewards, [peer.rewards]))
+    assert pooled.metrics["sharing/revived_groups"] == 2      # prompts 0 and 2 were flat for llama alone
+    with pytest.raises(ValueError, match="sharing mode"):
+        sharing.exchange([receiver, peer], sharing.ShareConfig("all"))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Runs
+# ---------------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("pair, share", [("qwen-llama", "prp"), ("qwen-llama", "sgt"), ("trio", "xgrpo"),
+                                         ("trio", "prp")])
+def test_a_sharing_run_trains_every_policy_and_logs_what_crossed(tmp_path, cache_dir, pair, share):
+    run_dir = train.main(tiny_args(tmp_path, cache_dir, pair=pair, share=share, iterations=2))
+    logged = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    updates = [r for r in logged if "losses/policy_loss" in r]
+    names = [spec.name for spec in policies.PRESETS["tiny"][pair]]
+    assert sorted({r["policy"] for r in updates}) == sorted(names) and len(updates) == 2 * len(names)
+    assert all(math.isfinite(r["losses/policy_loss"]) and "sharing/received" in r for r in updates)
+    if share == "prp":  # both directions: every policy took in peer rollouts, all weights within the cap
+        received = {n: sum(r["sharing/received"] for r in updates if r["policy"] == n) for n in names}
+        assert all(v > 0 for v in received.values()), received
+        assert all(0 < r["sharing/weight_mean"] <= 2.0 for r in updates if r["sharing/received"])
+    if share == "xgrpo":
+        assert all(r["sharing/received"] == 2 * 8 * 6 for r in updates)  # two peers' rewards on 8 prompts x 6
