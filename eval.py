@@ -5,6 +5,8 @@ The proposal's §3.1 metrics, per policy:
   reward var.  iteration-to-iteration variance of the mean training reward, estimated as half the mean squared
                difference of consecutive iterations (von Neumann), so a learning trend does not count as noise
   convergence  the first iteration at which held-out accuracy reaches a target
+and, for runs that share, what crossed into each policy per iteration (sharing/received: peer trajectories for
+PRP and SGT, peer rewards in the group baselines for XGRPO).
 
     python eval.py runs/qwen-llama-none-s1                     # one run: report.md and curves.png in it
     python eval.py runs/A runs/B runs/C --out runs/compare     # side by side
@@ -57,6 +59,7 @@ def summarize(run_dir: Path, target: float) -> list[dict]:
     for policy in dict.fromkeys(r["policy"] for r in records):
         accuracy = curve(records, policy, "eval/heldout_accuracy")
         rewards = [v for _, v in curve(records, policy, "charts/reward_mean")]
+        received = [v for _, v in curve(records, policy, "sharing/received")]
         reached = [it for it, acc in accuracy if acc >= target]
         rows.append({"run": Path(run_dir).name, "policy": policy,
                      "start_accuracy": accuracy[0][1] if accuracy else float("nan"),
@@ -64,6 +67,7 @@ def summarize(run_dir: Path, target: float) -> list[dict]:
                      "best_accuracy": max((a for _, a in accuracy), default=float("nan")),
                      "mean_train_reward": sum(rewards) / len(rewards) if rewards else float("nan"),
                      "reward_var": reward_variance(rewards),
+                     "received_per_iteration": sum(received) / len(received) if received else None,
                      "iterations_to_target": reached[0] if reached else None,
                      "iterations": max((r["iteration"] for r in records), default=0)})
     return rows
@@ -71,13 +75,14 @@ def summarize(run_dir: Path, target: float) -> list[dict]:
 
 def markdown_table(rows: list[dict], target: float) -> str:
     head = ("| run | policy | held-out acc. start | final | best | mean train reward | reward var. "
-            f"| iterations to {target:.0%} |\n|---|---|---|---|---|---|---|---|\n")
+            f"| iterations to {target:.0%} | received / iteration |\n|---|---|---|---|---|---|---|---|---|\n")
     def cell(v) -> str:
         return "—" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.3f}" if isinstance(v, float) else str(v)
     return head + "".join(
         f"| {r['run']} | {r['policy']} | {cell(r['start_accuracy'])} | {cell(r['final_accuracy'])} "
         f"| {cell(r['best_accuracy'])} | {cell(r['mean_train_reward'])} | {cell(r['reward_var'])} "
-        f"| {cell(r['iterations_to_target']) if r['iterations_to_target'] is not None else 'not reached'} |\n"
+        f"| {cell(r['iterations_to_target']) if r['iterations_to_target'] is not None else 'not reached'} "
+        f"| {cell(r['received_per_iteration'])} |\n"
         for r in rows)
 
 

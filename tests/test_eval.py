@@ -23,6 +23,15 @@ def test_summary_by_hand(tmp_path):
     assert row["mean_train_reward"] == pytest.approx(0.25)
 
 
+def test_what_crossed_is_averaged_over_iterations_and_absent_without_sharing(tmp_path):
+    run = write_run(tmp_path / "a", [(0, 0.2)], [0.1, 0.3, 0.2])
+    assert evaluation.summarize(run, 0.5)[0]["received_per_iteration"] is None
+    with (run / "metrics.jsonl").open("a") as f:
+        for i, n in enumerate([3, 0, 6]):
+            f.write(json.dumps({"iteration": i + 1, "policy": "p", "sharing/received": n}) + "\n")
+    assert evaluation.summarize(run, 0.5)[0]["received_per_iteration"] == 3.0
+
+
 def test_a_linear_trend_is_not_counted_as_reward_variance():
     assert evaluation.reward_variance([0.1 * i for i in range(10)]) == pytest.approx(0.005)  # 0.01 / 2, not var
     assert evaluation.reward_variance([0.5] * 5) == 0.0
