@@ -12,9 +12,16 @@ Decisions relied on (DESIGN.md §4.8):
     "lora" = the adapters) and scaled by sqrt(|k|), as VIGOR does, so steps of different lengths compare.
   - Exact per-step norms need one vector-Jacobian product per step. In a causal model every step's loss depends
     on the parameters through all earlier positions, so a single backward of a masked or summed loss returns
-    sum_k grad L_k, from which no ||grad L_k|| can be recovered. `step_grad_norms` does all K products in one
-    batched backward (torch.autograd.grad with is_grads_batched=True over the K unit cotangents);
-    `step_grad_norms_loop` is the reference with one backward per step.
+    sum_k grad L_k, from which no ||grad L_k|| can be recovered. `step_grad_norms_loop` is the reference, one
+    backward per step. `step_grad_norms` runs one forward per trajectory with hooks recording the input x and
+    output y of every module owning a subset parameter, then one backward batched over the K unit cotangents
+    (is_grads_batched=True) down to those outputs only, so no per-step weight gradient is formed there. The
+    norms follow exactly from d_k = dL_k/dy: a Linear weight's gradient is d_k^T x, and by the ghost-norm
+    identity ||d_k^T x||_F^2 = sum((d_k d_k^T) * (x x^T)), x x^T [T, T] shared by all K steps; this is used
+    where T^2 (K out + in) < K T out in, else d_k^T x is formed. A bias's gradient is sum_t d_k; an embedding's
+    is onehot(ids)^T d_k, and a tied embedding/head matrix sums both calls before the norm (cross terms
+    included). Any other owned parameter (norm scales) takes its module's own VJP, batched over k.
+    Trajectories are not batched together: each step's cotangent would then run backward through all of them.
   - alpha is calibrated from the target's own on-policy step norms: R = 1/2 at the q-quantile of the norms of
     its own steps. A step within the target's own range (merely unfamiliar) keeps R >= 1/2; one far beyond it
     (out of reach) goes to 0. This is the proposal's challenge 2: unfamiliar is told apart from unreachable.
@@ -23,6 +30,7 @@ Decisions relied on (DESIGN.md §4.8):
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 
@@ -76,15 +84,135 @@ def step_losses(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask:
     return torch.stack(losses), torch.tensor(sizes, dtype=torch.float32)
 
 
+class _Call(NamedTuple):
+    """One forward call of a module that owns subset parameters: its inputs (detached) and its output."""
+    module: torch.nn.Module
+    inputs: tuple
+    output: torch.Tensor
+
+
+def _record_calls(model: torch.nn.Module, params: list[torch.nn.Parameter]) -> tuple[list[_Call], list]:
+    """Forward hooks on every module owning a subset parameter; a module called twice is recorded twice."""
+    wanted, calls, handles = {id(p) for p in params}, [], []
+
+    def hook(module, inputs, output):
+        calls.append(_Call(module, tuple(x.detach() for x in inputs), output))
+    for module in model.modules():
+        if any(id(p) in wanted for p in module.parameters(recurse=False)):
+            handles.append(module.register_forward_hook(hook))
+    return calls, handles
+
+
+def _factors(call: _Call, d: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(left, right) with step k's weight gradient = left_k^T right_k, the sequence's side shared ([1, ...]).
+
+    d [K, 1, ..., out] = dL_k/d output. Linear: y = x W^T, so grad W = d^T x: ([K, T, out], [1, T, in]).
+    Embedding: y = E[ids], so grad E = onehot(ids)^T d: ([1, T] ids, the one-hot never formed, [K, T, d]);
+    positions at padding_idx get no gradient.
+    """
+    steps, x = d.shape[0], call.inputs[0]
+    if isinstance(call.module, torch.nn.Embedding):
+        ids = x.reshape(1, -1)
+        right = d.reshape(steps, ids.shape[1], -1)
+        if call.module.padding_idx is not None:
+            right = right * (ids != call.module.padding_idx).unsqueeze(-1)
+        return ids, right
+    return d.reshape(steps, -1, d.shape[-1]), x.reshape(1, -1, x.shape[-1])
+
+
+def _gram(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """[K or 1, Ta, Tb] a b^T, a one-hot given as ids [1, T] never materialized."""
+    if a.dim() == 2 and b.dim() == 2:
+        return (a.unsqueeze(2) == b.unsqueeze(1)).float()
+    if a.dim() == 2:
+        return _gram(b, a).transpose(1, 2)
+    if b.dim() == 2:                                                   # a onehot(b)^T: a's columns b
+        return a.gather(2, b.unsqueeze(1).expand(a.shape[0], a.shape[1], -1))
+    return a @ b.transpose(1, 2)
+
+
+def _weight_sq_norms(factors: list[tuple[torch.Tensor, torch.Tensor]], shape: torch.Size, steps: int
+                     ) -> torch.Tensor:
+    """[K] ||sum_u left_u^T right_u||_F^2 for every step: the weight's gradient summed over its calls (tied).
+
+    The ghost norm ||D^T X||^2 = sum((D D^T) * (X X^T)) costs T^2 (K out + in) with X X^T shared by the steps,
+    forming the gradients K T out in: the cheaper one is used.
+    """
+    positions = sum(max(left.shape[1], right.shape[1]) for left, right in factors)
+    if positions * (shape[0] + shape[1] / steps) < shape[0] * shape[1]:
+        return sum((_gram(lu, lv).to(ru.dtype) * _gram(ru, rv).to(ru.dtype)).sum((1, 2))
+                   for lu, ru in factors for lv, rv in factors).expand(steps)
+    grad = torch.zeros(steps, *shape, dtype=factors[0][1].dtype, device=factors[0][1].device)   # [K, out, in]
+    for left, right in factors:
+        if left.dim() == 2:
+            grad.index_add_(1, left[0], right)
+        else:
+            grad += left.transpose(1, 2) @ right
+    return grad.pow(2).sum((1, 2))
+
+
+def _own_grads(call: _Call, d: torch.Tensor, names: list[str]) -> dict[str, torch.Tensor]:
+    """Each step's gradient [K, *p] of other parameters owned by call.module (norm scales, ...): the module's
+    own VJP over the K output gradients under vmap, exact for whatever the module computes."""
+    own = {n: getattr(call.module, n).detach() for n in names}
+    _, vjp = torch.func.vjp(lambda ps: torch.func.functional_call(call.module, ps, call.inputs), own)
+    return torch.func.vmap(vjp)(d)[0]
+
+
+def _trajectory_sq_norms(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                         spans: list[tuple[int, int]], params: list[torch.nn.Parameter]
+                         ) -> tuple[torch.Tensor, torch.Tensor]:
+    """[K] ||grad L_k||^2 and [K] sizes for the K steps `spans` of one sequence (input_ids [1, L]).
+
+    One forward; one backward batched over the K unit cotangents down to the recorded module outputs only,
+    so no weight gradient is formed there; then every parameter's K squared norms from its module inputs and
+    output gradients.
+    """
+    length = max(c for _, c in spans)                                # causal: later tokens change no L_k
+    calls, handles = _record_calls(model, params)
+    try:
+        losses, sizes = step_losses(model, input_ids[:, :length], attention_mask[:, :length], [spans])
+    finally:
+        for handle in handles:
+            handle.remove()
+    cotangents = torch.eye(len(losses), dtype=losses.dtype, device=losses.device)               # [K, K]
+    outputs = torch.autograd.grad(losses, [c.output for c in calls], grad_outputs=cotangents,
+                                  is_grads_batched=True, allow_unused=True)                      # each [K, *y]
+    wanted, factors, grads = {id(p): p for p in params}, {}, {}
+    for call, d in zip(calls, outputs):
+        if d is None:
+            continue
+        own = [(n, p) for n, p in call.module.named_parameters(recurse=False) if id(p) in wanted]
+        if isinstance(call.module, (torch.nn.Linear, torch.nn.Embedding)):
+            factors.setdefault(id(call.module.weight), []).append(_factors(call, d))
+            own = [(n, p) for n, p in own if p is not call.module.weight]
+        if isinstance(call.module, torch.nn.Linear) and own:        # the bias: y = x W^T + b
+            grads.setdefault(id(call.module.bias), []).append(d.reshape(len(d), -1, d.shape[-1]).sum(1))
+        elif own:
+            own_grads = _own_grads(call, d, [n for n, _ in own])
+            for n, p in own:
+                grads.setdefault(id(p), []).append(own_grads[n])
+    squared = torch.zeros(len(spans), dtype=torch.float64, device=losses.device)
+    for key, fs in factors.items():
+        if key in wanted:
+            squared += _weight_sq_norms(fs, wanted[key].shape, len(spans)).double()
+    for gs in grads.values():
+        squared += sum(gs).flatten(1).pow(2).sum(1).double()
+    return squared, sizes
+
+
 def step_grad_norms(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                     steps: list[list[tuple[int, int]]], params: list[torch.nn.Parameter]) -> torch.Tensor:
-    """[K] sqrt(|k|) * ||grad_params L_k||_2 for every step, exactly, with one batched backward."""
-    losses, sizes = step_losses(model, input_ids, attention_mask, steps)                       # [K], [K]
-    cotangents = torch.eye(len(losses), dtype=losses.dtype, device=losses.device)               # [K, K]
-    grads = torch.autograd.grad(losses, params, grad_outputs=cotangents, is_grads_batched=True,
-                                allow_unused=True)                                              # each [K, *p]
-    squared = sum(g.flatten(1).double().pow(2).sum(1) for g in grads if g is not None)          # [K]
-    return (squared.sqrt() * sizes.double().sqrt().to(squared.device)).float().cpu()
+    """[K] sqrt(|k|) * ||grad_params L_k||_2 for every step of every trajectory, exactly."""
+    if not any(steps):
+        raise ValueError("no steps to score")
+    squared, sizes = [], []
+    for b, spans in enumerate(steps):
+        if spans:
+            sq, n = _trajectory_sq_norms(model, input_ids[b:b + 1], attention_mask[b:b + 1], spans, params)
+            squared.append(sq)
+            sizes.append(n)
+    return (torch.cat(squared).cpu().sqrt() * torch.cat(sizes).double().sqrt()).float()
 
 
 def step_grad_norms_loop(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,

@@ -40,6 +40,36 @@ def test_batched_norms_equal_one_backward_per_step(family, dtype, rtol, subset):
     torch.testing.assert_close(batched, alone, rtol=rtol, atol=0)
 
 
+@pytest.mark.parametrize("tied", [True, False])
+def test_tied_embedding_padding_idx_and_qwen2_biases_are_exact(tied):
+    # the tied matrix's gradient is the lm_head's plus the embedding lookup's: the norm of a sum, not a sum of norms
+    model = policies.tiny_model("qwen2", policies.TinyShape(32, 2, 4, 0), vocab_size=50, seed=0).double()
+    if not tied:
+        model.lm_head.weight = torch.nn.Parameter(model.lm_head.weight.detach().clone())
+    model.model.embed_tokens.padding_idx = 3                          # its row gets no gradient
+    assert (model.lm_head.weight is model.model.embed_tokens.weight) == tied
+    assert model.model.layers[0].self_attn.q_proj.bias is not None
+    trajectories = random_trajectories(50, torch.Generator().manual_seed(2))
+    trajectories[0][1][0] = 3
+    inputs = reachability.batch_inputs(trajectories, pad_id=0)
+    for subset in ("all", "last:1"):
+        params = reachability.parameter_subset(model, subset)
+        torch.testing.assert_close(reachability.step_grad_norms(model, *inputs, params),
+                                   reachability.step_grad_norms_loop(model, *inputs, params), rtol=1e-5, atol=0)
+
+
+def test_lora_norms_are_exact():
+    import scale
+    model = scale.add_lora(policies.tiny_model("llama", policies.TinyShape(32, 2, 4, 0), 50, seed=0), 4, 8.0).double()
+    for name, p in model.named_parameters():
+        if "lora_B" in name:                                          # zero at start: make lora_A's gradient count
+            torch.nn.init.normal_(p, std=0.1, generator=torch.Generator().manual_seed(len(name)))
+    inputs = reachability.batch_inputs(random_trajectories(50, torch.Generator().manual_seed(3)), pad_id=0)
+    params = reachability.parameter_subset(model, "lora")
+    torch.testing.assert_close(reachability.step_grad_norms(model, *inputs, params),
+                               reachability.step_grad_norms_loop(model, *inputs, params), rtol=1e-5, atol=0)
+
+
 def test_one_summed_backward_would_not_give_the_per_step_norms():
     model = policies.tiny_model("qwen2", policies.TinyShape(32, 2, 4, 0), 50, seed=0).double()
     inputs = reachability.batch_inputs(random_trajectories(50, torch.Generator().manual_seed(1))[:1], pad_id=0)
