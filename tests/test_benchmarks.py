@@ -1,0 +1,388 @@
+"""The benchmark tasks on fixture files written in the real data sets' formats, and HumanEval from its package."""
+
+import http.server
+import json
+import re
+import socket
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pyarrow
+import pyarrow.parquet
+import pytest
+
+import tasks
+
+# Three records of openai/gsm8k (main, train), verbatim.
+GSM8K = [
+    {"question": "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "
+                 "How many clips did Natalia sell altogether in April and May?",
+     "answer": "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\n"
+               "Natalia sold 48+24 = <<48+24=72>>72 clips altogether in April and May.\n#### 72"},
+    {"question": "Weng earns $12 an hour for babysitting. Yesterday, she just did 50 minutes of babysitting. "
+                 "How much did she earn?",
+     "answer": "Weng earns 12/60 = $<<12/60=0.2>>0.2 per minute.\n"
+               "Working 50 minutes, she earned 0.2 x 50 = $<<0.2*50=10>>10.\n#### 10"},
+    {"question": "Betty is saving money for a new wallet which costs $100. Betty has only half of the money she "
+                 "needs. Her parents decided to give her $15 for that purpose, and her grandparents twice as much "
+                 "as her parents. How much more money does Betty need to buy the wallet?",
+     "answer": "In the beginning, Betty has only 100 / 2 = $<<100/2=50>>50.\n"
+               "Betty's grandparents gave her 15 * 2 = $<<15*2=30>>30.\n"
+               "This means, Betty needs 100 - 50 - 30 - 15 = $<<100-50-30-15=5>>5 more.\n#### 5"},
+]
+GSM8K_TEST = [{"question": "Janet has 3 boxes of 4 pens. How many pens does she have?",
+               "answer": "Janet has 3*4 = <<3*4=12>>12 pens.\n#### 12"}]
+
+# Records in the columns of EleutherAI/hendrycks_math.
+MATH = [
+    {"problem": "What is the value of $\\frac{1}{2} + \\frac{1}{3}$?", "level": "Level 1", "type": "Prealgebra",
+     "solution": "We have $\\frac{1}{2} + \\frac{1}{3} = \\frac{3}{6} + \\frac{2}{6} = \\boxed{\\frac{5}{6}}$."},
+    {"problem": "Solve for $x$: $2x + 3 = 11$.", "level": "Level 1", "type": "Algebra",
+     "solution": "Subtracting 3 gives $2x = 8$,\nso $x = \\boxed{4}$."},
+]
+MATH_TEST = [{"problem": "Compute $\\sqrt{16}$.", "level": "Level 1", "type": "Prealgebra",
+              "solution": "$\\sqrt{16} = \\boxed{4}$."}]
+
+# Three records of google-research-datasets/mbpp (full), verbatim apart from the challenge tests.
+MBPP = [
+    {"task_id": 2, "text": "Write a function to find the similar elements from the given two tuple lists.",
+     "code": "def similar_elements(test_tup1, test_tup2):\r\n  res = tuple(set(test_tup1) & set(test_tup2))\r\n"
+             "  return (res) ",
+     "test_list": ["assert similar_elements((3, 4, 5, 6),(5, 7, 4, 10)) == (4, 5)",
+                   "assert similar_elements((1, 2, 3, 4),(5, 4, 3, 7)) == (3, 4)",
+                   "assert similar_elements((11, 12, 14, 13),(17, 15, 14, 13)) == (13, 14)"],
+     "test_setup_code": "", "challenge_test_list": []},
+    {"task_id": 3, "text": "Write a python function to identify non-prime numbers.",
+     "code": "import math\r\ndef is_not_prime(n):\r\n    result = False\r\n"
+             "    for i in range(2,int(math.sqrt(n)) + 1):\r\n        if n % i == 0:\r\n            result = True\r\n"
+             "    return result",
+     "test_list": ["assert is_not_prime(2) == False", "assert is_not_prime(10) == True",
+                   "assert is_not_prime(35) == True"],
+     "test_setup_code": "", "challenge_test_list": []},
+    {"task_id": 4, "text": "Write a function to find the largest integers from a given list of numbers using heap "
+                           "queue algorithm.",
+     "code": "import heapq as hq\r\ndef heap_queue_largest(nums,n):\r\n  largest_nums = hq.nlargest(n, nums)\r\n"
+             "  return largest_nums",
+     "test_list": ["assert heap_queue_largest( [25, 35, 22, 85, 14, 65, 75, 22, 58],3)==[85, 75, 65] ",
+                   "assert heap_queue_largest( [25, 35, 22, 85, 14, 65, 75, 22, 58],2)==[85, 75] ",
+                   "assert heap_queue_largest( [25, 35, 22, 85, 14, 65, 75, 22, 58],5)==[85, 75, 65, 58, 35]"],
+     "test_setup_code": "", "challenge_test_list": []},
+]
+MBPP_TEST = [{"task_id": 11, "text": "Write a python function to add a constant to a number.",
+              "code": "def add_k(n):\n    return n + K", "test_list": ["assert add_k(1) == 4"],
+              "test_setup_code": "K = 3", "challenge_test_list": []}]
+
+# Records in the columns of hoskinson-center/proofnet (valid.jsonl / test.jsonl).
+PROOFNET = [{"id": "Rudin|exercise_1_1a",
+             "nl_statement": "If $r$ is rational $(r \\neq 0)$ and $x$ is irrational, prove that $r+x$ is irrational.",
+             "nl_proof": "\\begin{proof}\nIf $r$ and $r+x$ were both rational, then $x=r+x-r$ would also be "
+                         "rational.\n\\end{proof}",
+             "formal_statement": "theorem exercise_1_1a\n  (x : ℝ) (y : ℚ) :\n"
+                                 "  ( irrational x ) -> irrational ( x + y ) :=",
+             "src_header": "import .common\n\nopen real complex\n"}]
+
+
+def write_jsonl(path, rows):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+
+
+def write_parquet(path, rows):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pyarrow.parquet.write_table(pyarrow.Table.from_pylist(rows), path)
+
+
+@pytest.fixture
+def data(tmp_path):
+    """Local copies laid out as the hub repositories are (parquet per configuration) and as plain jsonl."""
+    write_parquet(tmp_path / "gsm8k/main/train-00000-of-00001.parquet", GSM8K)
+    write_parquet(tmp_path / "gsm8k/main/test-00000-of-00001.parquet", GSM8K_TEST)
+    socratic = [{"question": "Not from main?", "answer": "#### 0"}]  # another configuration: never read
+    write_parquet(tmp_path / "gsm8k/socratic/train-00000-of-00001.parquet", socratic)
+    write_jsonl(tmp_path / "math/train.jsonl", MATH)
+    write_jsonl(tmp_path / "math/test.jsonl", MATH_TEST)
+    write_parquet(tmp_path / "mbpp/full/train-00000-of-00001.parquet", MBPP)
+    write_parquet(tmp_path / "mbpp/full/test-00000-of-00001.parquet", MBPP_TEST)
+    write_jsonl(tmp_path / "proofnet/valid.jsonl", PROOFNET)
+    write_jsonl(tmp_path / "proofnet/test.jsonl", PROOFNET)
+    (tmp_path / "proofnet/test_loader.py").write_text("raise SystemExit")  # the hub repo has one: not data
+    return tmp_path
+
+
+def load(name, data, train_size=100, eval_size=100, seed=0):
+    return tasks.load_task(name, seed, train_size, eval_size, data_dir=str(data / name))
+
+
+# ---- GSM8K ----
+
+def test_gsm8k_loads_the_main_configuration_and_samples_by_seed(data):
+    task = load("gsm8k", data)
+    assert sorted(e.question for e in task.train) == sorted(r["question"] for r in GSM8K)
+    assert [e.answer for e in task.heldout] == ["12"]
+    small = [load("gsm8k", data, train_size=2, seed=s).train for s in range(8)]
+    assert all(len(t) == 2 for t in small) and small[0] == load("gsm8k", data, train_size=2, seed=0).train
+    assert len({tuple(e.id for e in t) for t in small}) > 1
+    assert task.prompt(task.heldout[0]).startswith(GSM8K_TEST[0]["question"] + "\n")
+
+
+@pytest.mark.parametrize("completion, reward", [
+    ("Natalia sold 48/2 = <<48/2=24>>24 clips in May.\n#### 72", 1.0),
+    ("#### 72", 1.0), ("#### 72.0", 1.0), ("#### $72", 1.0), ("#### 72 clips", 1.0), ("#### 5\n#### 72", 1.0),
+    ("#### 71", 0.0), ("#### 72\n#### 71", 0.0), ("72", 0.0), ("The answer is 72.", 0.0), ("#### seventy-two", 0.0),
+    ("", 0.0), ("####", 0.0), ("\x00\ud800 ####\n72", 0.0),
+])
+def test_gsm8k_reward(data, completion, reward):
+    task = load("gsm8k", data)
+    natalia = next(e for e in task.train if e.question.startswith("Natalia"))
+    assert task.reward(natalia, completion) == reward
+
+
+def test_gsm8k_step_verifier_accepts_the_real_annotations(data):
+    task = load("gsm8k", data)
+    for example in task.train:
+        lines = example.reference.split("\n")
+        assert task.step_verdicts(example, example.reference) == [True] * (len(lines) - 1) + [None]
+        assert task.reward(example, example.reference) == 1.0
+
+
+def altered(solution: str):
+    """Every single-number alteration of every annotation: (line index, altered solution)."""
+    for match in re.finditer(r"<<([^=]*)=([^>]*)>>(\d+(?:\.\d+)?)", solution):
+        line = solution[:match.start()].count("\n")
+        expression, result, shown = match.groups()
+        wrong = str(float(result) + 1).removesuffix(".0")
+        for replacement in (f"<<{expression}={wrong}>>{wrong}",                  # result and text both wrong
+                            f"<<{expression}={result}>>{wrong}",                 # text disagrees with the result
+                            f"<<{expression}+1={result}>>{shown}"):              # expression changed
+            yield line, solution[:match.start()] + replacement + solution[match.end():]
+
+
+def test_gsm8k_step_verifier_catches_every_altered_annotation(data):
+    task = load("gsm8k", data)
+    count = 0
+    for example in task.train:
+        correct = task.step_verdicts(example, example.reference)
+        for line, solution in altered(example.reference):
+            expected = correct[:line] + [False] + correct[line + 1:]
+            assert task.step_verdicts(example, solution) == expected, solution
+            count += 1
+    assert count == 3 * 7
+
+
+@pytest.mark.parametrize("expression, result, shown, verdict", [
+    ("10/3", "3.33", "3.33", True), ("10/3", "3.3", None, True), ("10/3", "3", "3", True),   # rounded or cut
+    ("2/3", "0.67", None, True), ("2/3", "0.66", None, True), ("2/3", "0.68", None, False),
+    ("7*1.5", "10.5", None, True), ("7*1.5", "10", None, True), ("7*1.5", "11", None, True),
+    ("7*1.5", "12", None, False), ("2**10", "1024", None, True), ("(2+3)*4", "20", "20", True),
+    ("1,000*2", "2,000", "2,000", True), ("-3+1", "-2", None, True), ("5/0", "1", None, None),
+    ("5%2", "1", None, None), ("2^3", "8", None, None), ("x*2", "4", None, None), ("2*3", "six", None, None),
+    ("(9**64)**64**64", "1", None, None), ("9" * 300, "1", None, None),
+])
+def test_annotation_verdicts_by_hand(expression, result, shown, verdict):
+    assert tasks.annotation_verdict(expression, result, shown) == verdict
+
+
+def test_gsm8k_lines_without_annotations_are_not_steps():
+    completion = "First, 3 times 4 is 12.\n\n3*4 = <<3*4=12>>12 and <<12+1=14>>14\n<<1+1=2>>2 and <<a=b>>\n#### 12"
+    assert tasks.gsm8k_step_verdicts(completion) == [None, False, True, None]
+
+
+# ---- MATH ----
+
+@pytest.mark.parametrize("completion, reward", [
+    ("$\\frac{1}{2}+\\frac{1}{3} = \\boxed{\\frac{5}{6}}$", 1.0), ("\\boxed{\\dfrac56}", 1.0),
+    ("\\boxed{5/6}", 1.0), ("The final answer is $\\frac{5}{6}$.", 1.0),
+    ("\\boxed{0.8333}", 0.0), ("\\boxed{\\frac{6}{5}}", 0.0), ("5/6", 0.0), ("so it is 5/6", 0.0),
+    ("\\boxed{\\frac{5}{6}} or maybe \\boxed{1}", 0.0), ("", 0.0), ("\\boxed{", 0.0), ("}}}\\boxed{{{", 0.0),
+])
+def test_math_reward(data, completion, reward):
+    task = load("math", data)
+    example = next(e for e in task.train if "frac{1}{2}" in e.question)
+    assert task.reward(example, completion) == reward
+
+
+def test_math_loads_plain_jsonl_and_its_references_verify(data):
+    task = load("math", data)
+    assert len(task.train) == 2 and [e.question for e in task.heldout] == ["Compute $\\sqrt{16}$."]
+    for example in task.train + task.heldout:
+        assert task.reward(example, example.reference) == 1.0
+        assert task.prompt(example).endswith("\\boxed{}.\n")
+    two_lines = next(e for e in task.train if "2x" in e.question).reference
+    assert task.step_spans(two_lines) == [(0, 29), (30, 49)]
+    assert task.step_verdicts(task.train[0], two_lines) == [None, None]
+
+
+# ---- MBPP ----
+
+def test_mbpp_references_pass_and_wrong_code_fails(data):
+    task = load("mbpp", data)
+    assert sorted(e.id for e in task.train) == ["2", "3", "4"] and [e.id for e in task.heldout] == ["11"]
+    for example in task.train + task.heldout:
+        assert task.reward(example, example.reference) == 1.0
+        assert "assert " in task.prompt(example)
+        assert task.reward(example, "def nothing():\n    pass") == 0.0
+    is_not_prime = next(e for e in task.train if e.id == "3")
+    assert task.reward(is_not_prime, "def is_not_prime(n):\n    return n % 2 == 0") == 0.0   # wrong on 35
+    assert task.reward(is_not_prime, "```python\n" + is_not_prime.reference + "\n```\nThis works.") == 1.0
+    add_k = task.heldout[0]
+    assert task.reward(add_k, "def add_k(n):\n    return n + 3") == 1.0   # the setup code defines K too
+
+
+def test_code_rewards_survive_hostile_completions(data):
+    example = load("mbpp", data).train[0]
+    start = time.monotonic()
+    for completion in ("import os\nos._exit(0)", "import os\nwhile True: os.fork()", "while True: pass",
+                       "def similar_elements(a, b):\n    open('/tmp/mbpp-escape', 'w')\n    return ()"):
+        assert tasks.code_reward(example, completion, timeout_s=1.0) == 0.0
+    assert time.monotonic() - start < 4 * 1.0 + 8
+
+
+# ---- HumanEval ----
+
+def humaneval():
+    return tasks.load_task("humaneval", 0, 1000, 1000)
+
+
+def rewards(task, pairs):
+    with ThreadPoolExecutor(2) as pool:
+        return list(pool.map(lambda pair: task.reward(*pair), pairs))
+
+
+def test_humaneval_comes_from_the_package_split_by_task_id():
+    task = humaneval()
+    train, heldout = {e.id for e in task.train}, {e.id for e in task.heldout}
+    assert not train & heldout and train | heldout == {f"HumanEval/{i}" for i in range(164)}
+    assert 0.1 < len(heldout) / 164 < 0.3                       # the default held-out fraction is 0.2
+    assert {e.id for e in tasks.load_task("humaneval", 5, 1000, 1000).heldout} == heldout   # not the seed's
+    example = task.train[0]
+    assert task.prompt(example) == example.question and "def " in example.question
+
+
+def test_humaneval_canonical_solutions_all_pass():
+    task = humaneval()
+    examples = task.train + task.heldout
+    assert rewards(task, [(e, e.reference) for e in examples]) == [1.0] * 164
+
+
+def test_humaneval_broken_solutions_all_fail():
+    task = humaneval()
+    examples = task.train + task.heldout
+    assert rewards(task, [(e, "    return None\n") for e in examples]) == [0.0] * 164
+    # each problem answered with the next problem's solution: real code, the wrong function
+    assert rewards(task, [(e, other.reference) for e, other in zip(examples, examples[1:] + examples[:1])]) == \
+        [0.0] * 164
+
+
+# ---- ProofNet ----
+
+def test_proofnet_has_no_checker_and_says_so(data):
+    task = load("proofnet", data)
+    example = task.train[0]
+    assert not task.verifiable and example.id == "Rudin|exercise_1_1a" and example.answer.startswith("theorem")
+    assert task.reward(example, example.reference) == 0.0
+    assert task.step_verdicts(example, example.reference) == [None, None, None]
+
+
+# ---- arith through the same interface ----
+
+def test_arith_task_wraps_the_generated_task():
+    task = tasks.load_task("arith", 0, 30, 10)
+    assert len(task.train) == 30 and len(task.heldout) == 10 and task.verifiable
+    problem = tasks.Problem("Ava has 7 apples. She gets 5 more. She gives away 3. How many apples?", 7,
+                            (("+", 5), ("-", 3)), 9)
+    assert task.prompt(problem) == problem.question + "\n"
+    assert task.reward(problem, "7 + 5 = 12\n12 - 3 = 9\nAnswer: 9") == 1.0
+    assert task.reward(problem, "Answer: 8") == 0.0
+    assert task.step_verdicts(problem, "7 + 5 = 12\n12 - 3 = 8\nAnswer: 8") == [True, False, None]
+    assert task.step_spans("7 + 5 = 12\n\nAnswer: 12") == [(0, 10), (12, 22)]
+
+
+# ---- every task: malformed completions, bad arguments, missing data ----
+
+@pytest.mark.parametrize("name", ["arith", "gsm8k", "math", "mbpp", "humaneval", "proofnet"])
+@pytest.mark.parametrize("completion", ["", "\n\n", "\x00\ud800\ufffd", "<<1/0=1>>\n####", "\\boxed{" * 50,
+                                        "```\n", "#### " + "9" * 5000])
+def test_rewards_and_verdicts_never_raise(data, name, completion):
+    task = tasks.load_task(name, 0, 2, 2) if name in ("arith", "humaneval") else load(name, data, 2, 2)
+    example = task.train[0]
+    assert task.reward(example, completion) == 0.0
+    verdicts = task.step_verdicts(example, completion)
+    assert len(verdicts) == len(task.step_spans(completion)) and all(v in (None, False) for v in verdicts)
+
+
+def test_bad_arguments_are_refused(data, tmp_path):
+    with pytest.raises(ValueError, match="unknown task 'gsm9k'"):
+        tasks.load_task("gsm9k", 0, 1, 1)
+    with pytest.raises(ValueError, match="non-negative"):
+        tasks.load_task("arith", 0, -1, 1)
+    with pytest.raises(ValueError, match="reads no data set"):
+        tasks.load_task("humaneval", 0, 1, 1, data_dir=str(data))
+    write_jsonl(tmp_path / "wrong/train.jsonl", [{"problem": "columns of MATH"}])
+    write_jsonl(tmp_path / "wrong/test.jsonl", [{"problem": "columns of MATH"}])
+    with pytest.raises(ValueError, match="GSM8K rows do not have the data set's columns \\(question, answer\\)"):
+        tasks.load_task("gsm8k", 0, 1, 1, data_dir=str(tmp_path / "wrong"))
+
+
+def test_a_local_copy_without_the_split_names_the_data_set_and_the_option(tmp_path):
+    write_jsonl(tmp_path / "train.jsonl", MBPP)
+    with pytest.raises(tasks.DataUnavailable, match=r"MBPP is not available: .* has no test split.*--data-dir"):
+        tasks.load_task("mbpp", 0, 1, 1, data_dir=str(tmp_path))
+    with pytest.raises(tasks.DataUnavailable, match="is not a directory"):
+        tasks.load_task("mbpp", 0, 1, 1, data_dir=str(tmp_path / "train.jsonl"))
+
+
+@pytest.mark.parametrize("name, title", [("gsm8k", "GSM8K"), ("math", "MATH"), ("mbpp", "MBPP"),
+                                         ("proofnet", "ProofNet")])
+def test_an_unreachable_hub_fails_fast_with_directions(name, title, tmp_path, monkeypatch):
+    from huggingface_hub import constants
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))           # an empty cache
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(constants, "ENDPOINT", f"http://127.0.0.1:{free_port()}")  # nothing listens
+    start = time.monotonic()
+    with pytest.raises(tasks.DataUnavailable) as error:
+        tasks.load_task(name, 0, 1, 1)
+    assert time.monotonic() - start < 5
+    message = str(error.value)
+    assert message.startswith(f"{title} is not available") and "unreachable" in message
+    assert f"hf download {tasks.BENCHMARKS[name].source.repo}" in message and "data_dir=DIR" in message
+
+
+def test_offline_mode_fails_at_once(tmp_path, monkeypatch):
+    from huggingface_hub import constants
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    start = time.monotonic()
+    with pytest.raises(tasks.DataUnavailable, match="HF_HUB_OFFLINE"):
+        tasks.load_task("gsm8k", 0, 1, 1)
+    assert time.monotonic() - start < 1
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_the_hub_probe_is_bounded_and_counts_any_http_answer():
+    with socket.socket() as silent:             # accepts connections, never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        start = time.monotonic()
+        assert not tasks._hub_reachable(f"http://127.0.0.1:{silent.getsockname()[1]}", timeout_s=1.0)
+        assert time.monotonic() - start < 2.0
+
+    class NotFound(http.server.BaseHTTPRequestHandler):
+        def do_HEAD(self):
+            self.send_response(404)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), NotFound)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        assert tasks._hub_reachable(f"http://127.0.0.1:{server.server_address[1]}", timeout_s=2.0)
+    finally:
+        server.shutdown()
