@@ -16,15 +16,15 @@ Layers, outermost first:
   network namespace (`unshare --net`, plus `--user --map-root-user` when not root) whose only interface is a
   loopback that is down; in every case socket creation is refused inside the child (below);
 - kernel limits set in the child before the program runs (resource.setrlimit): RLIMIT_AS (memory),
-  RLIMIT_CPU, RLIMIT_FSIZE (bounds the output file and any file the program writes), RLIMIT_NPROC=1 (no new
+  RLIMIT_CPU, RLIMIT_FSIZE (bounds the output file and each file the program writes), RLIMIT_NPROC=1 (no new
   processes or threads; the kernel does not enforce it for uid 0) and RLIMIT_CORE=0 (no core dumps);
 - an audit hook (PEP 578) installed before the program runs, which ends the child at once (exit status
   VIOLATION_STATUS) on socket creation, process creation (fork, exec, spawn, system, subprocess), signals sent
-  to other processes, ctypes, and any write, delete, rename or permission change outside the working
-  directory. When the caller is root the hook is what stops process
-  creation and writes outside the directory. It is a tripwire for what a policy plausibly emits, not a security
-  boundary against code written to escape it: run training on a machine where the trainer's own files are the
-  only thing at risk;
+  to other processes, ctypes, any write, delete, rename or permission change outside the working directory,
+  and opening more than MAX_FILES_WRITTEN files for writing (with RLIMIT_FSIZE, a bound on the disk it fills).
+  When the caller is root, the hook is what stops process creation and writes outside the directory. It is a
+  tripwire for what a policy plausibly emits, not a security boundary against code written to escape it: run
+  training on a machine where the trainer's own files are the only thing at risk;
 - success is proven by a per-run nonce: the child reads it from stdin before the program runs, keeps it in a
   local of the function that runs the program, and writes it after the program returns, so `sys.exit(0)`,
   `os._exit(0)` or any other early exit fails. (Code written to read its caller's frame could find it; frame
@@ -49,6 +49,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 VIOLATION_STATUS = 86
+MAX_FILES_WRITTEN = 64  # with RLIMIT_FSIZE per file, this bounds the disk a program can fill
 OUTPUT_NAME = "output.txt"
 PROGRAM_NAME = "program.py"
 
@@ -73,15 +74,20 @@ REFUSED = ("socket.", "ctypes.", "subprocess.", "os.fork", "os.exec", "os.posix_
            "os.kill", "os.killpg", "os.setsid", "signal.pthread_kill")
 REFUSED_IMPORTS = {"ctypes", "_ctypes", "_posixsubprocess", "multiprocessing"}
 
+files_written = 0
+
 def hook(event, args):
+    global files_written
     if event.startswith(REFUSED):
         forbid(event)
     if event == "import" and args[0] in REFUSED_IMPORTS:
         forbid(f"import {args[0]}")
-    if event == "open" and not is_inside(args[0]):
-        mode, flags = args[1] or "", args[2] or 0
-        if any(c in mode for c in "wax+") or flags & WRITE_FLAGS:
+    if event == "open" and (any(c in (args[1] or "") for c in "wax+") or (args[2] or 0) & WRITE_FLAGS):
+        if not is_inside(args[0]):
             forbid(f"write to {args[0]}")
+        files_written += 1
+        if files_written > MAX_FILES:
+            forbid(f"more than {MAX_FILES} files opened for writing")
     if event in PATH_EVENTS and not all(is_inside(a) for a in args if isinstance(a, (str, bytes, os.PathLike))):
         forbid(f"{event} outside the working directory")
 
@@ -101,8 +107,8 @@ def main():
     os.write(1, f"\n{nonce}\n".encode())
     os._exit(0)
 
-ROOT, PROGRAM, STATUS = os.path.realpath(sys.argv[1]), sys.argv[2], int(sys.argv[3])
-LIMITS = [(getattr(resource, name), int(value)) for name, value in zip(sys.argv[4::2], sys.argv[5::2])]
+ROOT, PROGRAM, STATUS, MAX_FILES = os.path.realpath(sys.argv[1]), sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+LIMITS = [(getattr(resource, name), int(value)) for name, value in zip(sys.argv[5::2], sys.argv[6::2])]
 main()
 '''
 
@@ -172,7 +178,7 @@ def run_program(source: str, timeout_s: float = 5.0, memory_mb: int = 512, outpu
         program.write_text(source, errors="replace")  # a lone surrogate must not raise here
         settings = [str(x) for pair in _limits(timeout_s, memory_mb, output_limit_bytes) for x in pair]
         command = [*network_isolation(), sys.executable, "-I", "-B", "-c", CHILD, workdir, str(program),
-                   str(VIOLATION_STATUS), *settings]
+                   str(VIOLATION_STATUS), str(MAX_FILES_WRITTEN), *settings]
         env = {"PATH": "/usr/bin:/bin", "HOME": workdir, "TMPDIR": workdir, "LANG": "C.UTF-8"}
         start = time.monotonic()
         with open(Path(workdir, OUTPUT_NAME), "w+b") as output_file:

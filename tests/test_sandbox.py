@@ -77,6 +77,19 @@ def test_writes_outside_the_directory_are_refused(tmp_path):
     assert not os.path.exists("/tmp/escaped-sandbox.txt")
 
 
+def test_the_disk_a_program_fills_is_bounded():
+    one_file = run("open('big.bin', 'wb').write(b'x' * (2 << 20))")
+    assert not one_file.passed and "File too large" in one_file.output           # RLIMIT_FSIZE: 1 MiB per file
+    many_files = run("for i in range(1000):\n    open(f'f{i}.bin', 'wb').write(b'x' * 1000)")
+    assert not many_files.passed and "more than 64 files" in many_files.output
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="the kernel does not enforce RLIMIT_NPROC for root")
+def test_a_non_root_program_starts_no_threads_or_processes():
+    result = run("import threading\nthreading.Thread(target=print).start()")
+    assert not result.passed and "can't start new thread" in result.output
+
+
 def test_reading_outside_the_directory_is_allowed():
     assert run(f"assert open({os.__file__!r}).read(1) is not None").passed
 
