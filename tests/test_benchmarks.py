@@ -100,8 +100,11 @@ def data(tmp_path):
     write_parquet(tmp_path / "gsm8k/main/test-00000-of-00001.parquet", GSM8K_TEST)
     socratic = [{"question": "Not from main?", "answer": "#### 0"}]  # another configuration: never read
     write_parquet(tmp_path / "gsm8k/socratic/train-00000-of-00001.parquet", socratic)
-    write_jsonl(tmp_path / "math/train.jsonl", MATH)
-    write_jsonl(tmp_path / "math/test.jsonl", MATH_TEST)
+    for subject in ("prealgebra", "algebra"):  # one folder per subject, as in EleutherAI/hendrycks_math
+        write_parquet(tmp_path / f"math/{subject}/train-00000-of-00001.parquet",
+                      [r for r in MATH if r["type"].lower() == subject])
+        write_parquet(tmp_path / f"math/{subject}/test-00000-of-00001.parquet",
+                      [r for r in MATH_TEST if r["type"].lower() == subject])
     write_parquet(tmp_path / "mbpp/full/train-00000-of-00001.parquet", MBPP)
     write_parquet(tmp_path / "mbpp/full/test-00000-of-00001.parquet", MBPP_TEST)
     write_jsonl(tmp_path / "proofnet/valid.jsonl", PROOFNET)
@@ -124,6 +127,38 @@ def test_gsm8k_loads_the_main_configuration_and_samples_by_seed(data):
     assert all(len(t) == 2 for t in small) and small[0] == load("gsm8k", data, train_size=2, seed=0).train
     assert len({tuple(e.id for e in t) for t in small}) > 1
     assert task.prompt(task.heldout[0]).startswith(GSM8K_TEST[0]["question"] + "\n")
+
+
+def test_gsm8k_loads_plain_jsonl_as_in_its_github_repository(tmp_path):
+    write_jsonl(tmp_path / "grade_school_math/data/train.jsonl", GSM8K)
+    write_jsonl(tmp_path / "grade_school_math/data/test.jsonl", GSM8K_TEST)
+    task = tasks.load_task("gsm8k", 0, 10, 10, data_dir=str(tmp_path))
+    assert len(task.train) == 3 and [e.answer for e in task.heldout] == ["12"]
+
+
+def test_gsm8k_loads_from_the_hugging_face_cache_without_the_hub(tmp_path, monkeypatch):
+    from huggingface_hub import constants
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    repo = tmp_path / "datasets--openai--gsm8k"                  # the cache layout huggingface_hub writes
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs/main").write_text(commit)
+    write_parquet(repo / f"snapshots/{commit}/main/train-00000-of-00001.parquet", GSM8K)
+    write_parquet(repo / f"snapshots/{commit}/main/test-00000-of-00001.parquet", GSM8K_TEST)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    task = tasks.load_task("gsm8k", 0, 10, 10)
+    assert len(task.train) == 3 and [e.answer for e in task.heldout] == ["12"]
+
+
+def test_math_rewards_from_a_worker_thread_match_the_main_thread(data):
+    # off the main thread math-verify cannot use its SIGALRM timeout; the verdicts must not change
+    task = load("gsm8k", data)
+    cases = [(e, c) for e in task.train for c in (e.reference, "#### 5", "#### 10.0")]
+    expected = [float(c == e.reference or c.split()[1].removesuffix(".0") == e.answer) for e, c in cases]
+    assert sum(expected) == 5
+    with ThreadPoolExecutor(2) as pool:
+        assert list(pool.map(lambda case: task.reward(*case), cases)) == expected
+    assert [task.reward(*case) for case in cases] == expected
 
 
 @pytest.mark.parametrize("completion, reward", [
@@ -202,7 +237,7 @@ def test_math_reward(data, completion, reward):
     assert task.reward(example, completion) == reward
 
 
-def test_math_loads_plain_jsonl_and_its_references_verify(data):
+def test_math_loads_every_subject_and_its_references_verify(data):
     task = load("math", data)
     assert len(task.train) == 2 and [e.question for e in task.heldout] == ["Compute $\\sqrt{16}$."]
     for example in task.train + task.heldout:
