@@ -18,9 +18,9 @@ Decisions relied on (DESIGN.md §4.8):
     (is_grads_batched=True) down to those outputs only, so no per-step weight gradient is formed there. The
     norms follow exactly from d_k = dL_k/dy: a Linear weight's gradient is d_k^T x, and by the ghost-norm
     identity ||d_k^T x||_F^2 = sum((d_k d_k^T) * (x x^T)), x x^T [T, T] shared by all K steps; this is used
-    where T^2 (K out + in) < K T out in, else d_k^T x is formed. A bias's gradient is sum_t d_k; an embedding's
-    is onehot(ids)^T d_k, and a tied embedding/head matrix sums both calls before the norm (cross terms
-    included). Any other owned parameter (norm scales) takes its module's own VJP, batched over k.
+    where T^2 (K out + in) < K T out in, else d_k^T x is formed. An embedding's gradient is onehot(ids)^T d_k,
+    and a tied embedding/head matrix sums both calls before the norm (cross terms included). Every other
+    subset parameter (biases, norm scales: no matrix product) takes its K gradients from the same backward.
     Trajectories are not batched together: each step's cotangent would then run backward through all of them.
   - alpha is calibrated from the target's own on-policy step norms: R = 1/2 at the q-quantile of the norms of
     its own steps. A step within the target's own range (merely unfamiliar) keeps R >= 1/2; one far beyond it
@@ -85,20 +85,21 @@ def step_losses(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask:
 
 
 class _Call(NamedTuple):
-    """One forward call of a module that owns subset parameters: its inputs (detached) and its output."""
+    """One forward call of a Linear or Embedding with a subset weight: its inputs (detached) and output."""
     module: torch.nn.Module
     inputs: tuple
     output: torch.Tensor
 
 
 def _record_calls(model: torch.nn.Module, params: list[torch.nn.Parameter]) -> tuple[list[_Call], list]:
-    """Forward hooks on every module owning a subset parameter; a module called twice is recorded twice."""
+    """Forward hooks on every Linear and Embedding whose weight is a subset parameter; a module called twice
+    (a tied head and embedding share one matrix) is recorded twice."""
     wanted, calls, handles = {id(p) for p in params}, [], []
 
     def hook(module, inputs, output):
         calls.append(_Call(module, tuple(x.detach() for x in inputs), output))
     for module in model.modules():
-        if any(id(p) in wanted for p in module.parameters(recurse=False)):
+        if isinstance(module, (torch.nn.Linear, torch.nn.Embedding)) and id(module.weight) in wanted:
             handles.append(module.register_forward_hook(hook))
     return calls, handles
 
@@ -151,22 +152,14 @@ def _weight_sq_norms(factors: list[tuple[torch.Tensor, torch.Tensor]], shape: to
     return grad.pow(2).sum((1, 2))
 
 
-def _own_grads(call: _Call, d: torch.Tensor, names: list[str]) -> dict[str, torch.Tensor]:
-    """Each step's gradient [K, *p] of other parameters owned by call.module (norm scales, ...): the module's
-    own VJP over the K output gradients under vmap, exact for whatever the module computes."""
-    own = {n: getattr(call.module, n).detach() for n in names}
-    _, vjp = torch.func.vjp(lambda ps: torch.func.functional_call(call.module, ps, call.inputs), own)
-    return torch.func.vmap(vjp)(d)[0]
-
-
 def _trajectory_sq_norms(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                          spans: list[tuple[int, int]], params: list[torch.nn.Parameter]
                          ) -> tuple[torch.Tensor, torch.Tensor]:
     """[K] ||grad L_k||^2 and [K] sizes for the K steps `spans` of one sequence (input_ids [1, L]).
 
-    One forward; one backward batched over the K unit cotangents down to the recorded module outputs only,
-    so no weight gradient is formed there; then every parameter's K squared norms from its module inputs and
-    output gradients.
+    One forward; one backward batched over the K unit cotangents down to the recorded Linear and Embedding
+    outputs, so no weight gradient of theirs is formed there, and to the other parameters directly; then each
+    such weight's K squared norms from its modules' inputs and output gradients.
     """
     length = max(c for _, c in spans)                                # causal: later tokens change no L_k
     calls, handles = _record_calls(model, params)
@@ -175,29 +168,21 @@ def _trajectory_sq_norms(model: torch.nn.Module, input_ids: torch.Tensor, attent
     finally:
         for handle in handles:
             handle.remove()
+    weights = {id(c.module.weight): c.module.weight for c in calls}
+    direct = [p for p in params if id(p) not in weights]              # biases, norm scales: cheap per step
     cotangents = torch.eye(len(losses), dtype=losses.dtype, device=losses.device)               # [K, K]
-    outputs = torch.autograd.grad(losses, [c.output for c in calls], grad_outputs=cotangents,
-                                  is_grads_batched=True, allow_unused=True)                      # each [K, *y]
-    wanted, factors, grads = {id(p): p for p in params}, {}, {}
-    for call, d in zip(calls, outputs):
-        if d is None:
-            continue
-        own = [(n, p) for n, p in call.module.named_parameters(recurse=False) if id(p) in wanted]
-        if isinstance(call.module, (torch.nn.Linear, torch.nn.Embedding)):
+    grads = torch.autograd.grad(losses, [c.output for c in calls] + direct, grad_outputs=cotangents,
+                                is_grads_batched=True, allow_unused=True)                        # each [K, ...]
+    factors = {}
+    for call, d in zip(calls, grads):
+        if d is not None:
             factors.setdefault(id(call.module.weight), []).append(_factors(call, d))
-            own = [(n, p) for n, p in own if p is not call.module.weight]
-        if isinstance(call.module, torch.nn.Linear) and own:        # the bias: y = x W^T + b
-            grads.setdefault(id(call.module.bias), []).append(d.reshape(len(d), -1, d.shape[-1]).sum(1))
-        elif own:
-            own_grads = _own_grads(call, d, [n for n, _ in own])
-            for n, p in own:
-                grads.setdefault(id(p), []).append(own_grads[n])
     squared = torch.zeros(len(spans), dtype=torch.float64, device=losses.device)
     for key, fs in factors.items():
-        if key in wanted:
-            squared += _weight_sq_norms(fs, wanted[key].shape, len(spans)).double()
-    for gs in grads.values():
-        squared += sum(gs).flatten(1).pow(2).sum(1).double()
+        squared += _weight_sq_norms(fs, weights[key].shape, len(spans)).double()
+    for g in grads[len(calls):]:
+        if g is not None:
+            squared += g.flatten(1).pow(2).sum(1).double()
     return squared, sizes
 
 

@@ -2,16 +2,18 @@
 
 1. Speed, on the tiny Qwen2 policy: K = 4, 8, 16 steps of one trajectory, timed in one run: the batched
    backward (`step_grad_norms`), the naive loop (`step_grad_norms_loop`) and, for scale, one plain backward of
-   the summed loss (which cannot give per-step norms).
+   the summed loss (which cannot give per-step norms); wall clock at torch's thread count, and the ratio again
+   in CPU time of a single thread.
 2. Behaviour: mean reachability, under a warmed-up tiny Qwen2 policy, of the steps of its own greedy solutions
    and of the same number of steps written by a policy of the same family that never saw the task; alpha is
    calibrated on the policy's own steps.
 
-    python benchmarks/reachability_bench.py [--warmup-scale 0.3] [--problems 64]
+    python benchmarks/reachability_bench.py [--warmup-scale 0.3] [--problems 64] [--repeats 7]
 """
 
 import argparse
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -29,6 +31,7 @@ def main() -> None:
     cli = argparse.ArgumentParser()
     cli.add_argument("--warmup-scale", type=float, default=0.3)
     cli.add_argument("--problems", type=int, default=64)
+    cli.add_argument("--repeats", type=int, default=7, help="timings per measurement; the fastest is kept")
     args = cli.parse_args()
     torch.manual_seed(0)
     cfg = tasks.TaskConfig()
@@ -36,19 +39,30 @@ def main() -> None:
     policy = policies.load_tiny_policy(spec, cfg, seed=1, cache_dir=None, warmup_scale=args.warmup_scale)
     model, params = policy.model, reachability.parameter_subset(policy.model, "all")
 
-    print("| steps K | batched (ms) | loop (ms) | batched / loop | one summed backward (ms) |\n|---|---|---|---|---|")
+    print("| steps K | batched (ms) | loop (ms) | batched / loop | one summed backward (ms) "
+          "| batched / loop, CPU time, 1 thread |\n|---|---|---|---|---|---|")
+    threads = torch.get_num_threads()
     for k in (4, 8, 16):
         steps = [(4 * i, 4 * i + 4) for i in range(k)]
         ids = torch.randint(len(policy.tokenizer), (40 + 4 * k + 1,)).tolist()
         inputs = reachability.batch_inputs([(ids[:40], ids[40:], steps)], policy.tokenizer.pad_token_id)
-        batched = best_of(5, lambda: reachability.step_grad_norms(model, *inputs, params))
-        loop = best_of(5, lambda: reachability.step_grad_norms_loop(model, *inputs, params))
+
+        def batched() -> None:
+            reachability.step_grad_norms(model, *inputs, params)
+
+        def loop() -> None:
+            reachability.step_grad_norms_loop(model, *inputs, params)
 
         def summed() -> None:
             losses, _ = reachability.step_losses(model, *inputs)
             torch.autograd.grad(losses.sum(), params)
-        plain = best_of(5, summed)
-        print(f"| {k} | {batched * 1e3:.1f} | {loop * 1e3:.1f} | {batched / loop:.2f} | {plain * 1e3:.1f} |")
+        wall = {fn: best_of(args.repeats, fn) for fn in (batched, loop, summed)}
+        # the CPU time of one thread is what other users of a shared machine disturb least
+        torch.set_num_threads(1)
+        cpu = {fn: best_of(args.repeats, fn, time.thread_time) for fn in (batched, loop)}
+        torch.set_num_threads(threads)
+        print(f"| {k} | {wall[batched] * 1e3:.1f} | {wall[loop] * 1e3:.1f} | {wall[batched] / wall[loop]:.2f} "
+              f"| {wall[summed] * 1e3:.1f} | {cpu[batched] / cpu[loop]:.2f} |")
 
     untrained = policies.Policy("untrained", policies.tiny_model(spec.family, spec.tiny, len(policy.tokenizer), 99),
                                 policy.tokenizer, use_chat_template=False)
