@@ -424,17 +424,22 @@ def load_hub_policy(spec: PolicySpec, location: str, device: torch.device, dtype
     return Policy(spec.name, model.to(device), tokenizer, use_chat_template=tokenizer.chat_template is not None)
 
 
-def load_policies(pair: str, scale: str, device: torch.device, task_cfg: tasks.TaskConfig, seed: int,
-                  cache_dir: str | None = None, model_paths: dict[str, str] | None = None,
-                  warmup_scale: float = 1.0) -> list[Policy]:
+def load_policies(pair: str, scale: str, device: torch.device | list[torch.device], task_cfg: tasks.TaskConfig,
+                  seed: int, cache_dir: str | None = None, model_paths: dict[str, str] | None = None,
+                  warmup_scale: float = 1.0, model_dir: str | None = None) -> list[Policy]:
+    """The pair's policies, policy i on device[i] when `device` is a list (hardware.policy_devices).
+
+    A real policy loads from model_paths[name], else from model_dir/<last part of its hub id>, else the hub.
+    """
     if pair not in PRESETS[scale]:
         raise ValueError(f"unknown pair {pair!r}; choose from {sorted(PRESETS[scale])}")
+    devices = device if isinstance(device, list) else [device] * len(PRESETS[scale][pair])
     model_paths = model_paths or {}
     unknown = set(model_paths) - {s.name for s in PRESETS[scale][pair]}
     if unknown:
         raise ValueError(f"--model-paths names {sorted(unknown)}, not policies of {pair}/{scale}")
     policies = []
-    for i, spec in enumerate(PRESETS[scale][pair]):
+    for i, (spec, device) in enumerate(zip(PRESETS[scale][pair], devices)):
         if spec.name in model_paths:
             policies.append(load_hub_policy(spec, model_paths[spec.name], device, default_dtype(device)))
         elif spec.tiny is not None:
@@ -443,5 +448,6 @@ def load_policies(pair: str, scale: str, device: torch.device, task_cfg: tasks.T
             policy.device = device
             policies.append(policy)
         else:
-            policies.append(load_hub_policy(spec, spec.hub_id, device, default_dtype(device)))
+            location = str(Path(model_dir) / spec.hub_id.split("/")[-1]) if model_dir else spec.hub_id
+            policies.append(load_hub_policy(spec, location, device, default_dtype(device)))
     return policies

@@ -29,6 +29,7 @@ from tqdm import tqdm
 
 import eval as evaluation
 import grpo
+import hardware
 import policies
 import sharing
 import tasks
@@ -43,6 +44,9 @@ class Args:
     CUDA, tiny otherwise"""
     model_paths: tuple[str, ...] = ()
     """NAME=PATH per policy to load a model id or a local directory instead of the preset's, e.g. qwen=/models/q"""
+    model_dir: str | None = None
+    """a directory with one folder per real policy, named like the last part of its hub id
+    (e.g. DIR/Qwen2.5-0.5B-Instruct, as `hf download` makes with --local-dir); --model-paths takes precedence"""
     share: Literal["none", "prp", "xgrpo", "sgt"] = "none"
     """how experience crosses between policies (sharing.py): none = independent GRPO; prp = peer rollouts join the
     batch with truncated density ratios; xgrpo = peer rewards join the group baseline; sgt = peer successes
@@ -82,6 +86,16 @@ class Args:
     """sequences per forward/backward pass (gradient accumulation); memory, not maths"""
     max_grad_norm: float = 1.0
     """gradient clipping"""
+    task: Literal["arith", "gsm8k", "math", "humaneval", "mbpp", "proofnet"] = "arith"
+    """what the policies train on (tasks.load_task): the embedded arithmetic task, or a real benchmark read from
+    --data-dir, the Hugging Face cache or the hub"""
+    eval_task: Literal["arith", "gsm8k", "math", "humaneval", "mbpp", "proofnet"] | None = None
+    """a second task evaluated beside the training task's held-out split (transfer, proposal §3.3); its
+    accuracy is logged as eval/transfer_accuracy"""
+    data_dir: str | None = None
+    """local copy of the training task's data set (see tasks.load_task for the layouts it reads)"""
+    eval_data_dir: str | None = None
+    """local copy of the evaluation task's data set"""
     num_steps: int = 2
     """task: operations per problem"""
     max_operand: int = 20
@@ -108,8 +122,16 @@ class Args:
     """iterations between checkpoints (the last iteration is always saved)"""
     resume: bool = False
     """continue the run NAME from its last checkpoint"""
-    device: str | None = None
-    """torch device; default cuda if available, else cpu"""
+    devices: str | None = None
+    """comma-separated torch devices, policy i on device i (round robin), e.g. cuda:0,cuda:1; policies on their
+    own GPUs roll out and update in parallel. Default: cuda if available, else cpu"""
+    lora_rank: int = 0
+    """train LoRA adapters of this rank on every linear layer of the blocks instead of all parameters (peft);
+    the KL reference is then the model with its adapters off. 0 trains every parameter"""
+    lora_alpha: float = 32.0
+    """LoRA scaling numerator (the update is scaled by lora_alpha / lora_rank)"""
+    gradient_checkpointing: bool = False
+    """recompute each block's activations in the backward pass: less memory, about a third more update time"""
 
 
 def seed_iteration(seed: int, iteration: int) -> random.Random:
@@ -139,7 +161,7 @@ def save_checkpoint(run_dir: Path, iteration: int, pols: list[policies.Policy],
     target = root / f"iter-{iteration:06d}"
     target.mkdir(parents=True, exist_ok=True)
     for policy, optimizer in zip(pols, optimizers):
-        torch.save({"model": policy.model.state_dict(), "optimizer": optimizer.state_dict()},
+        torch.save({"model": hardware.trainable_state(policy.model), "optimizer": optimizer.state_dict()},
                    target / f"{policy.name}.pt")
     tmp = root / "latest.tmp"
     tmp.write_text(target.name)
@@ -155,7 +177,7 @@ def load_checkpoint(run_dir: Path, pols: list[policies.Policy], optimizers: list
     folder = latest.parent / latest.read_text().strip()
     for policy, optimizer in zip(pols, optimizers):
         state = torch.load(folder / f"{policy.name}.pt", map_location=policy.device)
-        policy.model.load_state_dict(state["model"])
+        hardware.load_trainable_state(policy.model, state["model"])
         optimizer.load_state_dict(state["optimizer"])
     return int(folder.name.split("-")[1])
 
@@ -168,21 +190,37 @@ def truncate_metrics(path: Path, iteration: int) -> None:
         path.write_text("".join(line + "\n" for line in kept))
 
 
+def print_estimates(args: Args, pols: list[policies.Policy], prompt_len: int) -> None:
+    """Parameters, memory terms and a time bound per policy (hardware.estimate), before the first iteration."""
+    rollouts = args.prompts_per_iteration * args.group_size
+    received = {"none": 0, "xgrpo": 0, "sgt": rollouts // 4, "prp": rollouts}[args.share] * (len(pols) - 1)
+    print("estimate per iteration (a bound to check the fit, not a measurement):")
+    for p in pols:
+        work = hardware.Workload(rollouts, prompt_len, args.max_new_tokens, min(args.micro_batch, rollouts + received),
+                                 rollouts + received, args.gradient_checkpointing)
+        dtype = next(p.model.parameters()).dtype
+        free = torch.cuda.mem_get_info(p.device)[0] if p.device.type == "cuda" else None
+        print(hardware.describe(p.name, hardware.estimate(p.model, work),
+                                hardware.matmul_flops_per_s(p.device, dtype, n=512 if p.device.type == "cpu" else 4096),
+                                free))
+
+
 def log(path: Path, record: dict) -> None:
     with path.open("a") as f:
         f.write(json.dumps(record) + "\n")
 
 
 def main(args: Args) -> Path:
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     scale = args.scale or policies.default_scale()
+    devices = hardware.policy_devices(args.devices, len(policies.PRESETS[scale][args.pair]))
+    parallel = hardware.runs_in_parallel(devices)
     task_cfg = tasks.TaskConfig(num_steps=args.num_steps, max_operand=args.max_operand, ops=args.ops)
     run_dir = Path(args.runs_dir) / (args.name or f"{args.pair}-{args.share}-s{args.seed}")
     if run_dir.exists() and not args.resume and (run_dir / "metrics.jsonl").exists():
         raise FileExistsError(f"{run_dir} holds a run; pass --resume to continue it or --name for a new one")
     run_dir.mkdir(parents=True, exist_ok=True)
     metrics_path = run_dir / "metrics.jsonl"
-    print(f"pair={args.pair} scale={scale} device={device} dtype={policies.default_dtype(device)} run={run_dir}")
+    print(f"pair={args.pair} scale={scale} devices={','.join(map(str, devices))} run={run_dir}")
 
     config = json.loads(json.dumps({**asdict(args), "scale": scale}))  # as it reads back from config.json
     saved = run_dir / "config.json"
@@ -193,25 +231,39 @@ def main(args: Args) -> Path:
     malformed = [item for item in args.model_paths if "=" not in item]
     if malformed:
         raise ValueError(f"--model-paths takes NAME=PATH items, got {malformed}")
+    task = tasks.load_task(args.task, args.seed, args.train_size, args.eval_size, task_cfg, args.data_dir)
+    transfer = (tasks.load_task(args.eval_task, args.seed, 0, args.eval_size, task_cfg, args.eval_data_dir)
+                if args.eval_task else None)
+    if not task.verifiable:
+        raise ValueError(f"{args.task} has no automatic checker (its reward is always 0): train on another task and "
+                         f"evaluate with --eval-task")
+    if len(task.train) < args.prompts_per_iteration or not task.heldout:
+        raise ValueError(f"{args.task}: {len(task.train)} training and {len(task.heldout)} held-out examples, need "
+                         f"at least --prompts-per-iteration={args.prompts_per_iteration} and one")
     started = time.time()
     model_paths = dict(item.split("=", 1) for item in args.model_paths)
-    pols = policies.load_policies(args.pair, scale, device, task_cfg, args.seed, args.cache_dir, model_paths,
-                                  args.warmup_scale)
+    pols = policies.load_policies(args.pair, scale, devices, task_cfg, args.seed, args.cache_dir, model_paths,
+                                  args.warmup_scale, args.model_dir)
     for p in pols:
-        n_params = sum(t.numel() for t in p.model.parameters())
-        print(f"  {p.name}: {type(p.model).__name__}, {n_params / 1e6:.2f}M parameters, vocabulary {len(p.tokenizer)}")
-    optimizers = [torch.optim.AdamW(p.model.parameters(), lr=args.lr, weight_decay=0.0) for p in pols]
-    references = [policies.frozen_copy(p.model) if args.beta > 0 else None for p in pols]
-    train_problems = tasks.generate_problems(args.train_size, "train", args.seed, task_cfg)
-    heldout = tasks.generate_problems(args.eval_size, "heldout", args.seed, task_cfg)
+        if args.lora_rank:
+            p.model = hardware.add_lora(p.model, args.lora_rank, args.lora_alpha)
+        if args.gradient_checkpointing:
+            p.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    optimizers = [torch.optim.AdamW([w for w in p.model.parameters() if w.requires_grad], lr=args.lr,
+                                    weight_decay=0.0) for p in pols]
+    references = [hardware.reference_policy(p.model) if args.beta > 0 else None for p in pols]
+    print_estimates(args, pols, max(len(p.encode_prompt(task.prompt(q))) for p in pols for q in task.heldout[:50]))
     saved.write_text(json.dumps(config, indent=2))
 
     def evaluate(iteration: int) -> dict[str, float]:
         accuracies = {}
         for p in pols:
-            accuracies[p.name] = evaluation.heldout_accuracy(p, heldout, args.max_new_tokens)
-            log(metrics_path, {"iteration": iteration, "policy": p.name, "time_s": time.time() - started,
-                               "eval/heldout_accuracy": accuracies[p.name]})
+            accuracies[p.name] = evaluation.heldout_accuracy(p, task.heldout, args.max_new_tokens, task)
+            record = {"eval/heldout_accuracy": accuracies[p.name]}
+            if transfer is not None:
+                record["eval/transfer_accuracy"] = evaluation.heldout_accuracy(p, transfer.heldout,
+                                                                               args.max_new_tokens, transfer)
+            log(metrics_path, {"iteration": iteration, "policy": p.name, "time_s": time.time() - started, **record})
         return accuracies
 
     if args.resume and (run_dir / "checkpoints" / "latest").exists():
@@ -230,21 +282,32 @@ def main(args: Args) -> Path:
     bar = tqdm(range(start, args.iterations), initial=start, total=args.iterations, desc="train")
     for it in bar:
         sampler = seed_iteration(args.seed, it)
-        problems = sampler.sample(train_problems, args.prompts_per_iteration)
-        prompts = [tasks.prompt_text(q) for q in problems]
-        rollouts = {p.name: p.rollout(prompts, args.group_size, args.max_new_tokens, args.temperature, args.top_p)
-                    for p in pols}
-        rewards = {name: torch.tensor([tasks.answer_reward(t, q) for t, q in
-                                       zip(r.texts, (q for q in problems for _ in range(args.group_size)))]
-                                      ).view(len(problems), args.group_size)                  # [B, G]
+        problems = sampler.sample(task.train, args.prompts_per_iteration)
+        prompts = [task.prompt(q) for q in problems]
+        def sample(p: policies.Policy) -> tuple[policies.Rollouts, float]:
+            began = time.perf_counter()
+            out = p.rollout(prompts, args.group_size, args.max_new_tokens, args.temperature, args.top_p)
+            return out, sum(len(ids) for ids in out.completion_ids) / (time.perf_counter() - began)
+        sampled = dict(zip([p.name for p in pols], hardware.per_policy(sample, pols, parallel)))
+        rollouts = {name: r for name, (r, _) in sampled.items()}
+        rewards = {name: evaluation.rewards(task, [q for q in problems for _ in range(args.group_size)], r.texts
+                                            ).view(len(problems), args.group_size)              # [B, G]
                    for name, r in rollouts.items()}
         experiences = [sharing.Experience(p, prompts, rollouts[p.name], rewards[p.name],
                                           grpo.group_advantages(rewards[p.name], args.scale_by_std)) for p in pols]
         received = sharing.exchange(experiences, share_cfg)
-        for p, optimizer, reference in zip(pols, optimizers, references):
+        def update(i: int) -> dict[str, float]:
+            p = pols[i]
             batch = training_batch(p, rollouts[p.name], received[p.name])
-            stats = grpo.grpo_step(p.model, optimizer, batch, loss_cfg, args.epochs, args.micro_batch,
-                                   args.max_grad_norm, reference, args.temperature)
+            began = time.perf_counter()
+            stats = grpo.grpo_step(p.model, optimizers[i], batch, loss_cfg, args.epochs, args.micro_batch,
+                                   args.max_grad_norm, references[i], args.temperature)
+            stats["perf/update_tokens_per_s"] = batch.mask.sum().item() * args.epochs / (time.perf_counter() - began)
+            stats["perf/rollout_tokens_per_s"] = sampled[p.name][1]
+            if p.device.type == "cuda":
+                stats["perf/peak_memory_gib"] = torch.cuda.max_memory_allocated(p.device) / 1024 ** 3
+            return stats
+        for p, stats in zip(pols, hardware.per_policy(update, list(range(len(pols))), parallel)):
             stats.update(grpo.rewards_stats(rewards[p.name]))
             stats.update(received[p.name].metrics)
             stats["charts/finished"] = sum(rollouts[p.name].finished) / len(rollouts[p.name].finished)

@@ -12,7 +12,8 @@ import train
 
 TRAIN_KEYS = {"iteration", "policy", "time_s", "losses/policy_loss", "losses/clip_ratio", "losses/kl",
               "losses/entropy", "losses/grad_norm", "charts/completion_len", "charts/reward_mean",
-              "charts/reward_std", "charts/zero_std_groups", "charts/finished"}
+              "charts/reward_std", "charts/zero_std_groups", "charts/finished", "perf/rollout_tokens_per_s",
+              "perf/update_tokens_per_s"}
 EVAL_KEYS = {"iteration", "policy", "time_s", "eval/heldout_accuracy"}
 
 
@@ -76,7 +77,7 @@ def test_a_killed_run_resumes_where_an_uninterrupted_one_ends(tmp_path, cache_di
         b = torch.load(resumed / "checkpoints" / "iter-000004" / f"{name}.pt")
         for key in a["model"]:
             torch.testing.assert_close(a["model"][key], b["model"][key], rtol=0, atol=0)
-    strip = lambda rs: [{k: v for k, v in r.items() if k != "time_s"} for r in rs]
+    strip = lambda rs: [{k: v for k, v in r.items() if k != "time_s" and not k.startswith("perf/")} for r in rs]
     assert strip(records(whole)) == strip(records(resumed))
 
 
@@ -88,3 +89,19 @@ def test_an_existing_run_is_not_overwritten_nor_resumed_with_other_settings(tmp_
         train.main(tiny_args(tmp_path, cache_dir, iterations=1, lr=0.5, resume=True))
     with pytest.raises(ValueError, match="NAME=PATH"):
         train.main(tiny_args(tmp_path, cache_dir, name="other", model_paths=("qwen",)))
+
+
+def test_a_run_on_a_local_benchmark_copy_evaluates_transfer_to_another_task(tmp_path, cache_dir):
+    from test_benchmarks import GSM8K, GSM8K_TEST, PROOFNET, write_jsonl
+    write_jsonl(tmp_path / "gsm8k" / "train.jsonl", GSM8K)
+    write_jsonl(tmp_path / "gsm8k" / "test.jsonl", GSM8K_TEST)
+    args = tiny_args(tmp_path, cache_dir, task="gsm8k", data_dir=str(tmp_path / "gsm8k"), eval_task="humaneval",
+                     iterations=1, prompts_per_iteration=2, eval_size=2, max_new_tokens=8)
+    logged = records(train.main(args))
+    evals = [r for r in logged if "eval/heldout_accuracy" in r]
+    assert len(evals) == 4 and all(0 <= r["eval/transfer_accuracy"] <= 1 for r in evals)
+    assert all(0 <= r["charts/reward_mean"] <= 1 for r in logged if "charts/reward_mean" in r)
+    write_jsonl(tmp_path / "proofnet" / "valid.jsonl", PROOFNET)
+    write_jsonl(tmp_path / "proofnet" / "test.jsonl", PROOFNET)
+    with pytest.raises(ValueError, match="no automatic checker"):
+        train.main(tiny_args(tmp_path, cache_dir, task="proofnet", data_dir=str(tmp_path / "proofnet"), name="p"))

@@ -1,0 +1,111 @@
+"""LoRA, device placement and the memory estimate, on the CPU: what can be checked without a GPU."""
+
+import copy
+import json
+
+import pytest
+import torch
+
+import grpo
+import hardware
+import policies
+import reachability
+import train
+from test_train import tiny_args
+
+
+def tiny_llama(seed=0):
+    tok = policies.tiny_tokenizer("llama")
+    return policies.tiny_model("llama", policies.TinyShape(32, 2, 4, 0), len(tok), seed), tok
+
+
+def one_update(model, vocab):
+    """One GRPO step on random sequences with random advantages; returns the model."""
+    gen = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(vocab, (5,), generator=gen).tolist() for _ in range(4)]
+    completions = [torch.randint(vocab, (6,), generator=gen).tolist() for _ in range(4)]
+    advantages = [torch.full((6,), a) for a in (1.0, -1.0, 0.5, -0.5)]
+    batch = grpo.build_batch(prompts, completions, advantages, pad_id=0)
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    grpo.grpo_step(model, optimizer, batch, grpo.LossConfig())
+    return optimizer
+
+
+def test_lora_trains_only_the_adapters_and_the_reference_is_the_adapter_free_model():
+    base, tok = tiny_llama()
+    original = copy.deepcopy(base)
+    model = hardware.add_lora(base, rank=4, alpha=8)
+    frozen_before = {n: p.detach().clone() for n, p in model.named_parameters() if not p.requires_grad}
+    lora_before = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+    assert lora_before and all("lora_" in n for n in lora_before)
+    one_update(model, len(tok))
+    for n, p in model.named_parameters():
+        if n in frozen_before:
+            assert torch.equal(p, frozen_before[n]), n
+    assert any(not torch.equal(p, lora_before[n]) for n, p in model.named_parameters() if n in lora_before)
+    ids = torch.randint(len(tok), (2, 9), generator=torch.Generator().manual_seed(3))
+    reference = hardware.reference_policy(model)
+    torch.testing.assert_close(reference(input_ids=ids).logits, original(input_ids=ids).logits, rtol=0, atol=1e-6)
+    assert not torch.allclose(model(input_ids=ids).logits, original(input_ids=ids).logits, atol=1e-6)
+    assert set(map(id, reachability.parameter_subset(model, "lora"))) == \
+        {id(p) for p in model.parameters() if p.requires_grad}
+
+
+def test_a_lora_checkpoint_holds_the_adapters_and_restores_the_model():
+    model = hardware.add_lora(tiny_llama()[0], rank=4, alpha=8)
+    one_update(model, 100)
+    state = hardware.trainable_state(model)
+    assert state and all("lora_" in k for k in state)
+    fresh = hardware.add_lora(tiny_llama()[0], rank=4, alpha=8)
+    hardware.load_trainable_state(fresh, state)
+    ids = torch.arange(12).view(2, 6)
+    torch.testing.assert_close(fresh(input_ids=ids).logits, model(input_ids=ids).logits, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="lora-rank"):
+        hardware.load_trainable_state(hardware.add_lora(tiny_llama()[0], rank=2, alpha=8), state)
+    full = tiny_llama()[0]
+    assert set(hardware.trainable_state(full)) == set(full.state_dict())
+
+
+def test_devices_are_placed_round_robin_and_bad_ones_refused():
+    cpu = torch.device("cpu")
+    assert hardware.policy_devices("cpu", 3) == [cpu] * 3
+    assert hardware.policy_devices(" cpu , cpu ", 2) == [cpu, cpu]
+    assert hardware.policy_devices(None, 2) == [torch.device("cuda" if torch.cuda.is_available() else "cpu")] * 2
+    assert not hardware.runs_in_parallel([cpu, cpu])
+    assert hardware.runs_in_parallel([torch.device("cuda:0"), torch.device("cuda:1")])
+    assert not hardware.runs_in_parallel([torch.device("cuda:0"), torch.device("cuda:0")])
+    with pytest.raises(ValueError, match="not a torch device"):
+        hardware.policy_devices("gpu0", 2)
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="CUDA devices"):
+            hardware.policy_devices("cuda:0,cuda:1", 2)
+
+
+def test_parallel_per_policy_keeps_the_order():
+    assert hardware.per_policy(lambda x: x * x, list(range(5)), parallel=True) == [0, 1, 4, 9, 16]
+
+
+def test_the_estimate_matches_measured_parameters_gradients_optimizer_state_and_kv_cache():
+    model, tok = tiny_llama()
+    model = hardware.add_lora(model, rank=4, alpha=8)
+    work = hardware.Workload(rollouts=3, prompt_len=4, max_new_tokens=3, micro_batch=2, train_sequences=3)
+    est = hardware.estimate(model, work)
+    optimizer = one_update(model, len(tok))
+    params = list(model.parameters())
+    assert est.parameters == sum(p.numel() for p in params)
+    assert est.trainable == sum(p.numel() for p in params if p.requires_grad) < est.parameters
+    assert est.bytes["gradients"] == sum(p.grad.numel() * p.grad.element_size() for p in params if p.grad is not None)
+    state = [t for s in optimizer.state.values() for k, t in s.items() if k != "step"]
+    assert est.bytes["optimizer"] == sum(t.numel() * t.element_size() for t in state)
+    cache = model(input_ids=torch.zeros(3, 7, dtype=torch.long), use_cache=True).past_key_values
+    measured = sum(t.numel() * t.element_size() for layer in cache.layers for t in (layer.keys, layer.values))
+    assert est.bytes["kv_cache"] == measured
+
+
+def test_a_lora_run_saves_adapters_only_and_logs_timings(tmp_path, cache_dir):
+    run_dir = train.main(tiny_args(tmp_path, cache_dir, lora_rank=4, beta=0.1, iterations=1))
+    state = torch.load(run_dir / "checkpoints" / "iter-000001" / "qwen.pt")["model"]
+    assert state and all("lora_" in k for k in state)
+    updates = [r for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())
+               if "losses/policy_loss" in r]
+    assert all(r["perf/rollout_tokens_per_s"] > 0 and r["perf/update_tokens_per_s"] > 0 for r in updates)
