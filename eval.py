@@ -10,6 +10,7 @@ PRP and SGT, peer rewards in the group baselines for XGRPO).
 
     python eval.py runs/qwen-llama-none-s1                     # one run: report.md and curves.png in it
     python eval.py runs/A runs/B runs/C --out runs/compare     # side by side
+    python eval.py runs/A --task gsm8k --data-dir data/gsm8k   # transfer: the last checkpoint on another task
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from pathlib import Path
 
 import torch
 
+import hardware
+import policies
 import tasks
 
 
@@ -145,12 +148,35 @@ def compare(run_dirs: list[Path], out: Path, target: float = 0.9) -> str:
     return text
 
 
+def evaluate_run(run_dir: Path, task_name: str, eval_size: int, data_dir: str | None, max_new_tokens: int | None
+                 ) -> dict[str, float]:
+    """Greedy pass@1 of a run's last checkpoint on a task's held-out split (transfer, proposal §3.3)."""
+    import train  # the run's policies are rebuilt exactly as train.py built them
+    config = json.loads((Path(run_dir) / "config.json").read_text())
+    args = train.Args(**{**config, "model_paths": tuple(config["model_paths"])})
+    pols = train.build_policies(args, args.scale, hardware.policy_devices(args.devices, len(
+        policies.PRESETS[args.scale][args.pair])))
+    train.load_checkpoint(Path(run_dir), pols, None)
+    task = tasks.load_task(task_name, args.seed, 0, eval_size, args.task_config, data_dir)
+    return {p.name: heldout_accuracy(p, task.heldout, max_new_tokens or args.max_new_tokens, task) for p in pols}
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("runs", nargs="+", type=Path, help="run directories (runs/NAME)")
     parser.add_argument("--target", type=float, default=0.9, help="accuracy that counts as converged")
     parser.add_argument("--out", type=Path, default=None, help="where a comparison goes (default: runs/compare)")
+    parser.add_argument("--task", choices=tasks.TASK_NAMES, default=None,
+                        help="evaluate each run's last checkpoint on this task's held-out split instead of reporting")
+    parser.add_argument("--data-dir", default=None, help="local copy of the --task data set")
+    parser.add_argument("--eval-size", type=int, default=500, help="held-out examples for --task")
+    parser.add_argument("--max-new-tokens", type=int, default=None, help="for --task; default: the run's")
     cli = parser.parse_args()
+    if cli.task:
+        for run in cli.runs:
+            accuracy = evaluate_run(run, cli.task, cli.eval_size, cli.data_dir, cli.max_new_tokens)
+            print(f"{run}: {cli.task} greedy pass@1 " + ", ".join(f"{n} {a:.3f}" for n, a in accuracy.items()))
+        raise SystemExit
     if len(cli.runs) == 1:
         print(write_report(cli.runs[0], cli.target))
     else:

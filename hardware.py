@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import time
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
-from typing import Callable, TypeVar
+from typing import Callable, Iterator, TypeVar
 
 import torch
 
@@ -45,19 +46,21 @@ def has_adapters(model: torch.nn.Module) -> bool:
     return any("lora_" in name for name, _ in model.named_parameters())
 
 
-class WithoutAdapters(torch.nn.Module):
-    """A LoRA model seen with its adapters switched off: the frozen base policy, without a copy of its weights."""
+class WithoutAdapters:
+    """A LoRA model seen with its adapters switched off: the frozen base policy, without a copy of its weights.
+
+    Not an nn.Module on purpose: .eval(), .to() or .parameters() on the reference must not reach the policy.
+    """
 
     def __init__(self, model: torch.nn.Module):
-        super().__init__()
         self.model = model
 
-    def forward(self, **inputs):
+    def __call__(self, **inputs):
         with self.model.disable_adapter(), torch.no_grad():
             return self.model(**inputs)
 
 
-def reference_policy(model: torch.nn.Module) -> torch.nn.Module:
+def reference_policy(model: torch.nn.Module) -> torch.nn.Module | WithoutAdapters:
     """The KL reference: the adapter-free view under LoRA, else a frozen copy of the model as it is now."""
     return WithoutAdapters(model) if has_adapters(model) else policies.frozen_copy(model)
 
@@ -107,8 +110,34 @@ def policy_devices(devices: str | None, n_policies: int) -> list[torch.device]:
 
 def runs_in_parallel(devices: list[torch.device]) -> bool:
     """Threads pay only where every policy has its own CUDA device; on a shared device or the CPU they would
-    contend, and CPU sampling from one global generator would no longer be repeatable."""
+    contend, and CPU sampling from one global generator would no longer be repeatable. (Each CUDA device has its
+    own generator, so a parallel run repeats itself, though it samples differently from a one-GPU run.)"""
     return all(d.type == "cuda" for d in devices) and len(set(devices)) == len(devices) > 1
+
+
+@contextmanager
+def measured(device: torch.device) -> Iterator[dict[str, float]]:
+    """Time one policy's phase on its device, with that device current (threads do not inherit it) and its peak
+    memory counter reset; fills `seconds` and, on CUDA, `peak_gib` when the phase ends."""
+    cuda = device.type == "cuda"
+    out: dict[str, float] = {}
+    with torch.cuda.device(device) if cuda else nullcontext():
+        if cuda:
+            torch.cuda.reset_peak_memory_stats(device)
+        began = time.perf_counter()
+        yield out
+        if cuda:
+            torch.cuda.synchronize(device)
+            out["peak_gib"] = torch.cuda.max_memory_allocated(device) / 1024 ** 3
+        out["seconds"] = time.perf_counter() - began
+
+
+def perf_metrics(phase: str, tokens: float, measurement: dict[str, float]) -> dict[str, float]:
+    """perf/{phase}_tokens_per_s and, on CUDA, perf/{phase}_peak_gib (all resident weights included)."""
+    out = {f"perf/{phase}_tokens_per_s": tokens / measurement["seconds"]}
+    if "peak_gib" in measurement:
+        out[f"perf/{phase}_peak_gib"] = measurement["peak_gib"]
+    return out
 
 
 def per_policy(fn: Callable[[T], R], items: list[T], parallel: bool) -> list[R]:
@@ -133,6 +162,7 @@ class Workload:
     micro_batch: int        # sequences per forward/backward
     train_sequences: int    # sequences in the update (own and received)
     gradient_checkpointing: bool = False
+    reference_copy: bool = False    # a frozen copy of the weights as KL reference (beta > 0 without LoRA)
 
 
 @dataclass(frozen=True)
@@ -155,11 +185,14 @@ def text_config(model: torch.nn.Module):
 def estimate(model: torch.nn.Module, work: Workload) -> Estimate:
     """Peak memory terms and FLOPs of one iteration of one policy.
 
-    weights, gradients (trainable only) and AdamW's two moments are measured from the model's parameters;
-    activations follow Korthikanti et al. (2022) for a block with a fused attention kernel: ~34 s b h bytes per
-    layer in 16-bit (halved units in 32-bit: bytes scale with the element size), or, with gradient checkpointing,
-    one block's worth plus each block's input; logits are held in float32 about three times (logits,
-    log-softmax, its gradient); the KV cache holds keys and values of every layer for all rollouts.
+    Weights (and their frozen copy when it is the KL reference), gradients (trainable only) and AdamW's two
+    moments are measured from the model's parameters. Activations follow Korthikanti et al. (2022) for a block
+    with a fused attention kernel: about 34 s b h bytes per layer at 2 bytes per element (scaled by the element
+    size), or, with gradient checkpointing, one block's worth plus each block's input. Logits are held in
+    float32 about three times (logits, log-softmax, its gradient). The KV cache holds keys and values of every
+    layer for all rollouts, and generation keeps every step's float32 logits for the behaviour log-probs. The
+    FLOPs count one pass of rollouts and one forward and backward of the update: a lower bound (no epochs, KL
+    reference, receiver log-probs or recomputation).
     """
     cfg = text_config(model)
     params = list(model.parameters())
@@ -173,12 +206,15 @@ def estimate(model: torch.nn.Module, work: Workload) -> Estimate:
     per_layer = 34 * seq * work.micro_batch * hidden * size // 2
     activations = (per_layer + layers * seq * work.micro_batch * hidden * size if work.gradient_checkpointing
                    else layers * per_layer)
-    memory = {"weights": sum(p.numel() * p.element_size() for p in params),
+    weights = sum(p.numel() * p.element_size() for p in params)
+    memory = {"weights": weights,
+              "reference": weights if work.reference_copy else 0,
               "gradients": sum(p.numel() * p.element_size() for p in params if p.requires_grad),
               "optimizer": 2 * sum(p.numel() * p.element_size() for p in params if p.requires_grad),
               "activations": activations,
               "logits": 3 * work.micro_batch * seq * vocab * 4,
-              "kv_cache": kv_cache_bytes(layers, kv_heads, head_dim, work.rollouts, seq, size)}
+              "kv_cache": kv_cache_bytes(layers, kv_heads, head_dim, work.rollouts, seq, size),
+              "rollout_logits": work.rollouts * work.max_new_tokens * vocab * 4}
     backward = 2 + (2 if trainable == n_params else 0)  # activation gradients always, weight gradients if trained
     flops = 2 * n_params * work.rollouts * seq + (2 + backward) * n_params * work.train_sequences * seq
     return Estimate(n_params, trainable, memory, float(flops))
@@ -204,12 +240,10 @@ def matmul_flops_per_s(device: torch.device, dtype: torch.dtype, n: int = 2048, 
     return 2 * n ** 3 * repeats / (time.perf_counter() - start)
 
 
-def describe(name: str, est: Estimate, flops_per_s: float, free_bytes: int | None) -> str:
-    """One printable paragraph: the terms in GiB, the total against the free memory, and the time bound."""
+def describe(name: str, est: Estimate, flops_per_s: float) -> str:
+    """One printable line: the memory terms in GiB and the time bound."""
     gib = 1024 ** 3
-    terms = ", ".join(f"{k} {v / gib:.2f}" for k, v in est.bytes.items())
-    fits = "" if free_bytes is None else (f" of {free_bytes / gib:.1f} free: "
-                                          f"{'fits' if est.total_bytes < free_bytes else 'DOES NOT FIT'}")
+    terms = ", ".join(f"{k} {v / gib:.2f}" for k, v in est.bytes.items() if v)
     return (f"  {name}: {est.parameters / 1e6:.1f}M parameters, {est.trainable / 1e6:.2f}M trained; memory "
-            f"~{est.total_bytes / gib:.2f} GiB{fits} ({terms}); >= {est.flops / flops_per_s:.2f} s per iteration "
+            f"~{est.total_bytes / gib:.2f} GiB ({terms}); >= {est.flops / flops_per_s:.2f} s per iteration "
             f"at the measured {flops_per_s / 1e12:.2f} TFLOP/s (generation is memory-bound: expect more)")

@@ -8,7 +8,9 @@ trajectories to) and §4.5 (their definitions, since the Mutual RL paper body is
          the peer's own group is carried onto the receiver's tokens by byte overlap, and each receiver token is
          weighted by the truncated density ratio of its aligned group,
              w_g = min(pi_receiver(g) / pi_peer(g), cap)                                   (DESIGN.md §4.4)
-         A zero-advantage rollout adds nothing to the policy gradient, so it is not sent.
+         A zero-advantage rollout adds nothing to the policy gradient, so it is not sent. Both sides' log-probs
+         are those of the models at the sampling temperature; top-p truncation is not folded in (policies.py), so
+         with --top-p < 1 the weights are ratios of the untruncated distributions.
   XGRPO  value level. Peer rewards on the same prompt join the receiver's group statistics,
              A_i = (r_i - mean(R_self u R_peers)) / std(R_self u R_peers),
          and the receiver trains on its own rollouts only.
@@ -57,7 +59,8 @@ class Crossing:
     completion_ids: list[int]        # [T] the receiver's encoding of the completion text
     advantages: torch.Tensor         # [T] the peer's advantages carried over by byte overlap
     weights: torch.Tensor            # [T] truncated density ratio of each token's aligned group
-    log_ratio: torch.Tensor          # [G_align] log pi_receiver(g) - log pi_peer(g), untruncated
+    log_ratio: torch.Tensor          # [G'] log pi_receiver(g) - log pi_peer(g), untruncated, over the aligned
+                                     #      groups that hold receiver tokens
     residual: float                  # share of the peer's bytes the receiver could not reproduce
 
 
@@ -163,9 +166,10 @@ def cross(source: Experience, picks: list[tuple[int, float]], receiver: policies
         src_advantages = torch.full((len(src.ids),), float(advantage))                           # [n]
         log_ratio = tokalign.group_log_ratio(alignment, source.rollouts.logprobs[index].float(), logp)  # [G_align]
         weights = truncated_weights(log_ratio, cfg.ratio_cap)[alignment.group_ids("tgt")]        # [m]
+        carried = torch.tensor([t1 > t0 for t0, t1 in alignment.tgt])  # a cut source tail weighs no receiver token
         crossings.append(Crossing(source.policy.name, index, source.rewards.flatten()[index].item(), prompt,
                                   tgt.ids, tokalign.redistribute(alignment, src, tgt, src_advantages), weights,
-                                  log_ratio, alignment.residual))
+                                  log_ratio[carried], alignment.residual))
     return crossings
 
 

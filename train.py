@@ -133,6 +133,10 @@ class Args:
     gradient_checkpointing: bool = False
     """recompute each block's activations in the backward pass: less memory, about a third more update time"""
 
+    @property
+    def task_config(self) -> tasks.TaskConfig:
+        return tasks.TaskConfig(num_steps=self.num_steps, max_operand=self.max_operand, ops=self.ops)
+
 
 def seed_iteration(seed: int, iteration: int) -> random.Random:
     """Seed torch for one iteration and return its prompt sampler, so a resumed run draws what it would have."""
@@ -171,14 +175,18 @@ def save_checkpoint(run_dir: Path, iteration: int, pols: list[policies.Policy],
             shutil.rmtree(old)
 
 
-def load_checkpoint(run_dir: Path, pols: list[policies.Policy], optimizers: list[torch.optim.Optimizer]) -> int:
-    """Restore the last checkpoint; returns how many iterations it had completed."""
+def load_checkpoint(run_dir: Path, pols: list[policies.Policy], optimizers: list[torch.optim.Optimizer] | None
+                    ) -> int:
+    """Restore the last checkpoint (the optimizers too, unless None); returns how many iterations it had done."""
     latest = run_dir / "checkpoints" / "latest"
+    if not latest.exists():
+        raise FileNotFoundError(f"{run_dir} has no checkpoint")
     folder = latest.parent / latest.read_text().strip()
-    for policy, optimizer in zip(pols, optimizers):
+    for i, policy in enumerate(pols):
         state = torch.load(folder / f"{policy.name}.pt", map_location=policy.device)
         hardware.load_trainable_state(policy.model, state["model"])
-        optimizer.load_state_dict(state["optimizer"])
+        if optimizers is not None:
+            optimizers[i].load_state_dict(state["optimizer"])
     return int(folder.name.split("-")[1])
 
 
@@ -190,19 +198,41 @@ def truncate_metrics(path: Path, iteration: int) -> None:
         path.write_text("".join(line + "\n" for line in kept))
 
 
+def build_policies(args: Args, scale: str, devices: list[torch.device]) -> list[policies.Policy]:
+    """The run's policies as training starts: loaded (tiny warm-ups from the cache), adapters and checkpointing
+    as configured. eval.py rebuilds a finished run's policies with it too."""
+    model_paths = dict(item.split("=", 1) for item in args.model_paths)
+    pols = policies.load_policies(args.pair, scale, devices, args.task_config, args.seed, args.cache_dir,
+                                  model_paths, args.warmup_scale, args.model_dir)
+    for p in pols:
+        p.model.train()  # from_pretrained leaves eval mode, in which transformers skips gradient checkpointing
+        if args.lora_rank:
+            p.model = hardware.add_lora(p.model, args.lora_rank, args.lora_alpha)
+        if args.gradient_checkpointing:
+            p.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return pols
+
+
 def print_estimates(args: Args, pols: list[policies.Policy], prompt_len: int) -> None:
     """Parameters, memory terms and a time bound per policy (hardware.estimate), before the first iteration."""
     rollouts = args.prompts_per_iteration * args.group_size
     received = {"none": 0, "xgrpo": 0, "sgt": rollouts // 4, "prp": rollouts}[args.share] * (len(pols) - 1)
     print("estimate per iteration (a bound to check the fit, not a measurement):")
+    per_device: dict[torch.device, int] = {}
     for p in pols:
         work = hardware.Workload(rollouts, prompt_len, args.max_new_tokens, min(args.micro_batch, rollouts + received),
-                                 rollouts + received, args.gradient_checkpointing)
-        dtype = next(p.model.parameters()).dtype
-        free = torch.cuda.mem_get_info(p.device)[0] if p.device.type == "cuda" else None
-        print(hardware.describe(p.name, hardware.estimate(p.model, work),
-                                hardware.matmul_flops_per_s(p.device, dtype, n=512 if p.device.type == "cpu" else 4096),
-                                free))
+                                 rollouts + received, args.gradient_checkpointing,
+                                 reference_copy=args.beta > 0 and not args.lora_rank)
+        est = hardware.estimate(p.model, work)
+        per_device[p.device] = per_device.get(p.device, 0) + est.total_bytes
+        flops = hardware.matmul_flops_per_s(p.device, next(p.model.parameters()).dtype,
+                                            n=512 if p.device.type == "cpu" else 4096)
+        print(hardware.describe(p.name, est, flops))
+    for device, total in per_device.items():
+        if device.type == "cuda":
+            capacity = torch.cuda.mem_get_info(device)[1]
+            print(f"  {device}: ~{total / 1024 ** 3:.1f} GiB of {capacity / 1024 ** 3:.1f} GiB: "
+                  f"{'fits' if total < capacity else 'DOES NOT FIT'}")
 
 
 def log(path: Path, record: dict) -> None:
@@ -214,7 +244,7 @@ def main(args: Args) -> Path:
     scale = args.scale or policies.default_scale()
     devices = hardware.policy_devices(args.devices, len(policies.PRESETS[scale][args.pair]))
     parallel = hardware.runs_in_parallel(devices)
-    task_cfg = tasks.TaskConfig(num_steps=args.num_steps, max_operand=args.max_operand, ops=args.ops)
+    task_cfg = args.task_config
     run_dir = Path(args.runs_dir) / (args.name or f"{args.pair}-{args.share}-s{args.seed}")
     if run_dir.exists() and not args.resume and (run_dir / "metrics.jsonl").exists():
         raise FileExistsError(f"{run_dir} holds a run; pass --resume to continue it or --name for a new one")
@@ -241,14 +271,7 @@ def main(args: Args) -> Path:
         raise ValueError(f"{args.task}: {len(task.train)} training and {len(task.heldout)} held-out examples, need "
                          f"at least --prompts-per-iteration={args.prompts_per_iteration} and one")
     started = time.time()
-    model_paths = dict(item.split("=", 1) for item in args.model_paths)
-    pols = policies.load_policies(args.pair, scale, devices, task_cfg, args.seed, args.cache_dir, model_paths,
-                                  args.warmup_scale, args.model_dir)
-    for p in pols:
-        if args.lora_rank:
-            p.model = hardware.add_lora(p.model, args.lora_rank, args.lora_alpha)
-        if args.gradient_checkpointing:
-            p.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    pols = build_policies(args, scale, devices)
     optimizers = [torch.optim.AdamW([w for w in p.model.parameters() if w.requires_grad], lr=args.lr,
                                     weight_decay=0.0) for p in pols]
     references = [hardware.reference_policy(p.model) if args.beta > 0 else None for p in pols]
@@ -284,10 +307,10 @@ def main(args: Args) -> Path:
         sampler = seed_iteration(args.seed, it)
         problems = sampler.sample(task.train, args.prompts_per_iteration)
         prompts = [task.prompt(q) for q in problems]
-        def sample(p: policies.Policy) -> tuple[policies.Rollouts, float]:
-            began = time.perf_counter()
-            out = p.rollout(prompts, args.group_size, args.max_new_tokens, args.temperature, args.top_p)
-            return out, sum(len(ids) for ids in out.completion_ids) / (time.perf_counter() - began)
+        def sample(p: policies.Policy) -> tuple[policies.Rollouts, dict[str, float]]:
+            with hardware.measured(p.device) as perf:
+                out = p.rollout(prompts, args.group_size, args.max_new_tokens, args.temperature, args.top_p)
+            return out, hardware.perf_metrics("rollout", sum(len(ids) for ids in out.completion_ids), perf)
         sampled = dict(zip([p.name for p in pols], hardware.per_policy(sample, pols, parallel)))
         rollouts = {name: r for name, (r, _) in sampled.items()}
         rewards = {name: evaluation.rewards(task, [q for q in problems for _ in range(args.group_size)], r.texts
@@ -299,14 +322,11 @@ def main(args: Args) -> Path:
         def update(i: int) -> dict[str, float]:
             p = pols[i]
             batch = training_batch(p, rollouts[p.name], received[p.name])
-            began = time.perf_counter()
-            stats = grpo.grpo_step(p.model, optimizers[i], batch, loss_cfg, args.epochs, args.micro_batch,
-                                   args.max_grad_norm, references[i], args.temperature)
-            stats["perf/update_tokens_per_s"] = batch.mask.sum().item() * args.epochs / (time.perf_counter() - began)
-            stats["perf/rollout_tokens_per_s"] = sampled[p.name][1]
-            if p.device.type == "cuda":
-                stats["perf/peak_memory_gib"] = torch.cuda.max_memory_allocated(p.device) / 1024 ** 3
-            return stats
+            with hardware.measured(p.device) as perf:
+                stats = grpo.grpo_step(p.model, optimizers[i], batch, loss_cfg, args.epochs, args.micro_batch,
+                                       args.max_grad_norm, references[i], args.temperature)
+            return {**stats, **sampled[p.name][1],
+                    **hardware.perf_metrics("update", batch.mask.sum().item() * args.epochs, perf)}
         for p, stats in zip(pols, hardware.per_policy(update, list(range(len(pols))), parallel)):
             stats.update(grpo.rewards_stats(rewards[p.name]))
             stats.update(received[p.name].metrics)

@@ -41,7 +41,8 @@ def summary(records: list[dict]) -> dict[str, dict[str, float]]:
                 [r for r in records if r["policy"] == name and "perf/rollout_tokens_per_s" in r]
         out[name] = {"rollout tok/s": statistics.median(r["perf/rollout_tokens_per_s"] for r in steps),
                      "update tok/s": statistics.median(r["perf/update_tokens_per_s"] for r in steps),
-                     "peak GiB": max((r.get("perf/peak_memory_gib", float("nan")) for r in steps), default=float("nan")),
+                     "peak GiB": max((r.get(k, float("nan")) for r in steps
+                                      for k in ("perf/rollout_peak_gib", "perf/update_peak_gib")), default=float("nan")),
                      "received / it": statistics.mean(r.get("sharing/received", 0.0) for r in steps)}
     return out
 

@@ -6,6 +6,7 @@ import json
 import pytest
 import torch
 
+import eval as evaluation
 import grpo
 import hardware
 import policies
@@ -102,10 +103,12 @@ def test_the_estimate_matches_measured_parameters_gradients_optimizer_state_and_
     assert est.bytes["kv_cache"] == measured
 
 
-def test_a_lora_run_saves_adapters_only_and_logs_timings(tmp_path, cache_dir):
-    run_dir = train.main(tiny_args(tmp_path, cache_dir, lora_rank=4, beta=0.1, iterations=1))
+def test_a_lora_run_saves_adapters_only_and_its_checkpoint_rebuilds_the_trained_policies(tmp_path, cache_dir):
+    run_dir = train.main(tiny_args(tmp_path, cache_dir, lora_rank=4, beta=0.1, iterations=1, temperature=0.7))
     state = torch.load(run_dir / "checkpoints" / "iter-000001" / "qwen.pt")["model"]
     assert state and all("lora_" in k for k in state)
-    updates = [r for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())
-               if "losses/policy_loss" in r]
+    logged = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    updates = [r for r in logged if "losses/policy_loss" in r]
     assert all(r["perf/rollout_tokens_per_s"] > 0 and r["perf/update_tokens_per_s"] > 0 for r in updates)
+    final = {r["policy"]: r["eval/heldout_accuracy"] for r in logged if r["iteration"] == 1 and "eval/heldout_accuracy" in r}
+    assert evaluation.evaluate_run(run_dir, "arith", eval_size=8, data_dir=None, max_new_tokens=None) == final

@@ -101,14 +101,16 @@ def untrained():
     return out
 
 
-def experience(policy, prompts, texts, rewards, logprob=-0.5):
-    """Hand-made rollouts of `texts` (B lists of G strings, each ending with EOS) with a constant log-prob."""
+def experience(policy, prompts, texts, rewards, logprob=-0.5, unfinished=()):
+    """Hand-made rollouts of `texts` (B lists of G strings, ending with EOS unless their flat index is in
+    `unfinished`) with a constant log-prob."""
     group = len(texts[0])
-    ids = [policy.encode_completion(t, eos=True) for row in texts for t in row]
+    ids = [policy.encode_completion(t, eos=i not in unfinished) for i, t in enumerate(t for row in texts for t in row)]
     rollouts = policies.Rollouts([torch.tensor(policy.encode_prompt(p)) for p in prompts for _ in range(group)],
                                  [torch.tensor(i) for i in ids], [torch.full((len(i),), logprob) for i in ids],
                                  [t for row in texts for t in row],
-                                 [policies.byte_offsets(i, policy.token_bytes) for i in ids], [True] * len(ids), group)
+                                 [policies.byte_offsets(i, policy.token_bytes) for i in ids],
+                                 [i not in unfinished for i in range(len(ids))], group)
     rewards = torch.tensor(rewards)
     return sharing.Experience(policy, prompts, rollouts, rewards, grpo.group_advantages(rewards))
 
@@ -138,22 +140,61 @@ def test_prp_carries_the_peer_advantage_onto_the_receiver_tokens_with_capped_wei
     assert received["qwen2"].metrics["sharing/received"] == 2
 
 
+def naive_logprobs(model, prompt, completion, temperature):
+    """log pi(completion token | prefix) at `temperature`, one plain forward pass of one sequence."""
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + completion])).logits[0, :-1] / temperature
+    positions = torch.arange(len(prompt) - 1, len(prompt) + len(completion) - 1)
+    return torch.log_softmax(logits, -1)[positions, torch.tensor(completion)]
+
+
 def test_prp_weights_are_one_for_a_peer_with_the_same_tokenizer_and_log_probs(untrained):
     qwen = untrained["qwen2"]
     twin = policies.Policy("twin", qwen.model, qwen.tokenizer, use_chat_template=False)
     peer = experience(qwen, PROMPTS[:1], TEXTS[:1], [[1.0, 0.0]])
     ids = [c.tolist() for c in peer.rollouts.completion_ids]
     prompts = [p.tolist() for p in peer.rollouts.prompt_ids]
-    # the peer's behaviour log-probs are its own model's, computed by a plain forward pass per sequence
-    peer.rollouts.logprobs = [torch.log_softmax(qwen.model(torch.tensor([p + i])).logits[0, :-1], -1)
-                              [torch.arange(len(p) - 1, len(p) + len(i) - 1), torch.tensor(i)].detach()
-                              for p, i in zip(prompts, ids)]
+    peer.rollouts.logprobs = [naive_logprobs(qwen.model, p, i, 0.7) for p, i in zip(prompts, ids)]
     receiver = experience(twin, PROMPTS[:1], TEXTS[:1], [[0.0, 0.0]])
-    crossings = sharing.exchange([receiver, peer], sharing.ShareConfig("prp"))["twin"].crossings
+    crossings = sharing.exchange([receiver, peer], sharing.ShareConfig("prp", temperature=0.7))["twin"].crossings
     assert len(crossings) == 2
     for c in crossings:
         assert c.completion_ids == ids[c.index]
         torch.testing.assert_close(c.weights, torch.ones(len(ids[c.index])), atol=1e-5, rtol=0)
+
+
+def test_prp_weights_equal_a_naive_group_ratio_across_tokenizers(untrained):
+    qwen, llama = untrained["qwen2"], untrained["llama"]
+    texts = [["123 + 456 = 579\nAnswer: 579", "98 - 76 = 22\nAnswer: 2"]]   # digits: Qwen 1 per token, Llama 3
+    peer = experience(qwen, PROMPTS[:1], texts, [[1.0, 0.0]], unfinished={1})
+    gen = torch.Generator().manual_seed(0)
+    peer.rollouts.logprobs = [-torch.rand(len(i), generator=gen) * 3 for i in peer.rollouts.completion_ids]
+    receiver = experience(llama, PROMPTS[:1], texts, [[0.0, 0.0]])
+    cap = 1.5
+    crossings = sharing.exchange([receiver, peer], sharing.ShareConfig("prp", ratio_cap=cap, temperature=0.7)
+                                 )["llama"].crossings
+    assert [c.index for c in crossings] == [0, 1]
+    for c in crossings:
+        src_ids = peer.rollouts.completion_ids[c.index].tolist()
+        finished = c.index == 0
+        assert (c.completion_ids[-1] == llama.tokenizer.eos_token_id) == finished
+        tgt_logp = naive_logprobs(llama.model, llama.encode_prompt(PROMPTS[0]), c.completion_ids, 0.7)
+        # a naive group walk: advance whichever side's byte count is behind until both cover the same bytes
+        src_len = [len(qwen.token_bytes[i]) for i in src_ids]
+        tgt_len = [len(llama.token_bytes[i]) for i in c.completion_ids]
+        expected, i, j = [], 0, 0
+        while j < len(tgt_len):
+            i0, j0, a, b = i, j, 0, 0
+            while True:
+                if i < len(src_len) and (a <= b or j == len(tgt_len)):
+                    a, i = a + src_len[i], i + 1
+                else:
+                    b, j = b + tgt_len[j], j + 1
+                if a == b and (a > 0 or (i > i0 and j > j0)):
+                    break
+            ratio = math.exp(tgt_logp[j0:j].sum().item() - peer.rollouts.logprobs[c.index][i0:i].sum().item())
+            expected += [min(ratio, cap)] * (j - j0)
+        torch.testing.assert_close(c.weights, torch.tensor(expected), rtol=1e-4, atol=1e-6)
 
 
 def test_sgt_moves_only_verified_successes_onto_failed_prompts(untrained):
@@ -170,6 +211,19 @@ def test_sgt_moves_only_verified_successes_onto_failed_prompts(untrained):
     torch.testing.assert_close(received["llama"].advantages, receiver.advantages)
 
 
+def test_sgt_pools_the_successes_of_every_peer_on_a_prompt(untrained):
+    qwen = untrained["qwen2"]
+    other = policies.Policy("qwen-b", qwen.model, qwen.tokenizer, use_chat_template=False)
+    receiver = experience(untrained["llama"], PROMPTS[:1], TEXTS[:1], [[0.0, 0.0]])
+    a = experience(qwen, PROMPTS[:1], TEXTS[:1], [[1.0, 0.0]])
+    b = experience(other, PROMPTS[:1], TEXTS[:1], [[1.0, 1.0]])
+    crossings = sharing.exchange([receiver, a, b], sharing.ShareConfig("sgt"))["llama"].crossings
+    assert [(c.source, c.index) for c in crossings] == [("qwen2", 0), ("qwen-b", 0), ("qwen-b", 1)]
+    s = math.sqrt(0.24)                                         # pooled [0, 0, 1, 1, 1]: mean 3/5, std sqrt(6)/5
+    for c in crossings:
+        torch.testing.assert_close(c.advantages, torch.full((len(c.completion_ids),), 0.4 / (s + EPS)))
+
+
 def test_none_and_xgrpo_move_no_trajectory(untrained):
     peer = experience(untrained["qwen2"], PROMPTS, TEXTS, [[1.0, 0.0], [1.0, 1.0], [0.0, 1.0]])
     receiver = experience(untrained["llama"], PROMPTS, TEXTS, [[0.0, 0.0], [1.0, 0.0], [0.0, 0.0]])
@@ -179,6 +233,10 @@ def test_none_and_xgrpo_move_no_trajectory(untrained):
     assert pooled.crossings == []
     torch.testing.assert_close(pooled.advantages, sharing.xgrpo_advantages(receiver.rewards, [peer.rewards]))
     assert pooled.metrics["sharing/revived_groups"] == 2      # prompts 0 and 2 were flat for llama alone
+    s = math.sqrt(3) / 4                                       # every pooled row here has mean 1/4 or 3/4
+    shifts = [0.25 / (s + EPS)] * 2 + [abs(0.25 / (s + EPS) - 0.5 / (0.5 + EPS)),
+                                       abs(-0.75 / (s + EPS) + 0.5 / (0.5 + EPS))] + [0.25 / (s + EPS)] * 2
+    assert pooled.metrics["sharing/baseline_shift"] == pytest.approx(sum(shifts) / 6, rel=1e-5)
     with pytest.raises(ValueError, match="sharing mode"):
         sharing.exchange([receiver, peer], sharing.ShareConfig("all"))
 

@@ -55,8 +55,9 @@ def test_two_iterations_change_every_policy_and_log_the_documented_metrics(tmp_p
     assert all(spec.name in report for spec in specs) and (run_dir / "curves.png").stat().st_size > 0
 
 
-def test_a_killed_run_resumes_where_an_uninterrupted_one_ends(tmp_path, cache_dir, monkeypatch):
-    overrides = dict(iterations=4, checkpoint_every=2, eval_every=2)
+@pytest.mark.parametrize("setting", [{}, dict(share="prp", lora_rank=4, beta=0.1)], ids=["full", "prp-lora-kl"])
+def test_a_killed_run_resumes_where_an_uninterrupted_one_ends(tmp_path, cache_dir, monkeypatch, setting):
+    overrides = dict(iterations=4, checkpoint_every=2, eval_every=2, **setting)
     whole = train.main(tiny_args(tmp_path, cache_dir, name="whole", **overrides))
 
     real_step, calls = grpo.grpo_step, []
