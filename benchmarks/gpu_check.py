@@ -3,7 +3,8 @@
 Loads the `small` pair (from --model-dir, the Hugging Face cache or the hub); where it cannot be loaded, falls
 back to the tiny offline preset and says so. For each of none / prp / xgrpo / sgt it runs `train.py` for a few
 iterations and prints, per policy, rollout and update tokens per second (medians over the iterations after the
-first, which includes CUDA warm-up) and the peak memory allocated on the policy's device. Designed to finish in
+first, which includes CUDA warm-up) and the peak memory allocated on the policy's device; then times the exact
+per-step gradient norms against the one-backward-per-step loop (reachability_bench.py). Designed to finish in
 well under 10 minutes on one H200; on a CPU it runs as a smoke test.
 
     python benchmarks/gpu_check.py [--pair qwen-llama] [--model-dir DIR] [--lora-rank 16] [--iterations 4]
@@ -12,6 +13,7 @@ well under 10 minutes on one H200; on a CPU it runs as a smoke test.
 import argparse
 import json
 import statistics
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -77,6 +79,9 @@ def main() -> None:
     for share, name, s in rows:
         print(f"| {scale} | {share} | {name} | {s['rollout tok/s']:.0f} | {s['update tok/s']:.0f} "
               f"| {s['peak GiB']:.2f} | {s['received / it']:.0f} |")
+    if torch.cuda.is_available():  # issue 4's timing on the GPU: batched per-step norms against the loop
+        subprocess.run([sys.executable, str(Path(__file__).with_name("reachability_bench.py")), "--device", "cuda",
+                        "--problems", "16"], check=True)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@
    and of the same number of steps written by a policy of the same family that never saw the task; alpha is
    calibrated on the policy's own steps.
 
-    python benchmarks/reachability_bench.py [--warmup-scale 0.3] [--problems 64] [--repeats 7]
+    python benchmarks/reachability_bench.py [--warmup-scale 0.3] [--problems 64] [--device cuda] [--repeats 7]
 """
 
 import argparse
@@ -32,12 +32,20 @@ def main() -> None:
     cli.add_argument("--warmup-scale", type=float, default=0.3)
     cli.add_argument("--problems", type=int, default=64)
     cli.add_argument("--repeats", type=int, default=7, help="timings per measurement; the fastest is kept")
+    cli.add_argument("--device", default="cpu", help="e.g. cuda: the timings then synchronize the device")
     args = cli.parse_args()
+    device = torch.device(args.device)
     torch.manual_seed(0)
     cfg = tasks.TaskConfig()
     spec = policies.PRESETS["tiny"]["qwen-llama"][0]
     policy = policies.load_tiny_policy(spec, cfg, seed=1, cache_dir=None, warmup_scale=args.warmup_scale)
-    model, params = policy.model, reachability.parameter_subset(policy.model, "all")
+    model = policy.model.to(device)
+    policy.device = device
+    params = reachability.parameter_subset(model, "all")
+
+    def packed(trajectories) -> tuple[torch.Tensor, torch.Tensor, list]:
+        input_ids, attention, spans = reachability.batch_inputs(trajectories, policy.tokenizer.pad_token_id)
+        return input_ids.to(device), attention.to(device), spans
 
     print("| steps K | batched (ms) | loop (ms) | batched / loop | one summed backward (ms) "
           "| batched / loop, CPU time, 1 thread |\n|---|---|---|---|---|---|")
@@ -45,7 +53,7 @@ def main() -> None:
     for k in (4, 8, 16):
         steps = [(4 * i, 4 * i + 4) for i in range(k)]
         ids = torch.randint(len(policy.tokenizer), (40 + 4 * k + 1,)).tolist()
-        inputs = reachability.batch_inputs([(ids[:40], ids[40:], steps)], policy.tokenizer.pad_token_id)
+        inputs = packed([(ids[:40], ids[40:], steps)])
 
         def batched() -> None:
             reachability.step_grad_norms(model, *inputs, params)
@@ -56,22 +64,24 @@ def main() -> None:
         def summed() -> None:
             losses, _ = reachability.step_losses(model, *inputs)
             torch.autograd.grad(losses.sum(), params)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
         wall = {fn: best_of(args.repeats, fn) for fn in (batched, loop, summed)}
-        # the CPU time of one thread is what other users of a shared machine disturb least
-        torch.set_num_threads(1)
-        cpu = {fn: best_of(args.repeats, fn, time.thread_time) for fn in (batched, loop)}
-        torch.set_num_threads(threads)
+        cpu_ratio = "—"
+        if device.type == "cpu":  # the CPU time of one thread is what other users of a shared machine disturb least
+            torch.set_num_threads(1)
+            cpu = {fn: best_of(args.repeats, fn, time.thread_time) for fn in (batched, loop)}
+            torch.set_num_threads(threads)
+            cpu_ratio = f"{cpu[batched] / cpu[loop]:.2f}"
         print(f"| {k} | {wall[batched] * 1e3:.1f} | {wall[loop] * 1e3:.1f} | {wall[batched] / wall[loop]:.2f} "
-              f"| {wall[summed] * 1e3:.1f} | {cpu[batched] / cpu[loop]:.2f} |")
+              f"| {wall[summed] * 1e3:.1f} | {cpu_ratio} |")
 
-    untrained = policies.Policy("untrained", policies.tiny_model(spec.family, spec.tiny, len(policy.tokenizer), 99),
-                                policy.tokenizer, use_chat_template=False)
+    untrained = policies.Policy("untrained", policies.tiny_model(spec.family, spec.tiny, len(policy.tokenizer), 99
+                                                                 ).to(device), policy.tokenizer, use_chat_template=False)
     problems = tasks.generate_problems(args.problems, "heldout", 3, cfg)
-    pad = policy.tokenizer.pad_token_id
-    own = reachability.step_grad_norms(model, *reachability.batch_inputs(reachability.solution_steps(policy, policy, problems), pad),
-                                       params)
-    foreign = reachability.step_grad_norms(
-        model, *reachability.batch_inputs(reachability.solution_steps(policy, untrained, problems), pad), params)
+    own = reachability.step_grad_norms(model, *packed(reachability.solution_steps(policy, policy, problems)), params)
+    foreign = reachability.step_grad_norms(model, *packed(reachability.solution_steps(policy, untrained, problems)),
+                                           params)
     count = min(len(own), len(foreign))
     alpha = reachability.calibrate_alpha(own)
     own_r, foreign_r = (reachability.reachability(x[:count], alpha) for x in (own, foreign))
