@@ -101,7 +101,8 @@ def policy_devices(devices: str | None, n_policies: int) -> list[torch.device]:
             device = torch.device(name)
         except RuntimeError as err:
             raise ValueError(f"--devices: {name!r} is not a torch device ({err})") from None
-        if device.type == "cuda" and (not torch.cuda.is_available() or (device.index or 0) >= torch.cuda.device_count()):
+        missing = not torch.cuda.is_available() or (device.index or 0) >= torch.cuda.device_count()
+        if device.type == "cuda" and missing:
             raise ValueError(f"--devices: {name} requested but this machine has {torch.cuda.device_count()} CUDA "
                              "devices")
         parsed.append(device)

@@ -275,7 +275,9 @@ def main(args: Args) -> Path:
     optimizers = [torch.optim.AdamW([w for w in p.model.parameters() if w.requires_grad], lr=args.lr,
                                     weight_decay=0.0) for p in pols]
     references = [hardware.reference_policy(p.model) if args.beta > 0 else None for p in pols]
-    print_estimates(args, pols, max(len(p.encode_prompt(task.prompt(q))) for p in pols for q in task.heldout[:50]))
+    longest_prompt = max(len(p.encode_prompt(task.prompt(q)))
+                         for p in pols for q in task.train[:50] + task.heldout[:50])
+    print_estimates(args, pols, longest_prompt)
     saved.write_text(json.dumps(config, indent=2))
 
     def evaluate(iteration: int) -> dict[str, float]:
