@@ -2,15 +2,15 @@
 
 The design card's promise (DESIGN.md §1, §3): `python train.py --pair qwen-llama` runs on one GPU, the paper
 pair (7B + 8B) included. What makes that true:
-  - LoRA (through peft): only the adapters train, so gradients and AdamW state exist for a few million
-    parameters. The KL reference is the same model with its adapters switched off (`WithoutAdapters`), so no
+  - LoRA (through peft): only the adapters train, so gradients and AdamW state exist for about half a percent of
+    the parameters (40M of a 7B model at rank 16). The KL reference is the same model with its adapters switched off (`WithoutAdapters`), so no
     second copy of the weights is held; reachability's parameter subset becomes the adapters (DESIGN.md §4.8,
     `reachability.parameter_subset(model, "lora")`).
   - `--devices cuda:0,cuda:1` places policy i on device i (round robin when there are fewer devices). Policies on
     distinct CUDA devices roll out and update in parallel threads; they meet only at the exchange.
   - `estimate`: weights, gradients, optimizer state, activations of one micro-batch, logits and the rollouts'
-    KV cache, from the loaded model's measured parameter counts and its config; and the FLOPs of an iteration
-    turned into a lower bound on its time by the device's measured matmul throughput.
+    KV cache and logits, from the loaded model's measured parameter counts and its config; and the FLOPs of an
+    iteration turned into a lower bound on its time by the device's measured matmul throughput.
 """
 
 from __future__ import annotations
