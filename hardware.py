@@ -187,9 +187,10 @@ def estimate(model: torch.nn.Module, work: Workload) -> Estimate:
     """Peak memory terms and FLOPs of one iteration of one policy.
 
     Weights (and their frozen copy when it is the KL reference), gradients (trainable only) and AdamW's two
-    moments are measured from the model's parameters. Activations follow Korthikanti et al. (2022) for a block
-    with a fused attention kernel: about 34 s b h bytes per layer at 2 bytes per element (scaled by the element
-    size), or, with gradient checkpointing, one block's worth plus each block's input. Logits are held in
+    moments are measured from the model's parameters. Activations are what a pre-norm block with a fused
+    attention kernel and a gated MLP saves for its backward, per token: the inputs and outputs of its two norms,
+    q, k and v, the attention output (4h + h + 2 kv + h), and the MLP's gate, up, activated gate and product
+    (4 I) elements; with gradient checkpointing, one block's worth plus each block's input. Logits are held in
     float32 about three times (logits, log-softmax, its gradient). The KV cache holds keys and values of every
     layer for all rollouts, and generation keeps every step's float32 logits for the behaviour log-probs. The
     FLOPs count one pass of rollouts and one forward and backward of the update: a lower bound (no epochs, KL
@@ -204,7 +205,8 @@ def estimate(model: torch.nn.Module, work: Workload) -> Estimate:
     head_dim = getattr(cfg, "head_dim", None) or hidden // cfg.num_attention_heads
     kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
     seq = work.prompt_len + work.max_new_tokens
-    per_layer = 34 * seq * work.micro_batch * hidden * size // 2
+    intermediate = getattr(cfg, "intermediate_size", None) or 4 * hidden
+    per_layer = (6 * hidden + 2 * kv_heads * head_dim + 4 * intermediate) * seq * work.micro_batch * size
     activations = (per_layer + layers * seq * work.micro_batch * hidden * size if work.gradient_checkpointing
                    else layers * per_layer)
     weights = sum(p.numel() * p.element_size() for p in params)
