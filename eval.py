@@ -28,13 +28,10 @@ import policies
 import tasks
 
 
-CODE_TASKS = ("humaneval", "mbpp")
-
-
 def rewards(task: tasks.Task, examples: list, completions: list[str], workers: int = 8) -> torch.Tensor:
     """[N] the task's reward of each completion. Code runs in sandboxed child processes, several at a time;
     everything else in this thread, where math-verify can bound its work (its timeout needs the main thread)."""
-    if task.name not in CODE_TASKS:
+    if task.reward is not tasks.code_reward:
         return torch.tensor([task.reward(e, c) for e, c in zip(examples, completions)], dtype=torch.float32)
     with ThreadPoolExecutor(max_workers=workers) as pool:
         return torch.tensor(list(pool.map(task.reward, examples, completions)), dtype=torch.float32)

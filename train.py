@@ -219,15 +219,17 @@ def print_estimates(args: Args, pols: list[policies.Policy], prompt_len: int) ->
     received = {"none": 0, "xgrpo": 0, "sgt": rollouts // 4, "prp": rollouts}[args.share] * (len(pols) - 1)
     print("estimate per iteration (a bound to check the fit, not a measurement):")
     per_device: dict[torch.device, int] = {}
+    throughput: dict[tuple[torch.device, torch.dtype], float] = {}
     for p in pols:
         work = hardware.Workload(rollouts, prompt_len, args.max_new_tokens, min(args.micro_batch, rollouts + received),
                                  rollouts + received, args.gradient_checkpointing,
                                  reference_copy=args.beta > 0 and not args.lora_rank)
         est = hardware.estimate(p.model, work)
         per_device[p.device] = per_device.get(p.device, 0) + est.total_bytes
-        flops = hardware.matmul_flops_per_s(p.device, next(p.model.parameters()).dtype,
-                                            n=512 if p.device.type == "cpu" else 4096)
-        print(hardware.describe(p.name, est, flops))
+        key = (p.device, next(p.model.parameters()).dtype)
+        if key not in throughput:
+            throughput[key] = hardware.matmul_flops_per_s(*key, n=512 if p.device.type == "cpu" else 4096)
+        print(hardware.describe(p.name, est, throughput[key]))
     for device, total in per_device.items():
         if device.type == "cuda":
             capacity = torch.cuda.mem_get_info(device)[1]

@@ -39,8 +39,8 @@ def run_mode(share: str, scale: str, cli: argparse.Namespace, runs_dir: str) -> 
 def summary(records: list[dict]) -> dict[str, dict[str, float]]:
     out = {}
     for name in dict.fromkeys(r["policy"] for r in records):
-        steps = [r for r in records if r["policy"] == name and "perf/rollout_tokens_per_s" in r][1:] or \
-                [r for r in records if r["policy"] == name and "perf/rollout_tokens_per_s" in r]
+        updates = [r for r in records if r["policy"] == name and "perf/rollout_tokens_per_s" in r]
+        steps = updates[1:] or updates
         out[name] = {"rollout tok/s": statistics.median(r["perf/rollout_tokens_per_s"] for r in steps),
                      "update tok/s": statistics.median(r["perf/update_tokens_per_s"] for r in steps),
                      "peak GiB": max((r.get(k, float("nan")) for r in steps
