@@ -38,16 +38,23 @@ def rewards(task: tasks.Task, examples: list, completions: list[str], workers: i
 
 
 def heldout_accuracy(policy, examples: list, max_new_tokens: int, task: tasks.Task | None = None,
-                     batch_size: int = 256) -> float:
-    """Greedy pass@1 of `policy` on `examples` of `task` (default: the arithmetic task's Problems)."""
+                     batch_size: int = 256, temperature: float | None = None, samples: int = 1) -> float:
+    """Greedy pass@1 of `policy` on `examples` of `task` (default: the arithmetic task's Problems).
+
+    With a `temperature`: the mean reward of `samples` completions per example sampled at it, what the training
+    reward measures, on problems never trained on. RL can raise it by sharpening alone; greedy pass@1 rises only
+    where the most likely completion becomes a right one."""
     if not examples:
         raise ValueError("no held-out examples to evaluate")
     task = task or tasks.load_task("arith", 0, 0, 0)
+    greedy = temperature is None
     correct = 0.0
     for i in range(0, len(examples), batch_size):
         chunk = examples[i:i + batch_size]
-        rollouts = policy.rollout([task.prompt(e) for e in chunk], 1, max_new_tokens, greedy=True)
-        correct += rewards(task, chunk, rollouts.texts).sum().item()
+        rollouts = policy.rollout([task.prompt(e) for e in chunk], samples, max_new_tokens,
+                                  temperature=temperature or 1.0, greedy=greedy)
+        repeated = chunk if greedy else [e for e in chunk for _ in range(samples)]
+        correct += rewards(task, repeated, rollouts.texts).sum().item() / (1 if greedy else samples)
     return correct / len(examples)
 
 
@@ -104,7 +111,8 @@ def markdown_table(rows: list[dict], target: float) -> str:
 
 
 def plot_curves(run_dirs: list[Path], path: Path) -> None:
-    """Held-out accuracy and mean training reward against iteration, one line per run and policy."""
+    """Held-out accuracy (greedy, and sampled at the training temperature where logged) and mean training reward
+    against iteration, one line per run and policy."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -114,10 +122,14 @@ def plot_curves(run_dirs: list[Path], path: Path) -> None:
         for policy in dict.fromkeys(r["policy"] for r in records):
             label = f"{Path(run_dir).name}/{policy}" if len(run_dirs) > 1 else policy
             acc = curve(records, policy, "eval/heldout_accuracy")
-            ax_acc.plot([i for i, _ in acc], [a for _, a in acc], marker="o", label=label)
+            line, = ax_acc.plot([i for i, _ in acc], [a for _, a in acc], marker="o", label=label)
+            sampled = curve(records, policy, "eval/heldout_sampled_accuracy")
+            ax_acc.plot([i for i, _ in sampled], [a for _, a in sampled], linestyle="--", color=line.get_color(),
+                        label=f"{label}, sampled" if sampled else None)
             rew = curve(records, policy, "charts/reward_mean")
             ax_rew.plot([i for i, _ in rew], smooth([r for _, r in rew]), label=label)
-    ax_acc.set(xlabel="iteration", ylabel="held-out greedy pass@1", title="accuracy", ylim=(0, 1))
+    ax_acc.set(xlabel="iteration", ylabel="held-out accuracy", title="greedy pass@1 (dashed: sampled at the training "
+               "temperature)", ylim=(0, 1))
     ax_rew.set(xlabel="iteration", ylabel="mean reward (moving average of 10)", title="training reward", ylim=(0, 1))
     for ax in (ax_acc, ax_rew):
         ax.grid(alpha=0.3)

@@ -85,6 +85,13 @@ class Problem:
         return "\n".join(lines + [f"{ANSWER_PREFIX} {value}"])
 
 
+def premature_solution(problem: Problem) -> str:
+    """The solution stopped after its first step, answering with that step's result: complete in form, every
+    written step right, and (with two or more steps) a wrong final answer."""
+    first = problem.solution.split("\n", 1)[0]
+    return f"{first}\n{ANSWER_PREFIX} {first.rsplit('=', 1)[1].strip()}"
+
+
 def apply(op: str, a: int, b: int) -> int:
     return a + b if op == "+" else a - b if op == "-" else a * b
 

@@ -54,7 +54,7 @@ class Args:
     ratio_cap: float = 2.0
     """prp, sgt: the truncation of the group-wise density ratio pi_receiver / pi_peer (2 as in truncated
     importance sampling); no weight exceeds it"""
-    iterations: int = 200
+    iterations: int = 100
     """training iterations; each updates every policy once"""
     prompts_per_iteration: int = 16
     """prompts drawn per iteration, the same for every policy"""
@@ -67,7 +67,7 @@ class Args:
     divided by it in the loss too), so the rollouts stay on-policy"""
     top_p: float = 1.0
     """nucleus sampling threshold of rollouts"""
-    lr: float = 3e-5
+    lr: float = 1e-4
     """AdamW learning rate of every policy (tiny policies lose accuracy above ~1e-4: Adam's early steps are
     sign-like and a noisy policy gradient then moves every weight at once)"""
     scale_by_std: bool = True
@@ -106,8 +106,11 @@ class Args:
     """training problems drawn once; prompts are sampled from them"""
     eval_size: int = 500
     """held-out problems for greedy pass@1"""
-    eval_every: int = 25
+    eval_every: int = 20
     """iterations between held-out evaluations (also run before the first and after the last)"""
+    eval_samples: int = 2
+    """completions per held-out problem sampled at the training temperature for eval/heldout_sampled_accuracy
+    (what the training reward measures, beside greedy pass@1); 0 skips it"""
     warmup_scale: float = 1.0
     """multiplies each tiny policy's supervised warm-up budget (tests use a small one)"""
     seed: int = 1
@@ -287,6 +290,9 @@ def main(args: Args) -> Path:
         for p in pols:
             accuracies[p.name] = evaluation.heldout_accuracy(p, task.heldout, args.max_new_tokens, task)
             record = {"eval/heldout_accuracy": accuracies[p.name]}
+            if args.eval_samples:
+                record["eval/heldout_sampled_accuracy"] = evaluation.heldout_accuracy(
+                    p, task.heldout, args.max_new_tokens, task, temperature=args.temperature, samples=args.eval_samples)
             if transfer is not None:
                 record["eval/transfer_accuracy"] = evaluation.heldout_accuracy(p, transfer.heldout,
                                                                                args.max_new_tokens, transfer)

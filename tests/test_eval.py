@@ -50,3 +50,14 @@ def test_report_and_comparison_files(tmp_path):
 def test_a_directory_without_metrics_is_refused(tmp_path):
     with pytest.raises(FileNotFoundError, match="run directory"):
         evaluation.summarize(tmp_path, 0.5)
+
+
+def test_sampled_accuracy_at_a_vanishing_temperature_is_greedy_accuracy(cache_dir):
+    import policies
+    import tasks
+    cfg = tasks.TaskConfig(num_steps=1, max_operand=9)
+    policy = policies.load_tiny_policy(policies.PRESETS["tiny"]["qwen-llama"][1], cfg, 0, cache_dir, 0.15)
+    task = tasks.load_task("arith", 0, 0, 64, cfg)
+    greedy = evaluation.heldout_accuracy(policy, task.heldout, 16, task)
+    sampled = evaluation.heldout_accuracy(policy, task.heldout, 16, task, temperature=1e-4, samples=3)
+    assert 0 < greedy < 1 and sampled == pytest.approx(greedy)

@@ -77,3 +77,11 @@ def test_bad_arguments_are_refused():
         tasks.generate_problems(1, "train", 0, tasks.TaskConfig(ops="/"))
     with pytest.raises(ValueError, match="widen"):
         tasks.generate_problems(5, "heldout", 0, tasks.TaskConfig(heldout_fraction=0.0))
+
+
+def test_a_premature_solution_has_right_steps_and_the_wrong_answer():
+    problem = tasks.Problem("Ava has 7 apples. She gets 5 more. She gives away 3.", 7, (("+", 5), ("-", 3)), 9)
+    cut = tasks.premature_solution(problem)
+    assert cut == "7 + 5 = 12\nAnswer: 12"
+    assert [v for _, v in tasks.step_verdicts(cut, problem)] == [True, None]
+    assert tasks.answer_reward(cut, problem) == 0.0

@@ -14,7 +14,7 @@ TRAIN_KEYS = {"iteration", "policy", "time_s", "losses/policy_loss", "losses/cli
               "losses/entropy", "losses/grad_norm", "charts/completion_len", "charts/reward_mean",
               "charts/reward_std", "charts/zero_std_groups", "charts/finished", "perf/rollout_tokens_per_s",
               "perf/update_tokens_per_s"}
-EVAL_KEYS = {"iteration", "policy", "time_s", "eval/heldout_accuracy"}
+EVAL_KEYS = {"iteration", "policy", "time_s", "eval/heldout_accuracy", "eval/heldout_sampled_accuracy"}
 
 
 # an easy task, a short warm-up and a hot sampler, so that groups with mixed rewards (hence gradients) exist
