@@ -8,9 +8,11 @@ pair (7B + 8B) included. What makes that true:
     `reachability.parameter_subset(model, "lora")`).
   - `--devices cuda:0,cuda:1` places policy i on device i (round robin when there are fewer devices). Policies on
     distinct CUDA devices roll out and update in parallel threads; they meet only at the exchange.
-  - `estimate`: weights, gradients, optimizer state, activations of one micro-batch, logits and the rollouts'
-    KV cache and logits, from the loaded model's measured parameter counts and its config; and the FLOPs of an
-    iteration turned into a lower bound on its time by the device's measured matmul throughput.
+  - `estimate`: weights, gradients, optimizer state and step, activations of one micro-batch, logits and the
+    rollouts' KV cache and logits, from the loaded model's measured parameter counts and its config, and their
+    peak over the phases that do not overlap; and the FLOPs of an iteration turned into a lower bound on its
+    time by the device's measured matmul throughput. `measure_update` measures the peak of a real update on
+    the CPU (`LiveTensorBytes`), which is how the estimate is checked (tests, benchmarks/memory_estimate.py).
 """
 
 from __future__ import annotations
@@ -213,7 +215,7 @@ def activation_bytes(model: torch.nn.Module, micro_batch: int, seq: int, checkpo
     tensor with saved-tensor hooks on transformers' Llama / Qwen2 and peft; tests/test_hardware.py measures it.
 
     Per token and layer, in the model's element size s unless said:
-      - each RMSNorm: an float32 copy of its input (4h bytes whatever s) and its rsqrt (4 bytes); where the norm
+      - each RMSNorm: a float32 copy of its input (4h bytes whatever s) and its rsqrt (4 bytes); where the norm
         weights train, also the normalized input before and after the weight (2 s h);
       - attention: q, k, v and the output at full heads (with a padding mask, transformers' SDPA path expands k
         and v by repeat_kv, so grouped-query attention saves nothing), the float32 logsumexp per head, and the
