@@ -10,9 +10,12 @@ The check: each configuration narrowed 16 times in width (hidden size, head size
 LoRA rank divided by 16; depth, heads and tokens kept) is built on the CPU with random weights, and one GRPO
 update of one micro-batch of padded sequences is measured with `hardware.measure_update` (every tensor storage
 the forward, backward and AdamW step create, alive at the peak, plus weights and AdamW state). The last column
-is the estimate of that narrowed model divided by its measurement.
+is the estimate of that narrowed model divided by its measurement. Rows with gradient checkpointing are not
+measured (the recomputation makes the CPU run several times longer on a shared machine), and their
+estimate is the least checked: the transients of the backward's recomputation are not counted.
 
     python benchmarks/memory_estimate.py [--micro-batch 8] [--lora-rank 16] [--prompt-len 100] [--no-measure]
+                                         [--training {full,lora,both}]
 """
 
 import argparse
@@ -79,19 +82,21 @@ def main() -> None:
     cli.add_argument("--max-new-tokens", type=int, default=40)
     cli.add_argument("--rollouts", type=int, default=16 * 8)
     cli.add_argument("--no-measure", action="store_true", help="skip the measurement of the narrowed models")
+    cli.add_argument("--training", choices=("full", "lora", "both"), default="both", help="which rows to print")
     cli = cli.parse_args()
     gib = 1024 ** 3
     print("| model | training | checkpointing | parameters | trained | " + " | ".join(TERMS) + " | peak GiB | "
           f"estimate / measured at 1/{NARROWING} width |\n" + "|---" * (len(TERMS) + 7) + "|")
     totals: dict[str, float] = {}
-    for lora_rank in (0, cli.lora_rank):
+    for lora_rank in {"full": (0,), "lora": (cli.lora_rank,), "both": (0, cli.lora_rank)}[cli.training]:
         mode = f"LoRA r={lora_rank}" if lora_rank else "full"
         for checkpointing in (False, True):
             for name in PAPER_PAIR:
                 work = hardware.Workload(cli.rollouts, cli.prompt_len, cli.max_new_tokens, cli.micro_batch,
                                          cli.rollouts, checkpointing)
                 est = hardware.estimate(build(name, lora_rank, checkpointing), work)
-                ratio = "" if cli.no_measure else f"{measured_ratio(name, lora_rank, checkpointing, work):.3f}"
+                measure = not (cli.no_measure or checkpointing)
+                ratio = f"{measured_ratio(name, lora_rank, checkpointing, work):.3f}" if measure else ""
                 key = f"{mode}, checkpointing {'on' if checkpointing else 'off'}"
                 totals[key] = totals.get(key, 0.0) + est.total_bytes / gib
                 print(f"| {name} | {mode} | {'on' if checkpointing else 'off'} | {est.parameters / 1e9:.2f}B "
