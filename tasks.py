@@ -452,10 +452,11 @@ def _refuse_lfs_pointers(root: Path, source: HubSource, files: list[Path]) -> No
 def _refuse_missing_parts(root: Path, base: Path, source: HubSource, split: str, files: list[Path]) -> None:
     found = {part for p in files for part in p.relative_to(base).parts[:-1]} & set(source.parts)
     if found and found != set(source.parts):
+        missing = ", ".join(sorted(set(source.parts) - found))
         raise _missing(source, f"{root} holds the {split} split of {len(found)} of its {len(source.parts)} folders "
-                               f"({', '.join(sorted(found))}) and lacks {', '.join(sorted(set(source.parts) - found))}"
-                               f" (a partial download or cache). To use one of them on purpose, pass that folder itself "
-                               f"as data_dir (e.g. {files[0].parent}); otherwise complete the copy")
+                               f"({', '.join(sorted(found))}) and lacks {missing} (a partial download or cache). To "
+                               f"use one of them on purpose, pass that folder itself as data_dir (e.g. "
+                               f"{files[0].parent}); otherwise complete the copy")
 
 
 def _split_rows(root: Path, source: HubSource, split: str) -> list[dict]:
@@ -618,8 +619,9 @@ def load_task(name: str, seed: int, train_size: int, eval_size: int, cfg: TaskCo
                every step is None and `verifiable` is False: use it for prompts and references, not for rewards.
 
     Splits smaller than asked for are used whole. `data_dir` points at a local copy (a directory, see
-    `_split_rows`; a clone without git-lfs is refused with the command that fetches the files); without one, the Hugging Face cache and then the hub are tried, and `DataUnavailable` says
-    what is missing and how to point at a copy. arith and humaneval need no data and refuse a `data_dir`.
+    `_split_rows`; a clone without git-lfs is refused with the command that fetches the files); without one, the
+    Hugging Face cache and then the hub are tried, and `DataUnavailable` says what is missing and how to point at
+    a copy. arith and humaneval need no data and refuse a `data_dir`.
     """
     if name not in TASK_NAMES:
         raise ValueError(f"unknown task {name!r}; tasks are {', '.join(TASK_NAMES)}")
