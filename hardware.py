@@ -8,21 +8,27 @@ pair (7B + 8B) included. What makes that true:
     `reachability.parameter_subset(model, "lora")`).
   - `--devices cuda:0,cuda:1` places policy i on device i (round robin when there are fewer devices). Policies on
     distinct CUDA devices roll out and update in parallel threads; they meet only at the exchange.
-  - `estimate`: weights, gradients, optimizer state, activations of one micro-batch, logits and the rollouts'
-    KV cache and logits, from the loaded model's measured parameter counts and its config; and the FLOPs of an
-    iteration turned into a lower bound on its time by the device's measured matmul throughput.
+  - `estimate`: weights, gradients, optimizer state and step, activations of one micro-batch, logits and the
+    rollouts' KV cache and logits, from the loaded model's measured parameter counts and its config, and their
+    peak over the phases that do not overlap; and the FLOPs of an iteration turned into a lower bound on its
+    time by the device's measured matmul throughput. `measure_update` measures the peak of a real update on
+    the CPU (`LiveTensorBytes`), which is how the estimate is checked (tests, benchmarks/memory_estimate.py).
 """
 
 from __future__ import annotations
 
 import time
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Callable, Iterator, TypeVar
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 
+import grpo
 import policies
 
 T = TypeVar("T")
@@ -172,10 +178,22 @@ class Estimate:
     trainable: int
     bytes: dict[str, int]
     flops: float            # per iteration: rollouts, the update's forward and backward
+    accumulates: bool = False
+    """several micro-batches per update: gradients live during every forward after the first"""
 
     @property
     def total_bytes(self) -> int:
-        return sum(self.bytes.values())
+        """The peak: what stays resident (weights, their reference copy, AdamW's moments) plus the largest of the
+        phases that never overlap. Gradients live from a backward to the next update's zero_grad, so through
+        the rollouts (KV cache, behaviour logits) and the optimizer step (its transient), and through a
+        micro-batch's forward (activations, logits) only after the first. In the backward the activations are
+        freed as gradients appear, except under checkpointing, where a recomputed block joins them."""
+        b = self.bytes
+        resident = b["weights"] + b["reference"] + b["optimizer"]
+        forward = b["activations"] + b["logits"] + (b["gradients"] if self.accumulates else 0)
+        backward = b["activations"] + b["recompute"] + b["gradients"] if b["recompute"] else 0
+        return resident + max(b["gradients"] + b["kv_cache"] + b["rollout_logits"], forward, backward,
+                              b["gradients"] + b["optimizer_step"])
 
 
 def text_config(model: torch.nn.Module):
@@ -183,44 +201,142 @@ def text_config(model: torch.nn.Module):
     return config.get_text_config() if hasattr(config, "get_text_config") else config
 
 
+def adapter_widths(model: torch.nn.Module) -> tuple[int, int, int]:
+    """(sum of in_features, sum of ranks, element size) over every peft LoRA adapter of the model."""
+    adapters = [a for m in model.modules() if isinstance(getattr(m, "lora_A", None), torch.nn.ModuleDict)
+                for a in m.lora_A.values()]
+    return (sum(a.in_features for a in adapters), sum(a.out_features for a in adapters),
+            adapters[0].weight.element_size() if adapters else 0)
+
+
+def activation_bytes(model: torch.nn.Module, micro_batch: int, seq: int, checkpointing: bool) -> tuple[int, int]:
+    """(kept, recomputed): what one micro-batch's forward saves for the backward, logits excepted, and what a
+    block saves again while the backward recomputes it under gradient checkpointing (else 0). Counted tensor by
+    tensor with saved-tensor hooks on transformers' Llama / Qwen2 and peft; tests/test_hardware.py measures it.
+
+    Per token and layer, in the model's element size s unless said:
+      - each RMSNorm: a float32 copy of its input (4h bytes whatever s) and its rsqrt (4 bytes); where the norm
+        weights train, also the normalized input before and after the weight (2 s h);
+      - attention: q, k, v and the output at full heads (with a padding mask, transformers' SDPA path expands k
+        and v by repeat_kv, so grouped-query attention saves nothing), the float32 logsumexp per head, and the
+        B x 1 x T x T mask (T elements per token);
+      - the gated MLP: gate, up and the activated gate (3 I), and the down projection's input (I) where the
+        linear weights train;
+      - LoRA (peft keeps adapters in float32): each adapted linear saves a float32 copy of its input and the
+        adapter's rank-r hidden (in a float32 model the copies are the inputs themselves, see below).
+    The final norm counts like a block's. With gradient checkpointing the blocks keep only their inputs through
+    the forward, and one block's worth lives again while the backward recomputes it.
+    """
+    cfg = text_config(model)
+    size = next(model.parameters()).element_size()
+    base_trains = any(p.requires_grad for name, p in model.named_parameters() if "lora_" not in name)
+    hidden, layers, heads = cfg.hidden_size, cfg.num_hidden_layers, cfg.num_attention_heads
+    head_dim = getattr(cfg, "head_dim", None) or hidden // heads
+    intermediate = getattr(cfg, "intermediate_size", None) or 4 * hidden
+    norm = 4 * hidden + 4 + (2 * size * hidden if base_trains else 0)
+    attention = 4 * heads * head_dim * size + 4 * heads + seq * size
+    mlp = (4 if base_trains else 3) * intermediate * size
+    adapter_in, adapter_rank, adapter_size = adapter_widths(model)
+    if adapter_size == size:
+        # peft's cast to the adapters' dtype is a no-op, so adapted linears that share an input share its storage:
+        # add_lora's all-linear adapters keep the two norms' outputs and the down projection's input (o_proj's
+        # input is the attention output, kept already)
+        adapter_in = min(adapter_in, layers * (2 * hidden + intermediate))
+    adapters = adapter_size * (adapter_in + adapter_rank)  # all layers together
+    per_layer = 2 * norm + attention + mlp
+    tokens = micro_batch * seq
+    if checkpointing:
+        return tokens * (layers * hidden * size + norm), tokens * (per_layer + adapters // layers)
+    return tokens * (layers * per_layer + adapters + norm), 0
+
+
 def estimate(model: torch.nn.Module, work: Workload) -> Estimate:
     """Peak memory terms and FLOPs of one iteration of one policy.
 
     Weights (and their frozen copy when it is the KL reference), gradients (trainable only) and AdamW's two
-    moments are measured from the model's parameters. Activations are what a pre-norm block with a fused
-    attention kernel and a gated MLP saves for its backward, per token: the inputs and outputs of its two norms,
-    q, k and v, the attention output (4h + h + 2 kv + h), and the MLP's gate, up, activated gate and product
-    (4 I) elements; with gradient checkpointing, one block's worth plus each block's input. Logits are held in
-    float32 about three times (logits, log-softmax, its gradient). The KV cache holds keys and values of every
-    layer for all rollouts, and generation keeps every step's float32 logits for the behaviour log-probs. The
-    FLOPs count one pass of rollouts and one forward and backward of the update: a lower bound (no epochs, KL
-    reference, receiver log-probs or recomputation).
+    moments are measured from the model's parameters; AdamW's foreach step allocates a transient as large as
+    the trainable parameters. Activations are `activation_bytes`. The logits peak holds four float32 copies
+    during the entropy computation (the scaled logits, their log-softmax, its exp and the product). The KV cache
+    holds keys and values of every layer for all rollouts, and generation keeps every step's float32 logits for
+    the behaviour log-probs. The FLOPs count one pass of rollouts and one forward and backward of the update
+    over the parameters that multiply, the matrices (the input embedding is a lookup unless tied to the head;
+    norm weights and biases are elementwise; attention's own products are left out): a lower bound
+    (no epochs, KL reference, receiver log-probs or recomputation).
     """
     cfg = text_config(model)
     params = list(model.parameters())
     size = params[0].element_size()
     n_params = sum(p.numel() for p in params)
+    trainable_bytes = sum(p.numel() * p.element_size() for p in params if p.requires_grad)
     trainable = sum(p.numel() for p in params if p.requires_grad)
-    hidden, layers, vocab = cfg.hidden_size, cfg.num_hidden_layers, cfg.vocab_size
-    head_dim = getattr(cfg, "head_dim", None) or hidden // cfg.num_attention_heads
+    layers, vocab = cfg.num_hidden_layers, cfg.vocab_size
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
     seq = work.prompt_len + work.max_new_tokens
-    intermediate = getattr(cfg, "intermediate_size", None) or 4 * hidden
-    per_layer = (6 * hidden + 2 * kv_heads * head_dim + 4 * intermediate) * seq * work.micro_batch * size
-    activations = (per_layer + layers * seq * work.micro_batch * hidden * size if work.gradient_checkpointing
-                   else layers * per_layer)
     weights = sum(p.numel() * p.element_size() for p in params)
+    kept, recomputed = activation_bytes(model, work.micro_batch, seq, work.gradient_checkpointing)
     memory = {"weights": weights,
               "reference": weights if work.reference_copy else 0,
-              "gradients": sum(p.numel() * p.element_size() for p in params if p.requires_grad),
-              "optimizer": 2 * sum(p.numel() * p.element_size() for p in params if p.requires_grad),
-              "activations": activations,
-              "logits": 3 * work.micro_batch * seq * vocab * 4,
+              "gradients": trainable_bytes,
+              "optimizer": 2 * trainable_bytes,
+              "optimizer_step": trainable_bytes,
+              "activations": kept,
+              "recompute": recomputed,
+              "logits": 4 * work.micro_batch * (seq - 1) * vocab * 4,
               "kv_cache": kv_cache_bytes(layers, kv_heads, head_dim, work.rollouts, seq, size),
               "rollout_logits": work.rollouts * work.max_new_tokens * vocab * 4}
+    embedding, head = model.get_input_embeddings().weight, model.get_output_embeddings().weight
+    multiplying = sum(p.numel() for p in params if p.ndim == 2) - (embedding.numel() if embedding is not head else 0)
     backward = 2 + (2 if trainable == n_params else 0)  # activation gradients always, weight gradients if trained
-    flops = 2 * n_params * work.rollouts * seq + (2 + backward) * n_params * work.train_sequences * seq
-    return Estimate(n_params, trainable, memory, float(flops))
+    flops = 2 * multiplying * work.rollouts * seq + (2 + backward) * multiplying * work.train_sequences * seq
+    return Estimate(n_params, trainable, memory, float(flops), work.train_sequences > work.micro_batch)
+
+
+class LiveTensorBytes(TorchDispatchMode):
+    """While on, the bytes of tensor storage that operators create and that are still alive, and their peak.
+
+    Each storage is counted once from the operator that made it until it is freed; a view or in-place result
+    shares a storage of the operator's inputs and is not new, so storages made before the mode (the parameters,
+    and what autograd saves of them) are not counted. Measures a CPU run, where PyTorch keeps no allocator
+    statistics, and counts tensor storage only (no allocator rounding or fragmentation).
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.alive: set[int] = set()
+        self.now = self.peak = 0
+
+    def _freed(self, key: int, nbytes: int) -> None:
+        self.alive.discard(key)
+        self.now -= nbytes
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        inputs = {id(t.untyped_storage()) for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)}
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor) and t.device.type != "meta":
+                storage = t.untyped_storage()  # one Python object per storage while it lives
+                key, nbytes = id(storage), storage.nbytes()
+                if key not in self.alive and key not in inputs:
+                    self.alive.add(key)
+                    self.now += nbytes
+                    self.peak = max(self.peak, self.now)
+                    weakref.finalize(storage, self._freed, key, nbytes)
+        return out
+
+
+def measure_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: grpo.TrainBatch,
+                   micro_batch: int) -> int:
+    """Peak bytes of one `grpo.grpo_step` measured: the weights and optimizer state as they are (take a first
+    step before, so AdamW's moments exist) plus the peak of what the step creates (activations, logits,
+    gradients, the optimizer's transients)."""
+    optimizer.zero_grad(set_to_none=True)
+    resident = {p.untyped_storage().data_ptr(): p.untyped_storage().nbytes() for p in model.parameters()}
+    resident |= {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+                 for state in optimizer.state.values() for t in state.values() if isinstance(t, torch.Tensor)}
+    with LiveTensorBytes() as live:
+        grpo.grpo_step(model, optimizer, batch, grpo.LossConfig(), micro_batch=micro_batch)
+    return sum(resident.values()) + live.peak
 
 
 def kv_cache_bytes(layers: int, kv_heads: int, head_dim: int, sequences: int, length: int, element_size: int) -> int:

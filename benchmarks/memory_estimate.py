@@ -1,10 +1,21 @@
-"""The memory arithmetic of the paper pair (Qwen2.5-7B + Llama-3.1-8B) on one GPU, with and without LoRA.
+"""The memory arithmetic of the paper pair (Qwen2.5-7B + Llama-3.1-8B) on one GPU, with and without LoRA, and a
+measurement that checks it.
 
 The two models are built on the meta device from their published configurations (no weights, no hub), in
-bf16, and `hardware.estimate` adds up weights, gradients, AdamW state, activations, logits and the rollouts' KV
-cache at the default run's shapes (16 prompts x 8 completions, 40 new tokens).
+bf16, and `hardware.estimate` adds up weights, gradients, AdamW state and step, activations, logits and the
+rollouts' KV cache at the default run's shapes (16 prompts x 8 completions, 40 new tokens); the total is the
+peak over phases that do not overlap (`hardware.Estimate.total_bytes`).
 
-    python benchmarks/memory_estimate.py [--micro-batch 8] [--lora-rank 16] [--prompt-len 100]
+The check: each configuration narrowed 16 times in width (hidden size, head size, MLP width, vocabulary and
+LoRA rank divided by 16; depth, heads and tokens kept) is built on the CPU with random weights, and one GRPO
+update of one micro-batch of padded sequences is measured with `hardware.measure_update` (every tensor storage
+the forward, backward and AdamW step create, alive at the peak, plus weights and AdamW state). The last column
+is the estimate of that narrowed model divided by its measurement. Rows with gradient checkpointing are not
+measured (the recomputation makes the CPU run several times longer on a shared machine), and their
+estimate is the least checked: the transients of the backward's recomputation are not counted.
+
+    python benchmarks/memory_estimate.py [--micro-batch 8] [--lora-rank 16] [--prompt-len 100] [--no-measure]
+                                         [--training {full,lora,both}]
 """
 
 import argparse
@@ -16,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM  # noqa: E402
 
+import grpo  # noqa: E402
 import hardware  # noqa: E402
 
 # the fields of Qwen/Qwen2.5-7B-Instruct's and meta-llama/Llama-3.1-8B-Instruct's config.json that fix the sizes
@@ -27,13 +39,39 @@ PAPER_PAIR = {
                                                         num_hidden_layers=32, num_attention_heads=32,
                                                         num_key_value_heads=8, tie_word_embeddings=False)),
 }
+NARROWING = 16
+TERMS = ("weights", "gradients", "optimizer", "optimizer_step", "activations", "recompute", "logits", "kv_cache",
+         "rollout_logits")
 
 
-def meta_model(name: str, lora_rank: int) -> torch.nn.Module:
+def build(name: str, lora_rank: int, checkpointing: bool, narrowing: int = 1) -> torch.nn.Module:
+    """The model in bf16: on the meta device at full size, or with random weights on the CPU when narrowed."""
     config_cls, model_cls, fields = PAPER_PAIR[name]
-    with torch.device("meta"):
+    if narrowing > 1:
+        fields = {**fields, **{k: fields[k] // narrowing for k in ("vocab_size", "hidden_size", "intermediate_size")}}
+    torch.manual_seed(0)
+    with torch.device("meta" if narrowing == 1 else "cpu"):
         model = model_cls(config_cls(**fields)).to(torch.bfloat16)
-    return hardware.add_lora(model, lora_rank, 2 * lora_rank) if lora_rank else model
+    if checkpointing:
+        model.gradient_checkpointing_enable()
+    rank = max(1, lora_rank // narrowing)
+    return (hardware.add_lora(model, rank, 2 * rank) if lora_rank else model).train()
+
+
+def measured_ratio(name: str, lora_rank: int, checkpointing: bool, work: hardware.Workload) -> float:
+    """Estimate / measurement of one update of one micro-batch on the narrowed model."""
+    model = build(name, lora_rank, checkpointing, NARROWING)
+    vocab = model.get_input_embeddings().weight.shape[0]
+    gen = torch.Generator().manual_seed(0)
+    n = work.micro_batch
+    prompts = [torch.randint(vocab, (work.prompt_len - i,), generator=gen).tolist() for i in range(n)]
+    completions = [torch.randint(vocab, (work.max_new_tokens,), generator=gen).tolist() for _ in range(n)]
+    batch = grpo.build_batch(prompts, completions, [torch.ones(work.max_new_tokens)] * n, pad_id=0)
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-5, foreach=True)
+    grpo.grpo_step(model, optimizer, batch, grpo.LossConfig(), micro_batch=n)   # AdamW's moments exist from here
+    measured = hardware.measure_update(model, optimizer, batch, micro_batch=n)
+    narrowed = hardware.Workload(n, work.prompt_len, work.max_new_tokens, n, n, checkpointing)
+    return hardware.estimate(model, narrowed).total_bytes / measured
 
 
 def main() -> None:
@@ -43,25 +81,29 @@ def main() -> None:
     cli.add_argument("--prompt-len", type=int, default=100)
     cli.add_argument("--max-new-tokens", type=int, default=40)
     cli.add_argument("--rollouts", type=int, default=16 * 8)
+    cli.add_argument("--no-measure", action="store_true", help="skip the measurement of the narrowed models")
+    cli.add_argument("--training", choices=("full", "lora", "both"), default="both", help="which rows to print")
     cli = cli.parse_args()
     gib = 1024 ** 3
-    terms = ("weights", "gradients", "optimizer", "activations", "logits", "kv_cache", "rollout_logits")
-    print("| model | training | checkpointing | parameters | trained | " + " | ".join(terms) + " | total GiB |\n"
-          + "|---" * (len(terms) + 6) + "|")
+    print("| model | training | checkpointing | parameters | trained | " + " | ".join(TERMS) + " | peak GiB | "
+          f"estimate / measured at 1/{NARROWING} width |\n" + "|---" * (len(TERMS) + 7) + "|")
     totals: dict[str, float] = {}
-    for lora_rank in (0, cli.lora_rank):
+    for lora_rank in {"full": (0,), "lora": (cli.lora_rank,), "both": (0, cli.lora_rank)}[cli.training]:
         mode = f"LoRA r={lora_rank}" if lora_rank else "full"
         for checkpointing in (False, True):
             for name in PAPER_PAIR:
                 work = hardware.Workload(cli.rollouts, cli.prompt_len, cli.max_new_tokens, cli.micro_batch,
                                          cli.rollouts, checkpointing)
-                est = hardware.estimate(meta_model(name, lora_rank), work)
+                est = hardware.estimate(build(name, lora_rank, checkpointing), work)
+                measure = not (cli.no_measure or checkpointing)
+                ratio = f"{measured_ratio(name, lora_rank, checkpointing, work):.3f}" if measure else ""
                 key = f"{mode}, checkpointing {'on' if checkpointing else 'off'}"
                 totals[key] = totals.get(key, 0.0) + est.total_bytes / gib
                 print(f"| {name} | {mode} | {'on' if checkpointing else 'off'} | {est.parameters / 1e9:.2f}B "
-                      f"| {est.trainable / 1e6:.1f}M | " + " | ".join(f"{est.bytes[t] / gib:.2f}" for t in terms)
-                      + f" | {est.total_bytes / gib:.1f} |")
-    print("\npair total (GiB): " + "; ".join(f"{key}: {t:.1f}" for key, t in totals.items()))
+                      f"| {est.trainable / 1e6:.1f}M | " + " | ".join(f"{est.bytes[t] / gib:.2f}" for t in TERMS)
+                      + f" | {est.total_bytes / gib:.1f} | {ratio} |", flush=True)
+    print("\npair peak (GiB): " + "; ".join(f"{key}: {t:.1f}" for key, t in totals.items()))
+
 
 if __name__ == "__main__":
     main()

@@ -40,6 +40,16 @@ MATH = [
      "solution": "We have $\\frac{1}{2} + \\frac{1}{3} = \\frac{3}{6} + \\frac{2}{6} = \\boxed{\\frac{5}{6}}$."},
     {"problem": "Solve for $x$: $2x + 3 = 11$.", "level": "Level 1", "type": "Algebra",
      "solution": "Subtracting 3 gives $2x = 8$,\nso $x = \\boxed{4}$."},
+    {"problem": "In how many ways can 2 of 4 books be chosen?", "level": "Level 1", "type": "Counting & Probability",
+     "solution": "$\\binom{4}{2} = \\boxed{6}$."},
+    {"problem": "What is the area of a square of side 3?", "level": "Level 1", "type": "Geometry",
+     "solution": "The area is $3^2 = \\boxed{9}$."},
+    {"problem": "Find the sum of the roots of $x^2 - 5x + 6 = 0$.", "level": "Level 2", "type": "Intermediate Algebra",
+     "solution": "By Vieta, the sum is $\\boxed{5}$."},
+    {"problem": "What is the remainder of 17 divided by 5?", "level": "Level 1", "type": "Number Theory",
+     "solution": "$17 = 3 \\cdot 5 + 2$, so the remainder is $\\boxed{2}$."},
+    {"problem": "Compute $\\cos 0$.", "level": "Level 1", "type": "Precalculus",
+     "solution": "$\\cos 0 = \\boxed{1}$."},
 ]
 MATH_TEST = [{"problem": "Compute $\\sqrt{16}$.", "level": "Level 1", "type": "Prealgebra",
               "solution": "$\\sqrt{16} = \\boxed{4}$."}]
@@ -83,6 +93,11 @@ PROOFNET = [{"id": "Rudin|exercise_1_1a",
              "src_header": "import .common\n\nopen real complex\n"}]
 
 
+def math_subject(row):
+    """The folder of a MATH row's subject: "Counting & Probability" lies in counting_and_probability/."""
+    return row["type"].lower().replace(" & ", "_and_").replace(" ", "_")
+
+
 def write_jsonl(path, rows):
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
@@ -100,11 +115,10 @@ def data(tmp_path):
     write_parquet(tmp_path / "gsm8k/main/test-00000-of-00001.parquet", GSM8K_TEST)
     socratic = [{"question": "Not from main?", "answer": "#### 0"}]  # another configuration: never read
     write_parquet(tmp_path / "gsm8k/socratic/train-00000-of-00001.parquet", socratic)
-    for subject in ("prealgebra", "algebra"):  # one folder per subject, as in EleutherAI/hendrycks_math
-        write_parquet(tmp_path / f"math/{subject}/train-00000-of-00001.parquet",
-                      [r for r in MATH if r["type"].lower() == subject])
-        write_parquet(tmp_path / f"math/{subject}/test-00000-of-00001.parquet",
-                      [r for r in MATH_TEST if r["type"].lower() == subject])
+    for subject in tasks.MATH_SUBJECTS:  # one folder per subject, as in EleutherAI/hendrycks_math
+        for split, rows in (("train", MATH), ("test", MATH_TEST)):
+            write_parquet(tmp_path / f"math/{subject}/{split}-00000-of-00001.parquet",
+                          [r for r in rows if math_subject(r) == subject] or MATH_TEST)
     write_parquet(tmp_path / "mbpp/full/train-00000-of-00001.parquet", MBPP)
     write_parquet(tmp_path / "mbpp/full/test-00000-of-00001.parquet", MBPP_TEST)
     write_jsonl(tmp_path / "proofnet/valid.jsonl", PROOFNET)
@@ -130,10 +144,20 @@ def test_gsm8k_loads_the_main_configuration_and_samples_by_seed(data):
 
 
 def test_gsm8k_loads_plain_jsonl_as_in_its_github_repository(tmp_path):
-    write_jsonl(tmp_path / "grade_school_math/data/train.jsonl", GSM8K)
-    write_jsonl(tmp_path / "grade_school_math/data/test.jsonl", GSM8K_TEST)
+    # a clone of openai/grade-school-math: the socratic files and model solutions are other data, never read
+    data = tmp_path / "grade_school_math/data"
+    write_jsonl(data / "train.jsonl", GSM8K)
+    write_jsonl(data / "test.jsonl", GSM8K_TEST)
+    socratic = [dict(r, answer="How many? ** " + r["answer"]) for r in GSM8K]
+    write_jsonl(data / "train_socratic.jsonl", socratic)
+    write_jsonl(data / "test_socratic.jsonl", socratic[:1])
+    write_jsonl(data / "example_model_solutions.jsonl", [{"question": GSM8K[0]["question"], "175b_verification": ""}])
     task = tasks.load_task("gsm8k", 0, 10, 10, data_dir=str(tmp_path))
-    assert len(task.train) == 3 and [e.answer for e in task.heldout] == ["12"]
+    assert sorted(e.reference for e in task.train) == sorted(r["answer"] for r in GSM8K)
+    assert [e.answer for e in task.heldout] == ["12"]
+    for example in task.train + task.heldout:
+        assert task.reward(example, example.reference) == 1.0
+        assert task.reward(example, "#### 7") == 0.0
 
 
 def test_gsm8k_loads_from_the_hugging_face_cache_without_the_hub(tmp_path, monkeypatch):
@@ -239,7 +263,7 @@ def test_math_reward(data, completion, reward):
 
 def test_math_loads_every_subject_and_its_references_verify(data):
     task = load("math", data)
-    assert len(task.train) == 2 and [e.question for e in task.heldout] == ["Compute $\\sqrt{16}$."]
+    assert len(task.train) == 7 and len(task.heldout) == 7   # the one test problem stands in for every subject
     for example in task.train + task.heldout:
         assert task.reward(example, example.reference) == 1.0
         assert task.prompt(example).endswith("\\boxed{}.\n")
@@ -271,6 +295,87 @@ def test_code_rewards_survive_hostile_completions(data):
                        "def similar_elements(a, b):\n    open('/tmp/mbpp-escape', 'w')\n    return ()"):
         assert tasks.code_reward(example, completion, timeout_s=1.0) == 0.0
     assert time.monotonic() - start < 4 * 1.0 + 8
+
+
+# Rows of MBPP's sanitized configuration (its own columns: the task is in `prompt`, imports in `test_imports`).
+MBPP_SANITIZED = [
+    {"source_file": "Benchmark Questions Verification V2.ipynb", "task_id": 602,
+     "prompt": "Write a python function to find the first repeated character in a given string.",
+     "code": "def first_repeated_char(str1):\n  for index,c in enumerate(str1):\n"
+             "    if str1[:index+1].count(c) > 1:\n      return c\n  return None",
+     "test_imports": [], "test_list": ["assert first_repeated_char(\"abcabc\") == \"a\"",
+                                       "assert first_repeated_char(\"abc\") == None"]},
+    {"source_file": "Benchmark Questions Verification V2.ipynb", "task_id": 14,
+     "prompt": "Write a python function to find the volume of a triangular prism.",
+     "code": "def find_Volume(l,b,h) :\n    return ((l * b * h) / 2)",
+     "test_imports": ["import math"], "test_list": ["assert math.isclose(find_Volume(10,8,6), 240)"]},
+]
+WRONG_CODE = "def first_repeated_char(s):\n    return s[0]\n\ndef find_Volume(l, b, h):\n    return l * b * h"
+
+
+def assert_mbpp_scores(task, train_ids, heldout_ids):
+    assert [e.id for e in task.train] == train_ids and [e.id for e in task.heldout] == heldout_ids
+    for example in task.train + task.heldout:
+        assert task.reward(example, example.reference) == 1.0
+        assert task.reward(example, WRONG_CODE) == 0.0
+
+
+def test_mbpp_sanitized_configuration_reads_its_own_columns(tmp_path):
+    write_parquet(tmp_path / "sanitized/train-00000-of-00001.parquet", MBPP_SANITIZED[:1])
+    write_parquet(tmp_path / "sanitized/test-00000-of-00001.parquet", MBPP_SANITIZED[1:])
+    write_parquet(tmp_path / "sanitized/prompt-00000-of-00001.parquet", [dict(MBPP_SANITIZED[0], task_id=2)])
+    task = tasks.load_task("mbpp", 0, 10, 10, data_dir=str(tmp_path))
+    assert_mbpp_scores(task, ["602"], ["14"])
+    assert task.prompt(task.heldout[0]).startswith("Write a python function to find the volume")
+
+
+def test_mbpp_original_files_are_split_by_task_id(tmp_path):
+    # the release's ranges: 1-10 prompt, 11-510 test, 511-600 validation, 601-974 train
+    full = [{"text": r["prompt"], "code": r["code"], "task_id": r["task_id"], "test_list": r["test_list"],
+             "test_setup_code": "\n".join(r["test_imports"]), "challenge_test_list": []} for r in MBPP_SANITIZED]
+    unused = [dict(full[0], task_id=i) for i in (1, 10, 511, 600)]
+    write_jsonl(tmp_path / "original/mbpp.jsonl", full + unused)
+    assert_mbpp_scores(tasks.load_task("mbpp", 0, 10, 10, data_dir=str(tmp_path / "original")), ["602"], ["14"])
+    sanitized = tmp_path / "sanitized"   # sanitized-mbpp.json is one JSON array
+    sanitized.mkdir()
+    (sanitized / "sanitized-mbpp.json").write_text(json.dumps(MBPP_SANITIZED + [dict(MBPP_SANITIZED[0], task_id=5)]))
+    assert_mbpp_scores(tasks.load_task("mbpp", 0, 10, 10, data_dir=str(sanitized)), ["602"], ["14"])
+    assert tasks.mbpp_split({"task_id": 510}) == "test" and tasks.mbpp_split({"task_id": 601}) == "train"
+
+
+def test_math_original_release_one_json_per_problem(tmp_path):
+    for split, rows in (("train", MATH), ("test", MATH_TEST * 7)):
+        for i, row in enumerate(rows):
+            subject = math_subject(row) if split == "train" else tasks.MATH_SUBJECTS[i]
+            path = tmp_path / f"MATH/{split}/{subject}/{i + 1}.json"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(row))
+    task = tasks.load_task("math", 0, 100, 100, data_dir=str(tmp_path / "MATH"))
+    assert sorted(e.question for e in task.train) == sorted(r["problem"] for r in MATH) and len(task.heldout) == 7
+    for example in task.train:
+        assert task.reward(example, example.reference) == 1.0
+        assert task.reward(example, "The answer is \\boxed{123}.") == 0.0
+
+
+def test_a_partial_math_copy_is_refused_unless_one_subject_is_chosen(tmp_path):
+    write_parquet(tmp_path / "algebra/train-00000-of-00001.parquet", MATH[1:2])
+    write_parquet(tmp_path / "algebra/test-00000-of-00001.parquet", MATH_TEST)
+    with pytest.raises(tasks.DataUnavailable, match=r"1 of its 7 folders \(algebra\) and lacks counting_and"):
+        tasks.load_task("math", 0, 10, 10, data_dir=str(tmp_path))
+    task = tasks.load_task("math", 0, 10, 10, data_dir=str(tmp_path / "algebra"))   # one subject, on purpose
+    assert [e.question for e in task.train] == [MATH[1]["problem"]]
+    assert task.reward(task.train[0], task.train[0].reference) == 1.0
+    assert task.reward(task.train[0], "so $x = \\boxed{5}$") == 0.0
+
+
+def test_a_clone_without_git_lfs_says_so(tmp_path):
+    pointer = ("version https://git-lfs.github.com/spec/v1\n"
+               "oid sha256:4b2e06e1b7a5d83d3a1fe4c1b5d2c1b4e0b6f8e8c4a2f6c7c5e3a1d9b7f5e3c1\nsize 2306545\n")
+    for split in ("train", "test"):
+        (tmp_path / "main").mkdir(exist_ok=True)
+        (tmp_path / f"main/{split}-00000-of-00001.parquet").write_text(pointer)
+    with pytest.raises(tasks.DataUnavailable, match=r"GSM8K: 1 of the 1 data files .* Git LFS pointers.*git lfs pull"):
+        tasks.load_task("gsm8k", 0, 10, 10, data_dir=str(tmp_path))
 
 
 # ---- HumanEval ----

@@ -112,3 +112,105 @@ def test_a_lora_run_saves_adapters_only_and_its_checkpoint_rebuilds_the_trained_
     assert all(r["perf/rollout_tokens_per_s"] > 0 and r["perf/update_tokens_per_s"] > 0 for r in updates)
     final = {r["policy"]: r["eval/heldout_accuracy"] for r in logged if r["iteration"] == 1 and "eval/heldout_accuracy" in r}
     assert evaluation.evaluate_run(run_dir, "arith", eval_size=8, data_dir=None, max_new_tokens=None) == final
+
+
+# ---- the memory estimate against measurements ----
+
+def small_model(family, dtype, lora, hidden=64, layers=2, vocab=256, checkpointing=False):
+    """Qwen2 (q/k/v biases, tied head) or Llama (untied head), both with grouped-query attention."""
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+    config_cls, model_cls = {"qwen2": (Qwen2Config, Qwen2ForCausalLM), "llama": (LlamaConfig, LlamaForCausalLM)}[family]
+    torch.manual_seed(0)
+    model = model_cls(config_cls(vocab_size=vocab, hidden_size=hidden, intermediate_size=3 * hidden,
+                                 num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                                 tie_word_embeddings=family == "qwen2")).to(dtype)
+    if checkpointing:
+        model.gradient_checkpointing_enable()
+    return (hardware.add_lora(model, rank=4, alpha=8) if lora else model).train()
+
+
+def padded_batch(n, prompt_len, new_tokens, vocab=256):
+    """n sequences whose prompts differ in length, so the attention mask pads, as in training."""
+    gen = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(1, vocab, (prompt_len - i % 3,), generator=gen).tolist() for i in range(n)]
+    completions = [torch.randint(1, vocab, (new_tokens,), generator=gen).tolist() for _ in range(n)]
+    return grpo.build_batch(prompts, completions, [torch.ones(new_tokens)] * n, pad_id=0)
+
+
+def saved_for_backward(model, batch):
+    """Bytes of the distinct storages autograd saves in a forward, parameters not included."""
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    saved = {}
+
+    def pack(tensor):
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in params:
+            saved[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        model(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
+    return sum(saved.values())
+
+
+def test_the_live_bytes_meter_counts_new_storages_until_freed_and_not_views():
+    weight = torch.ones(1000)                            # made before the meter: not counted
+    with hardware.LiveTensorBytes() as live:
+        view = weight.t()[10:]                           # views of old storage: nothing new
+        a = weight * 2                                   # 4,000 bytes
+        b = torch.zeros(500, dtype=torch.float64)        # 4,000 bytes
+        b.add_(1)                                        # in place: nothing new
+        del a
+        c = torch.ones(250)                              # 1,000 bytes, after a is freed
+    assert (live.peak, live.now) == (8000, 5000)
+    assert view.numel() == 990 and c.sum() == 250 and b.sum() == 500
+
+
+CASES = [(family, dtype, lora) for family in ("qwen2", "llama") for dtype in (torch.float32, torch.bfloat16)
+         for lora in (False, True)]
+
+
+@pytest.mark.parametrize("family, dtype, lora", CASES)
+def test_activations_are_the_tensors_saved_for_backward(family, dtype, lora):
+    model = small_model(family, dtype, lora)
+    batch = padded_batch(4, 24, 24)
+    kept, recomputed = hardware.activation_bytes(model, 4, batch.input_ids.shape[1], checkpointing=False)
+    assert recomputed == 0
+    assert kept == pytest.approx(saved_for_backward(model, batch), rel=0.03)
+
+
+@pytest.mark.parametrize("family, dtype, lora", CASES)
+def test_the_estimated_peak_is_within_10_percent_of_the_measured_peak_of_an_update(family, dtype, lora):
+    model = small_model(family, dtype, lora)
+    n, prompt_len, new_tokens = 4, 24, 24
+    batch = padded_batch(n, prompt_len, new_tokens)
+    # foreach, as AdamW picks on CUDA: its step allocates a transient as large as the trainable parameters
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4, foreach=True)
+    grpo.grpo_step(model, optimizer, batch, grpo.LossConfig(), micro_batch=n)   # AdamW's moments exist from now
+    measured = hardware.measure_update(model, optimizer, batch, micro_batch=n)
+    est = hardware.estimate(model, hardware.Workload(n, prompt_len, new_tokens, n, n))
+    assert est.total_bytes == pytest.approx(measured, rel=0.10)
+
+
+@pytest.mark.parametrize("n, micro_batch, hidden, new_tokens", [(8, 2, 64, 24),    # gradients live in later forwards
+                                                                (1, 1, 256, 2)])   # the optimizer step is the peak
+def test_the_estimated_peak_follows_micro_batches_and_the_optimizer_step(n, micro_batch, hidden, new_tokens):
+    model = small_model("llama", torch.bfloat16, lora=False, hidden=hidden)
+    batch = padded_batch(n, 4, new_tokens)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
+    grpo.grpo_step(model, optimizer, batch, grpo.LossConfig(), micro_batch=micro_batch)
+    measured = hardware.measure_update(model, optimizer, batch, micro_batch=micro_batch)
+    est = hardware.estimate(model, hardware.Workload(n, 4, new_tokens, micro_batch, n))
+    assert est.total_bytes == pytest.approx(measured, rel=0.10)
+
+
+@pytest.mark.parametrize("family", ["qwen2", "llama"])
+def test_the_flop_count_is_the_matmuls_of_a_forward(family):
+    from torch.utils.flop_counter import FlopCounterMode
+    model = small_model(family, torch.float32, lora=False).eval()
+    batch = padded_batch(3, 6, 4)
+    with FlopCounterMode(display=False) as counter, torch.no_grad():
+        model(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
+    matmuls = sum(count for op, count in counter.get_flop_counts()["Global"].items() if "attention" not in str(op))
+    est = hardware.estimate(model, hardware.Workload(3, 6, 4, 3, train_sequences=0))
+    assert est.flops == matmuls      # an untied input embedding is a lookup, not a matmul
