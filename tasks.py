@@ -44,8 +44,13 @@ NAMES = ("Ava", "Ben", "Mia", "Leo", "Zoe", "Sam", "Ivy", "Max")
 ITEMS = ("apples", "coins", "books", "cards", "shells", "stamps")
 OP_PHRASES = {"+": "gets {b} more", "-": "gives away {b}", "*": "ends up with {b} times as many"}
 ANSWER_PREFIX = "Answer:"
-STEP_RE = re.compile(r"^\s*(-?\d+)\s*([+\-*])\s*(-?\d+)\s*=\s*(-?\d+)\s*$")
-ANSWER_RE = re.compile(r"^\s*Answer:\s*(-?\d+)\s*$")
+# A number of a step or an answer has at most MAX_DIGITS digits: a longer one makes the line not a step or not an
+# answer. Without the bound, int() raises on completions with over 4,300 digits (Python's int-str limit), and
+# the verifiers promise not to raise.
+MAX_DIGITS = 100
+NUMBER = rf"(-?\d{{1,{MAX_DIGITS}}})"
+STEP_RE = re.compile(rf"^\s*{NUMBER}\s*([+\-*])\s*{NUMBER}\s*=\s*{NUMBER}\s*$")
+ANSWER_RE = re.compile(rf"^\s*Answer:\s*{NUMBER}\s*$")
 
 
 @dataclass(frozen=True)
