@@ -214,7 +214,8 @@ def fail(reason: str) -> None:
     """The judge's verdict when the candidate stopped answering or broke the protocol: no test code catches it."""
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
-    os.write(1, f"\n{reason}\n".encode(errors="replace"))
+    one_line = " ".join(reason.splitlines())  # the candidate may have written part of it
+    os.write(1, f"\n{one_line}\n".encode(errors="replace"))
     os._exit(1)
 
 
@@ -269,7 +270,7 @@ def child_main(argv: list[str]) -> None:
     deadline = time.monotonic() + float(seconds)
     files = {}
     for name in os.listdir(f"{INSIDE}/run"):
-        with open(f"{INSIDE}/run/{name}", errors="surrogateescape") as f:
+        with open(f"{INSIDE}/run/{name}") as f:
             files[name] = f.read()
     _enter(int(uid), [(getattr(resource, k), int(v)) for k, v in (item.split("=") for item in limits)])
     channel = Channel(int(read_fd), int(write_fd), deadline)
@@ -400,7 +401,7 @@ def judge(program: str, tests: str, entry_points: list[str] | tuple[str, ...], t
     with tempfile.TemporaryDirectory(prefix="judge-") as run:  # never bound writable: only we write here
         for name, text in (("program.py", program), ("tests.py", tests), ("prefix.py", trusted_prefix),
                            ("entry_points", to_literal(list(entry_points)))):
-            with open(os.path.join(run, name), "w", errors="surrogateescape") as f:  # a lone surrogate: no raise
+            with open(os.path.join(run, name), "w", errors="replace") as f:  # a lone surrogate must not raise
                 f.write(text)
         calls_r, calls_w = os.pipe()
         replies_r, replies_w = os.pipe()

@@ -461,10 +461,18 @@ def _defined_and_called(reference: str, tests: str) -> tuple[str, ...]:
     return tuple(name for name in defined if name in named)
 
 
+def _imports(reference: str) -> str:
+    """The top-level import statements of `reference`: MBPP's asserts use modules only its solutions import
+    (`math.isclose`), and the judge, apart from the solution, needs them too."""
+    return "".join(f"{ast.unparse(node)}\n" for node in ast.parse(reference).body
+                   if isinstance(node, (ast.Import, ast.ImportFrom)))
+
+
 def _mbpp_example(row: dict) -> Example:
     asserts = "\n".join(row["test_list"])
     return Example(str(row["task_id"]), f"{row['text']}\nYour code should pass these tests:\n{asserts}",
-                   row["code"], tests=f"{asserts}\n", code_prefix=f"{row.get('test_setup_code') or ''}\n",
+                   row["code"], tests=f"{asserts}\n",
+                   code_prefix=f"{_imports(row['code'])}{row.get('test_setup_code') or ''}\n",
                    entry_points=_defined_and_called(row["code"], asserts))
 
 
