@@ -94,6 +94,7 @@ def outside(tmp_path, monkeypatch):
 
 
 def reward(example, completion: str, timeout_s: float = 2.0) -> float:
+    compile(example.code_prefix + completion, "attack.py", "exec")  # a syntax error would score 0 for nothing
     start = time.monotonic()
     value = tasks.code_reward(example, completion, timeout_s=timeout_s)
     assert time.monotonic() - start < timeout_s + SLACK_S
