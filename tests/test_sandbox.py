@@ -76,15 +76,15 @@ def outside(tmp_path, monkeypatch):
     (watched / "checkpoint.pt").write_text("weights")
     monkeypatch.setenv("TRAINER_SECRET", "hunter2-do-not-leak")
     site_packages = site.getsitepackages()[0]
-    before = snapshot(watched), sorted(os.listdir(site_packages)), [resource.getrlimit(r) for r in LIMITS]
+    before = snapshot(watched), [resource.getrlimit(r) for r in LIMITS], os.stat(site_packages).st_mode
     bystander = subprocess.Popen(["sleep", "60"])
     yield watched
     try:
         assert snapshot(watched) == before[0]
-        assert sorted(os.listdir(site_packages)) == before[1]
         for folder in ("/tmp", os.path.expanduser("~"), "/", site_packages):
             assert not any(os.path.exists(os.path.join(folder, name)) for name in PLANTED)
-        assert [resource.getrlimit(r) for r in LIMITS] == before[2]
+        assert [resource.getrlimit(r) for r in LIMITS] == before[1]
+        assert os.stat(site_packages).st_mode == before[2]
         assert bystander.poll() is None
         if os.geteuid() == 0:
             assert no_sandbox_process_left()
@@ -392,6 +392,14 @@ def test_the_program_sees_no_secrets_no_host_processes_and_no_privileges(monkeyp
               "assert seen['status']['NoNewPrivs'] == '1' and seen['uid'] != 0\n"
               "assert max(seen['pids']) < 10 and seen['net'] == []\n")  # its own PID namespace; no /sys
     verdict = sandbox.judge(look, checks, ["look"])
+    assert verdict.passed, verdict.output
+
+
+def test_the_disk_a_program_fills_is_capped():
+    fill = ("import os\ndef fill():\n    written = 0\n    for i in range(1000):\n        try:\n"
+            "            with open(f'/tmp/f{i}', 'wb') as f:\n                written += f.write(b'x' * (1 << 20))\n"
+            "        except OSError:\n            break\n    return written\n")
+    verdict = sandbox.judge(fill, "assert 0 < fill() <= 4 << 20", ["fill"], disk_mb=4)
     assert verdict.passed, verdict.output
 
 
