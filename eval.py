@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -28,12 +29,20 @@ import policies
 import tasks
 
 
-def rewards(task: tasks.Task, examples: list, completions: list[str], workers: int = 8) -> torch.Tensor:
-    """[N] the task's reward of each completion. Code runs in sandboxed child processes, several at a time;
-    everything else in this thread, where math-verify can bound its work (its timeout needs the main thread)."""
+def default_workers() -> int:
+    """Programs judged at once: eight per core. An iteration of programs that all loop then takes
+    batch / workers wall-clock limits; more of them than this would share a core so thinly that a correct
+    program beside the loops could run past its own limit (benchmarks/code_reward.py measures both sides)."""
+    return 8 * (os.cpu_count() or 1)
+
+
+def rewards(task: tasks.Task, examples: list, completions: list[str], workers: int | None = None) -> torch.Tensor:
+    """[N] the task's reward of each completion. Code is judged in sandboxes (sandbox.py), `workers` programs at a
+    time (default: `default_workers()`); everything else in this thread, where math-verify can bound its work
+    (its timeout needs the main thread)."""
     if task.reward is not tasks.code_reward:
         return torch.tensor([task.reward(e, c) for e, c in zip(examples, completions)], dtype=torch.float32)
-    with ThreadPoolExecutor(max_workers=workers) as pool:
+    with ThreadPoolExecutor(max_workers=workers or default_workers()) as pool:
         return torch.tensor(list(pool.map(task.reward, examples, completions)), dtype=torch.float32)
 
 

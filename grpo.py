@@ -80,6 +80,8 @@ def clipped_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.T
         raise ValueError(f"aggregation must be 'sequence' or 'token', got {cfg.aggregation!r}")
     if not (mask.sum(dim=1) > 0).all():
         raise ValueError("every sequence needs at least one completion token")
+    if cfg.beta > 0 and ref_logp is None:
+        raise ValueError(f"beta={cfg.beta} asks for a KL penalty, but no reference log-probs were given")
     num_sequences, num_tokens = totals if totals is not None else (mask.shape[0], mask.sum().item())
     weights = torch.ones_like(logp) if weights is None else weights
     ratio = torch.exp(logp - old_logp)                                                        # [N, T]

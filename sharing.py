@@ -114,11 +114,12 @@ def rescue_advantages(own: torch.Tensor, rescued: torch.Tensor, scale_by_std: bo
 
 
 def truncated_weights(log_ratio: torch.Tensor, cap: float) -> torch.Tensor:
-    """[G] min(exp(log_ratio), cap), computed without overflow."""
+    """[G] min(exp(log_ratio), cap), computed without overflow. A log ratio of -inf (the receiver gives the
+    group's bytes probability 0) is weight 0; NaN and +inf have no meaning here and raise."""
     if cap <= 0:
         raise ValueError(f"the ratio cap must be positive, got {cap}")
-    if not torch.isfinite(log_ratio).all():
-        raise ValueError("log density ratios contain NaN or inf")
+    if torch.isnan(log_ratio).any() or (log_ratio == math.inf).any():
+        raise ValueError("log density ratios contain NaN or +inf")
     return torch.exp(torch.clamp(log_ratio, max=math.log(cap)))
 
 

@@ -44,8 +44,13 @@ NAMES = ("Ava", "Ben", "Mia", "Leo", "Zoe", "Sam", "Ivy", "Max")
 ITEMS = ("apples", "coins", "books", "cards", "shells", "stamps")
 OP_PHRASES = {"+": "gets {b} more", "-": "gives away {b}", "*": "ends up with {b} times as many"}
 ANSWER_PREFIX = "Answer:"
-STEP_RE = re.compile(r"^\s*(-?\d+)\s*([+\-*])\s*(-?\d+)\s*=\s*(-?\d+)\s*$")
-ANSWER_RE = re.compile(r"^\s*Answer:\s*(-?\d+)\s*$")
+# A number of a step or an answer has at most MAX_DIGITS digits: a longer one makes the line not a step or not an
+# answer. Without the bound, int() raises on completions with over 4,300 digits (Python's int-str limit), and
+# the verifiers promise not to raise.
+MAX_DIGITS = 100
+NUMBER = rf"(-?\d{{1,{MAX_DIGITS}}})"
+STEP_RE = re.compile(rf"^\s*{NUMBER}\s*([+\-*])\s*{NUMBER}\s*=\s*{NUMBER}\s*$")
+ANSWER_RE = re.compile(rf"^\s*Answer:\s*{NUMBER}\s*$")
 
 
 @dataclass(frozen=True)
@@ -209,9 +214,13 @@ class Example:
     answer: str = ""
     """math: text whose final answer math-verify takes as the gold one; ProofNet: the formal Lean 3 statement"""
     tests: str = ""
-    """code: Python run after the completion that fails (raises) when the completion is wrong"""
+    """code: the benchmark's trusted tests, which raise when the completion is wrong; they run in a judge process
+    apart from the completion, calling it through `entry_points` (sandbox.py)"""
     code_prefix: str = ""
-    """code: the code the completion continues (HumanEval's signature and docstring), else empty"""
+    """code: trusted code that both the completion and the tests come after (HumanEval's prompt with its helper
+    functions, MBPP's test setup), else empty"""
+    entry_points: tuple[str, ...] = ()
+    """code: the completion's functions the tests call"""
 
 
 @dataclass(frozen=True)
@@ -347,10 +356,12 @@ FENCE_RE = re.compile(r"```[\w+-]*\n(.*?)```", re.S)
 
 
 def code_reward(example: Example, completion: str, timeout_s: float = 5.0) -> float:
-    """1.0 when the completion (the first fenced block if it has one) passes the example's tests in the sandbox."""
+    """1.0 when the completion (the first fenced block if it has one) passes the example's tests: the completion
+    runs in one sandbox, the tests in another, and only plain literals cross between them (sandbox.py)."""
     fenced = FENCE_RE.search(completion)
     code = fenced.group(1) if fenced else completion
-    return float(sandbox.run_program(f"{example.code_prefix}{code}\n\n{example.tests}", timeout_s=timeout_s).passed)
+    return float(sandbox.judge(f"{example.code_prefix}{code}", example.tests, example.entry_points,
+                               trusted_prefix=example.code_prefix, timeout_s=timeout_s).passed)
 
 
 # ---- data: a local copy, the Hugging Face cache, or the hub ---------------------------------------------------
@@ -507,6 +518,21 @@ def _math_example(row: dict) -> Example:
     return Example(_digest(row["problem"]), row["problem"], row["solution"], answer=row["solution"])
 
 
+def _defined_and_called(reference: str, tests: str) -> tuple[str, ...]:
+    """The top-level functions and classes of `reference` that `tests` names, in order of definition."""
+    named = {node.id for node in ast.walk(ast.parse(tests)) if isinstance(node, ast.Name)}
+    defined = [node.name for node in ast.parse(reference).body
+               if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
+    return tuple(name for name in defined if name in named)
+
+
+def _imports(reference: str) -> str:
+    """The top-level import statements of `reference`: MBPP's asserts use modules only its solutions import
+    (`math.isclose`), and the judge, apart from the solution, needs them too."""
+    return "".join(f"{ast.unparse(node)}\n" for node in ast.parse(reference).body
+                   if isinstance(node, (ast.Import, ast.ImportFrom)))
+
+
 def _mbpp_example(row: dict) -> Example:
     # the full configuration states the task in `text` and prepares its tests with `test_setup_code`; the
     # sanitized one (a hand-checked subset) states it in `prompt` and lists the imports its tests need instead
@@ -514,7 +540,8 @@ def _mbpp_example(row: dict) -> Example:
     setup = row.get("test_setup_code") or "\n".join(row.get("test_imports") or ())
     asserts = "\n".join(row["test_list"])
     return Example(str(row["task_id"]), f"{text}\nYour code should pass these tests:\n{asserts}",
-                   row["code"], tests=f"{setup}\n{asserts}\n")
+                   row["code"], tests=f"{asserts}\n", code_prefix=f"{_imports(row['code'])}{setup}\n",
+                   entry_points=_defined_and_called(row["code"], asserts))
 
 
 def mbpp_split(row: dict) -> str:
@@ -526,7 +553,8 @@ def mbpp_split(row: dict) -> str:
 
 def _humaneval_example(row: dict) -> Example:
     return Example(row["task_id"], row["prompt"], row["canonical_solution"],
-                   tests=f"{row['test']}\n\ncheck({row['entry_point']})\n", code_prefix=row["prompt"])
+                   tests=f"{row['test']}\n\ncheck({row['entry_point']})\n", code_prefix=row["prompt"],
+                   entry_points=(row["entry_point"],))
 
 
 def _proofnet_example(row: dict) -> Example:

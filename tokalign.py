@@ -116,10 +116,11 @@ def retokenize(source: Encoding, tokenizer, token_bytes: list[bytes]) -> Encodin
     """The target's encoding of the source completion's text (DESIGN.md §4.2).
 
     The text is the source's bytes less an incomplete trailing character; only it is re-encoded, with no
-    special tokens added. A source EOS at the end becomes the target's EOS.
+    special tokens added: marker text in it (a literal '<|eot_id|>') stays text (`policies.encode_text`). A source
+    EOS at the end becomes the target's EOS.
     """
     text = source.data[:complete_utf8_prefix(source.data)].decode("utf-8", errors="replace")
-    ids = tokenizer(text, add_special_tokens=False)["input_ids"] if text else []
+    ids = policies.encode_text(tokenizer, text)
     if source.text_tokens < len(source.ids):
         ids = ids + [tokenizer.eos_token_id]
     return Encoding.from_ids(ids, token_bytes)

@@ -12,6 +12,7 @@ import pyarrow
 import pyarrow.parquet
 import pytest
 
+import eval as evaluation
 import tasks
 
 # Three records of openai/gsm8k (main, train), verbatim.
@@ -385,8 +386,8 @@ def humaneval():
 
 
 def rewards(task, pairs):
-    with ThreadPoolExecutor(2) as pool:
-        return list(pool.map(lambda pair: task.reward(*pair), pairs))
+    """Judged as training judges them: eval.rewards, several programs at a time."""
+    return evaluation.rewards(task, [e for e, _ in pairs], [c for _, c in pairs]).tolist()
 
 
 def test_humaneval_comes_from_the_package_split_by_task_id():
@@ -526,3 +527,21 @@ def test_the_hub_probe_is_bounded_and_counts_any_http_answer():
         assert tasks._hub_reachable(f"http://127.0.0.1:{server.server_address[1]}", timeout_s=2.0)
     finally:
         server.shutdown()
+
+
+def test_mbpp_asserts_run_apart_from_the_solution_and_see_the_modules_it_imports(tmp_path):
+    # MBPP's asserts may use a module only the solution imports (math.isclose); the judge imports it too
+    row = {"task_id": 17, "text": "Write a function to find the volume of a sphere.",
+           "code": "import math\r\ndef volume_sphere(r):\r\n  return (4/3)*math.pi*r*r*r",
+           "test_list": ["assert math.isclose(volume_sphere(10), 4188.790204786391, rel_tol=0.001)"],
+           "test_setup_code": "", "challenge_test_list": []}
+    write_jsonl(tmp_path / "train.jsonl", [row])
+    write_jsonl(tmp_path / "test.jsonl", MBPP_TEST)
+    task = tasks.load_task("mbpp", 0, 1, 1, data_dir=str(tmp_path))
+    example = task.train[0]
+    assert example.entry_points == ("volume_sphere",) and "volume_sphere" not in example.code_prefix
+    assert task.reward(example, example.reference) == 1.0
+    assert task.reward(example, "def volume_sphere(r):\n    return 4188.79") == 1.0  # math comes from the judge
+    assert task.reward(example, "def volume_sphere(r):\n    return r") == 0.0
+    always_equal = "class Close(float):\n    def __eq__(s, o):\n        return True\ndef volume_sphere(r):\n    return Close(1)"
+    assert task.reward(example, always_equal) == 0.0

@@ -162,3 +162,11 @@ def test_non_finite_loss_raises_and_leaves_parameters_untouched():
     with pytest.raises(FloatingPointError, match="untouched"):
         grpo.grpo_step(model, torch.optim.SGD(model.parameters(), lr=1.0), batch, grpo.LossConfig(), micro_batch=1)
     assert torch.equal(before, model.table.detach())
+
+
+def test_a_kl_penalty_without_reference_log_probs_is_refused():
+    logp, mask = torch.log(torch.tensor([[0.2, 0.5]])), torch.ones(1, 2)
+    with pytest.raises(ValueError, match="reference"):
+        grpo.clipped_loss(logp, logp, torch.ones(1, 2), mask, grpo.LossConfig(beta=0.1))
+    loss, _ = grpo.clipped_loss(logp, logp, torch.ones(1, 2), mask, grpo.LossConfig(beta=0.0))
+    assert loss.item() == pytest.approx(-1.0)

@@ -97,3 +97,8 @@ def test_intrinsic_rewards_rank_normalize_negative_norms():
     assert reward_drift.intrinsic_step_rewards(torch.tensor([5.0])).tolist() == [0.5]
     with pytest.raises(ValueError):
         reward_drift.intrinsic_step_rewards(torch.tensor([1.0, float("nan")]))
+
+
+def test_a_step_with_a_number_past_the_int_string_limit_has_no_type():
+    assert reward_drift.step_type(f"{'9' * 5000} + 1 = 2") is None
+    assert reward_drift.step_type("19 + 5 = 24") == "+2c"

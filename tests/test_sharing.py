@@ -80,7 +80,13 @@ def test_truncated_weights_never_exceed_the_cap(log_ratios, cap):
     torch.testing.assert_close(weights[below], log_ratio[below].exp())
 
 
-@pytest.mark.parametrize("log_ratio, cap", [(torch.tensor([0.0, float("nan")]), 2.0), (torch.zeros(2), 0.0)])
+def test_a_receiver_probability_of_zero_gives_weight_zero():
+    weights = sharing.truncated_weights(torch.tensor([-math.inf, 0.0, 5.0]), 2.0)
+    assert weights.tolist() == [0.0, 1.0, 2.0]
+
+
+@pytest.mark.parametrize("log_ratio, cap", [(torch.tensor([0.0, float("nan")]), 2.0), (torch.tensor([math.inf]), 2.0),
+                                            (torch.zeros(2), 0.0)])
 def test_bad_ratios_or_caps_are_refused(log_ratio, cap):
     with pytest.raises(ValueError):
         sharing.truncated_weights(log_ratio, cap)

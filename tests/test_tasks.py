@@ -85,3 +85,13 @@ def test_a_premature_solution_has_right_steps_and_the_wrong_answer():
     assert cut == "7 + 5 = 12\nAnswer: 12"
     assert [v for _, v in tasks.step_verdicts(cut, problem)] == [True, None]
     assert tasks.answer_reward(cut, problem) == 0.0
+
+
+def test_numbers_past_the_int_string_limit_score_zero_and_are_not_steps():
+    huge = "9" * 5000  # past Python's 4,300-digit int-str limit, where int() raises
+    p = problem()
+    for completion in (f"Answer: {huge}", f"7 + 5 = 12\nAnswer: {huge}"):
+        assert tasks.parse_answer(completion) is None and tasks.answer_reward(completion, p) == 0.0
+    verdicts = tasks.step_verdicts(f"{huge} + 1 = 1{'0' * 5000}\n7 + {huge} = 12\n7 + 5 = 12\nAnswer: 9", p)
+    assert [v for _, v in verdicts] == [None, None, True, None]
+    assert tasks.answer_reward("7 + 5 = 12\n12 - 3 = 9\nAnswer: 9", p) == 1.0

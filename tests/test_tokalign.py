@@ -218,3 +218,29 @@ def test_n_to_m_groups_where_a_character_is_split_differently(real):
     assert_partition(alignment, source, target)
     spans = {source.data[a:b].decode(): mode for (a, b), mode in zip(alignment.span, alignment.modes)}
     assert spans[" 👍"] == "n:m" and all(alignment.exact)
+
+
+@pytest.mark.parametrize("target_family", FAMILIES)
+def test_marker_text_in_a_peer_completion_stays_text(real, target_family):
+    # a completion that writes chat markers as text: the target must not read them as its special tokens
+    text = "x <|eot_id|> <|im_end|> </s> <s> y"
+    source_family = "llama" if target_family == "qwen2" else "qwen2"
+    source = tokalign.Encoding.from_ids(policies.encode_text(real[source_family][0], text), real[source_family][1])
+    assert source.data == text.encode()
+    tok, _ = real[target_family]
+    target = tokalign.retokenize(source, *real[target_family])
+    special = set(tok.all_special_ids) | {i for i, t in tok.added_tokens_decoder.items() if t.special}
+    assert target.data == text.encode() and not special & set(target.ids)
+    alignment = tokalign.align(source, target)
+    assert all(alignment.exact) and alignment.residual == 0.0
+
+
+@pytest.mark.parametrize("pair", [("qwen2", "mistral"), ("mistral", "qwen2"), ("mistral", "llama")])
+def test_a_literal_metaspace_character_survives_a_mistral_side(real, pair):
+    # Mistral's pre-tokenizer turns spaces into U+2581: a literal U+2581 must come back as itself, not as a space
+    text = "a\u2581b \u2581\u2581c"
+    source = tokalign.Encoding.from_ids(policies.encode_text(real[pair[0]][0], text), real[pair[0]][1])
+    assert source.data == text.encode()
+    target = tokalign.retokenize(source, *real[pair[1]])
+    assert target.data == text.encode()
+    assert tokalign.align(source, target).residual == 0.0
