@@ -77,8 +77,7 @@ def trl_side_by_side(policy: policies.Policy, task: tasks.Task, steps: int) -> N
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    ours = copy.deepcopy(policy)
-    ours.model = copy.deepcopy(policy.model)
+    ours = copy.deepcopy(policy)  # its own copy of the model, as TRL gets one
     optimizer = torch.optim.AdamW(ours.model.parameters(), lr=LR, weight_decay=0.0)
     problems = task.train[:PROMPTS * (steps + 2)]
     by_prompt = {task.prompt(q): q for q in problems}
