@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from transformers import PreTrainedModel
 
 
 def group_advantages(rewards: torch.Tensor, scale_by_std: bool = True, eps: float = 1e-4) -> torch.Tensor:
@@ -40,12 +41,29 @@ def token_logprobs_and_entropy(model: torch.nn.Module, input_ids: torch.Tensor, 
 
     pi is the model at the sampling temperature: the policy that produced the rollouts is the one optimized.
     """
-    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float() / temperature
+    return logprobs_and_entropy_from(model, input_ids, attention_mask, 0, temperature)
+
+
+def logprobs_and_entropy_from(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                              start: int, temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """token_logprobs_and_entropy's columns start.. only, both [N, L-1-start]: the vocabulary projection and
+    the float32 log-softmax of the prompt positions before `start` (a third to a half of the tokens of a tiny
+    policy's batch) are never computed."""
+    logits = logits_from(model, input_ids, attention_mask, start)[:, :-1].float() / temperature  # [N, L-1-start, V]
     logprobs = torch.log_softmax(logits, dim=-1)
-    chosen = logprobs.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)                 # [N, L-1]
+    chosen = logprobs.gather(-1, input_ids[:, start + 1:].unsqueeze(-1)).squeeze(-1)         # [N, L-1-start]
     with torch.no_grad():
-        entropy = -(logprobs.exp() * logprobs).sum(-1)                                       # [N, L-1]
+        entropy = -(logprobs.exp() * logprobs).sum(-1)                                       # [N, L-1-start]
     return chosen, entropy
+
+
+def logits_from(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, start: int) -> torch.Tensor:
+    """The logits of positions start.. only, [N, L-start, V]: transformers' models (peft-wrapped too) skip the
+    others' vocabulary projection (logits_to_keep); any other callable computes all and the rest is cut."""
+    if isinstance(model, PreTrainedModel) or hasattr(model, "get_base_model"):
+        return model(input_ids=input_ids, attention_mask=attention_mask,
+                     logits_to_keep=input_ids.shape[1] - start).logits
+    return model(input_ids=input_ids, attention_mask=attention_mask).logits[:, start:]
 
 
 def rewards_stats(rewards: torch.Tensor) -> dict[str, float]:
@@ -157,24 +175,34 @@ def grpo_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: T
     device = next(model.parameters()).device
     tensors = {k: v.to(device) if v is not None else None for k, v in vars(batch).items()}
     n, num_tokens = tensors["mask"].shape[0], tensors["mask"].sum().item()
-    chunks = [slice(i, i + micro_batch) for i in range(0, n, micro_batch)]
+    # micro-batches of sequences of similar length, each cut to the columns where it has completion targets:
+    # no forward over right padding or logits over prompts (same loss, summed in another order)
+    lengths = tensors["attention_mask"].sum(1)                                                    # [N]
+    order = torch.argsort(lengths, stable=True)
+    first = tensors["mask"].argmax(1)                                                             # [N]
+    chunks = []
+    for i in range(0, n, micro_batch):
+        rows = order[i:i + micro_batch]
+        chunks.append((rows, int(first[rows].min()), int(lengths[rows].max())))
+    def cut(name: str, rows: torch.Tensor, start: int, end: int) -> torch.Tensor | None:
+        return tensors[name][rows, start:end - 1] if tensors[name] is not None else None          # [n, end-1-start]
     old_logp, ref_logp = [None] * len(chunks), [None] * len(chunks)
     if ref_model is not None and cfg.beta > 0:
         with torch.no_grad():
-            ref_logp = [token_logprobs_and_entropy(ref_model, tensors["input_ids"][c], tensors["attention_mask"][c],
-                                                   temperature)[0] for c in chunks]
+            ref_logp = [logprobs_and_entropy_from(ref_model, tensors["input_ids"][rows, :end],
+                                                  tensors["attention_mask"][rows, :end], start, temperature)[0]
+                        for rows, start, end in chunks]
     totals = {"loss": 0.0, "clipped_tokens": 0.0, "kl_sum": 0.0, "entropy_sum": 0.0, "grad_norm": 0.0}
     for _ in range(epochs):
         optimizer.zero_grad(set_to_none=True)
-        for j, c in enumerate(chunks):
-            logp, entropy = token_logprobs_and_entropy(model, tensors["input_ids"][c], tensors["attention_mask"][c],
-                                                       temperature)
+        for j, (rows, start, end) in enumerate(chunks):
+            logp, entropy = logprobs_and_entropy_from(model, tensors["input_ids"][rows, :end],
+                                                      tensors["attention_mask"][rows, :end], start, temperature)
             if old_logp[j] is None:
                 old_logp[j] = logp.detach()
-            mask = tensors["mask"][c]
-            weights = tensors["weights"][c] if tensors["weights"] is not None else None
-            loss, sums = clipped_loss(logp, old_logp[j], tensors["advantages"][c], mask, cfg, weights, ref_logp[j],
-                                      totals=(n, num_tokens))
+            mask = cut("mask", rows, start, end)
+            loss, sums = clipped_loss(logp, old_logp[j], cut("advantages", rows, start, end), mask, cfg,
+                                      cut("weights", rows, start, end), ref_logp[j], totals=(n, num_tokens))
             check_finite("GRPO loss", loss)
             loss.backward()
             totals["loss"] += loss.item() / epochs

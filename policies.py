@@ -19,6 +19,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import importlib.util
+import inspect
 import json
 from dataclasses import asdict, dataclass
 from functools import lru_cache
@@ -27,8 +28,10 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from tokenizers import Tokenizer, decoders
-from transformers import (AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM, MistralConfig,
-                          MistralForCausalLM, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM)
+from tqdm import tqdm
+from transformers import (AutoModelForCausalLM, AutoTokenizer, DynamicCache, LlamaConfig, LlamaForCausalLM,
+                          MistralConfig, MistralForCausalLM, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM)
+from transformers.generation.logits_process import TopPLogitsWarper
 
 import tasks
 from grpo import pack_sequences
@@ -334,7 +337,6 @@ class Policy:
     def decode(self, ids: list[int]) -> str:
         return b"".join(self.token_bytes[i] for i in ids).decode("utf-8", errors="replace")
 
-    @torch.no_grad()
     def rollout(self, prompts: list[str], group_size: int, max_new_tokens: int, temperature: float = 1.0,
                 top_p: float = 1.0, greedy: bool = False) -> Rollouts:
         """Sample `group_size` completions per prompt (one greedy completion each when `greedy`)."""
@@ -342,20 +344,11 @@ class Policy:
             raise ValueError("rollout needs at least one prompt")
         group_size = 1 if greedy else group_size
         prompt_lists = [self.encode_prompt(p) for p in prompts for _ in range(group_size)]
-        batch = self.tokenizer.pad({"input_ids": prompt_lists}, return_tensors="pt").to(self.device)
         was_training = self.model.training
         self.model.eval()
-        out = self.model.generate(**batch, do_sample=not greedy, temperature=temperature if not greedy else None,
-                                  top_p=top_p if not greedy else None, top_k=None, max_new_tokens=max_new_tokens,
-                                  pad_token_id=self.tokenizer.pad_token_id, eos_token_id=self.tokenizer.eos_token_id,
-                                  return_dict_in_generate=True, output_logits=True)
+        new, logprobs = decode(self.model, prompt_lists, self.tokenizer.pad_token_id, self.tokenizer.eos_token_id,
+                               max_new_tokens, temperature, top_p, greedy)                 # [N, T], [N, T]
         self.model.train(was_training)
-        new = out.sequences[:, batch["input_ids"].shape[1]:]                      # [N, T]
-        # the behaviour log-probs are those of the sampling distribution (the logits at the temperature); one
-        # step at a time, as a stacked float copy of all logits would be [N, T, V]
-        scale = 1.0 if greedy else temperature
-        logprobs = torch.stack([torch.log_softmax(step.float() / scale, -1).gather(-1, ids.unsqueeze(-1)).squeeze(-1)
-                                for step, ids in zip(out.logits, new.T)], dim=1)  # [N, T]
         eos = self.tokenizer.eos_token_id
         result = Rollouts([], [], [], [], [], [], group_size)
         for row, lp, prompt in zip(new.tolist(), logprobs.cpu(), prompt_lists):
@@ -368,6 +361,72 @@ class Policy:
             result.offsets.append(byte_offsets(ids, self.token_bytes))
             result.finished.append(eos in row)
         return result
+
+
+def cache_keyword(model: torch.nn.Module) -> str:
+    """The name of the forward's KV cache argument: transformers 5 renamed `past_key_values` to `cache`."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # through a peft wrapper
+    return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
+
+
+@torch.no_grad()
+def decode(model: torch.nn.Module, prompts: list[list[int]], pad_id: int, eos_id: int, max_new_tokens: int,
+           temperature: float = 1.0, top_p: float = 1.0, greedy: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sampled (or greedy) continuations of left-padded prompts and their behaviour log-probs, both [N, T] with
+    T <= max_new_tokens steps (fewer when every row has emitted EOS); after EOS a row holds pad ids, log-prob 0.
+
+    The tokens are model.generate's for the same seed: the same float32 logits, temperature, top-p warper and one
+    torch.multinomial draw over all N rows per step (so the random stream does not depend on which rows finished).
+    What generate spends around the model is gone: no logits processors or stopping criteria per token, no
+    logits of the prompt, and finished rows leave the batch (their KV cache rows with them) once a quarter of
+    the rows still computed has finished. Measured on the tiny Llama, 8 x 8 rows, 40 new tokens, 2 loaded cores
+    (provisional, README "Speed"): generate 4.85 s, this loop 3.28 s, with finished rows leaving 2.58 s; a
+    preallocated (static) cache 6.18 s eager, and its torch.compile'd decode step took 98 s to compile for one
+    shape for a step no faster than eager within the noise, so neither was kept.
+    The log-probs are those of the sampling distribution, logits / temperature (top-p not folded in; greedy: 1).
+    """
+    device = next(model.parameters()).device
+    n, width = len(prompts), max(len(p) for p in prompts)
+    input_ids = torch.full((n, width), pad_id, dtype=torch.long)                         # [N, P] left-padded
+    attention = torch.ones((n, width + max_new_tokens), dtype=torch.long)                # [N, P+T]
+    for i, p in enumerate(prompts):
+        input_ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
+        attention[i, :width - len(p)] = 0
+    input_ids, attention = input_ids.to(device), attention.to(device)
+    positions = (attention[:, :width].cumsum(-1) - 1).masked_fill(attention[:, :width] == 0, 1)  # [N, P] as generate
+    cache = DynamicCache(config=model.config)
+    with_cache = {cache_keyword(model): cache, "use_cache": True}
+    logits = model(input_ids=input_ids, attention_mask=attention[:, :width], position_ids=positions, logits_to_keep=1,
+                   **with_cache).logits[:, -1]                              # [N, V]
+    tokens = torch.full((n, max_new_tokens), pad_id, dtype=torch.long, device=device)    # [N, T]
+    logprobs = torch.zeros((n, max_new_tokens), device=device)                           # [N, T]
+    rows = torch.arange(n, device=device)              # [R] the batch rows still computed
+    running = torch.ones(n, dtype=torch.bool, device=device)  # [R] no EOS yet
+    last = positions[:, -1]                            # [R] position of each row's last prompt token
+    probs = None if greedy else torch.ones((n, logits.shape[-1]), device=device)        # [N, V] every row's draw
+    nucleus = TopPLogitsWarper(top_p) if top_p < 1.0 and not greedy else None
+    step = 0
+    for step in range(max_new_tokens):
+        scores = logits.float() / (1.0 if greedy else temperature)                      # [R, V]
+        if greedy:
+            chosen = scores.argmax(-1)                                                   # [R]
+        else:
+            probs[rows] = torch.softmax(nucleus(None, scores) if nucleus else scores, dim=-1)
+            chosen = torch.multinomial(probs, 1).squeeze(1)[rows]                        # [R]
+        chosen = torch.where(running, chosen, pad_id)
+        tokens[rows, step] = chosen
+        logprobs[rows, step] = torch.where(
+            running, torch.log_softmax(scores, -1).gather(-1, chosen.unsqueeze(-1)).squeeze(-1), 0.0)
+        running &= chosen != eos_id
+        if step == max_new_tokens - 1 or not running.any():
+            break
+        if running.sum() * 4 <= 3 * len(rows):  # compact: copying the cache costs about one decode step
+            keep = running.nonzero().squeeze(1)
+            cache.reorder_cache(keep)
+            rows, running, chosen, last = rows[keep], running[keep], chosen[keep], last[keep]
+        logits = model(input_ids=chosen.unsqueeze(-1), attention_mask=attention[rows, :width + step + 1],
+                       position_ids=(last + step + 1).unsqueeze(-1), **with_cache).logits[:, -1]
+    return tokens[:, :step + 1], logprobs[:, :step + 1]
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -392,7 +451,8 @@ def supervised_warmup(policy: Policy, steps: int, task_cfg: tasks.TaskConfig, se
     generator = torch.Generator().manual_seed(seed)
     losses = []
     policy.model.train()
-    for _ in range(steps):
+    bar = tqdm(range(steps), desc=f"warm-up {policy.name}", leave=False)
+    for _ in bar:
         idx = torch.randint(len(problems), (batch_size,), generator=generator).tolist()
         premature = (torch.rand(batch_size, generator=generator) < premature_share).tolist()
         prompts = [policy.encode_prompt(tasks.prompt_text(problems[i])) for i in idx]
@@ -400,8 +460,11 @@ def supervised_warmup(policy: Policy, steps: int, task_cfg: tasks.TaskConfig, se
                                                 eos=True) for i, cut in zip(idx, premature)]
         input_ids, attention, mask = (t.to(policy.device) for t in
                                       pack_sequences(prompts, completions, policy.tokenizer.pad_token_id))
-        logits = policy.model(input_ids=input_ids, attention_mask=attention).logits[:, :-1].float()  # [B, L-1, V]
-        nll = F.cross_entropy(logits.flatten(0, 1), input_ids[:, 1:].flatten(), reduction="none")    # [B*(L-1)]
+        start = int(mask.argmax(1).min())  # the first target column of a solution: no logits over prompts before it
+        mask = mask[:, start:]                                                                        # [B, L-1-S]
+        logits = policy.model(input_ids=input_ids, attention_mask=attention,
+                              logits_to_keep=input_ids.shape[1] - start).logits[:, :-1].float()    # [B, L-1-S, V]
+        nll = F.cross_entropy(logits.flatten(0, 1), input_ids[:, start + 1:].flatten(), reduction="none")
         loss = (nll.view_as(mask) * mask).sum() / mask.sum()
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -409,6 +472,7 @@ def supervised_warmup(policy: Policy, steps: int, task_cfg: tasks.TaskConfig, se
         optimizer.step()
         schedule.step()
         losses.append(loss.item())
+        bar.set_postfix(loss=f"{losses[-1]:.3f}", refresh=False)
     return losses
 
 

@@ -109,3 +109,74 @@ def test_unknown_pair_and_policy_names_are_refused():
     with pytest.raises(ValueError, match="not policies"):
         policies.load_policies("qwen-llama", "tiny", torch.device("cpu"), tasks.TaskConfig(), 0,
                                model_paths={"gemma": "/x"})
+
+
+@pytest.fixture(scope="module")
+def random_policy(family):
+    """An untrained tiny model of the family: decoding must not depend on what the weights learned."""
+    tok = policies.tiny_tokenizer(family)
+    model = policies.tiny_model(family, policies.TinyShape(64, 2, 4, 0), len(tok), seed=3).eval()
+    prompts = [tok(tasks.prompt_text(p), add_special_tokens=False)["input_ids"]
+               for p in tasks.generate_problems(6, "train", 5, tasks.TaskConfig(num_steps=1, max_operand=500))]
+    assert len({len(p) for p in prompts}) > 1  # prompts of several lengths, so left padding is exercised
+    return model, tok, prompts
+
+
+def teacher_forced_logprobs(model, prompt: list[int], ids: torch.Tensor, temperature: float) -> torch.Tensor:
+    """log pi(ids_t | prompt, ids_<t) at the temperature from one forward of the unpadded sequence, [T]."""
+    full = torch.tensor(prompt + ids.tolist()).unsqueeze(0)
+    with torch.no_grad():
+        logits = model(full).logits[0, len(prompt) - 1:-1].float() / temperature
+    return torch.log_softmax(logits, -1).gather(-1, ids.unsqueeze(-1)).squeeze(-1)
+
+
+@pytest.mark.parametrize("temperature,top_p", [(0.7, 1.0), (1.3, 0.9)])
+def test_decode_logprobs_equal_a_teacher_forced_forward_at_the_temperature(random_policy, temperature, top_p):
+    model, tok, prompts = random_policy
+    torch.manual_seed(0)
+    ids, logprobs = policies.decode(model, prompts, tok.pad_token_id, tok.eos_token_id, 16, temperature, top_p)
+    assert ids.shape == logprobs.shape == (len(prompts), 16)
+    for prompt, row, lp in zip(prompts, ids, logprobs):
+        torch.testing.assert_close(lp, teacher_forced_logprobs(model, prompt, row, temperature), atol=1e-4, rtol=0)
+
+
+def test_rows_stop_at_eos_and_the_others_continue_unchanged(cache_dir):
+    spec = policies.PRESETS["tiny"]["qwen-llama"][1]
+    policy = policies.load_tiny_policy(spec, tasks.TaskConfig(), seed=0, cache_dir=cache_dir, warmup_scale=0.05)
+    model, tok = policy.model.eval(), policy.tokenizer
+    prompts = [policy.encode_prompt(tasks.prompt_text(p)) for p in tasks.generate_problems(6, "train", 5)] * 4
+    torch.manual_seed(0)
+    free, free_lp = policies.decode(model, prompts, tok.pad_token_id, -1, 16, 0.9)  # no EOS
+    # the token that the most rows emit without all of them doing so: call it EOS and decode again, same seed
+    emitted = torch.stack([(free == t).any(1) for t in range(len(tok))]).float().mean(1)         # [V]
+    stop = int(torch.where(emitted < 0.9, emitted, torch.zeros_like(emitted)).argmax())
+    assert emitted[stop] > 0.3
+    torch.manual_seed(0)
+    ids, lp = policies.decode(model, prompts, tok.pad_token_id, stop, 16, 0.9)
+    ends = []
+    for row, row_lp, ref, ref_lp in zip(ids, lp, free, free_lp):
+        end = (ref == stop).nonzero()[0, 0].item() + 1 if (ref == stop).any() else len(ref)
+        ends.append(end)
+        # the same draws up to and including EOS (the random stream does not depend on finished rows)...
+        assert torch.equal(row[:end], ref[:end])
+        torch.testing.assert_close(row_lp[:end], ref_lp[:end], atol=1e-5, rtol=0)
+        # ...then padding with log-prob 0
+        assert (row[end:] == tok.pad_token_id).all() and (row_lp[end:] == 0).all()
+    assert len(set(ends)) > 2 and ids.shape[1] == max(ends)
+
+
+@pytest.mark.parametrize("sampling", [dict(do_sample=False), dict(do_sample=True, temperature=0.7, top_k=None),
+                                      dict(do_sample=True, temperature=1.0, top_p=0.8, top_k=None)])
+def test_decode_matches_model_generate(random_policy, sampling):
+    model, tok, prompts = random_policy
+    batch = tok.pad({"input_ids": prompts}, return_tensors="pt")
+    temperature, top_p, greedy = sampling.get("temperature", 1.0), sampling.get("top_p", 1.0), not sampling["do_sample"]
+    # an EOS that the first row emits early, so generate pads finished rows while others run on
+    torch.manual_seed(1)
+    eos = int(policies.decode(model, prompts, tok.pad_token_id, -1, 3, temperature, top_p, greedy)[0][0, -1])
+    torch.manual_seed(1)
+    expected = model.generate(**batch, max_new_tokens=20, pad_token_id=tok.pad_token_id, eos_token_id=eos,
+                              **sampling)[:, batch["input_ids"].shape[1]:]
+    torch.manual_seed(1)
+    ids, _ = policies.decode(model, prompts, tok.pad_token_id, eos, 20, temperature, top_p, greedy)
+    assert torch.equal(ids, expected) and (ids[0, 3:] == tok.pad_token_id).all()
