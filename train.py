@@ -27,6 +27,8 @@ import torch
 import tyro
 from tqdm import tqdm
 
+import coevolution
+import curator
 import eval as evaluation
 import grpo
 import hardware
@@ -47,10 +49,28 @@ class Args:
     model_dir: str | None = None
     """a directory with one folder per real policy, named like the last part of its hub id
     (e.g. DIR/Qwen2.5-0.5B-Instruct, as `hf download` makes with --local-dir); --model-paths takes precedence"""
-    share: Literal["none", "prp", "xgrpo", "sgt"] = "none"
+    share: Literal["none", "prp", "xgrpo", "sgt", "cross-fidelity"] = "none"
     """how experience crosses between policies (sharing.py): none = independent GRPO; prp = peer rollouts join the
     batch with truncated density ratios; xgrpo = peer rewards join the group baseline; sgt = peer successes
-    rescue prompts the receiver failed"""
+    rescue prompts the receiver failed; cross-fidelity = the curator (curator.py) diagnoses every peer rollout,
+    repairs it and admits it to one of the three levels or rejects it"""
+    fidelity_lambdas: tuple[float, float, float] = (1 / 3, 1 / 3, 1 / 3)
+    """cross-fidelity: weights of the TBD, CCM and RSD terms in the degradation D (summing to 1)"""
+    theta1: float = 0.2
+    """cross-fidelity: D below it admits a trajectory to PRP (the starting value with --thresholds adaptive)"""
+    theta2: float = 0.35
+    """cross-fidelity: D at or above it leaves only SGT; in between, XGRPO"""
+    ccm_beta: float = 1.0
+    """cross-fidelity: the CCM repair's exponent, A_k <- A_k R_k^beta"""
+    ablate: tuple[Literal["tbd", "ccm", "rsd"], ...] = ()
+    """cross-fidelity: diagnoses (and their repairs) switched off"""
+    thresholds: Literal["fixed", "adaptive"] = "fixed"
+    """cross-fidelity: theta1, theta2 as given, or co-evolving per pair (coevolution.py's bandit)"""
+    process_signal: Literal["vpr", "intrinsic"] = "vpr"
+    """cross-fidelity: RSD repair with verified step credit where a step can be checked, or the intrinsic
+    gradient-norm signal on every step"""
+    predictor: bool = True
+    """cross-fidelity: let the fidelity predictor skip the gradient-norm diagnosis where it is sure"""
     ratio_cap: float = 2.0
     """prp, sgt: the truncation of the group-wise density ratio pi_receiver / pi_peer (2 as in truncated
     importance sampling); no weight exceeds it"""
@@ -216,7 +236,8 @@ def build_policies(args: Args, scale: str, devices: list[torch.device]) -> list[
 def print_estimates(args: Args, pols: list[policies.Policy], prompt_len: int) -> None:
     """Parameters, memory terms and a time bound per policy (hardware.estimate), before the first iteration."""
     rollouts = args.prompts_per_iteration * args.group_size
-    received = {"none": 0, "xgrpo": 0, "sgt": rollouts // 4, "prp": rollouts}[args.share] * (len(pols) - 1)
+    received = {"none": 0, "xgrpo": 0, "sgt": rollouts // 4, "prp": rollouts, "cross-fidelity": rollouts
+                }[args.share] * (len(pols) - 1)
     print("estimate per iteration (a bound to check the fit, not a measurement):")
     per_device: dict[torch.device, int] = {}
     throughput: dict[tuple[torch.device, torch.dtype], float] = {}
@@ -237,6 +258,15 @@ def print_estimates(args: Args, pols: list[policies.Policy], prompt_len: int) ->
                   f"{'fits' if total < capacity else 'DOES NOT FIT'}")
 
 
+def make_curator(args: Args, names: list[str]) -> curator.Curator:
+    """The curator of --share cross-fidelity, configured by the run's flags."""
+    cfg = curator.CuratorConfig(args.fidelity_lambdas, args.theta1, args.theta2, args.ccm_beta, args.ablate,
+                                args.process_signal)
+    return curator.Curator(cfg, names, args.seed,
+                           coevolution.BanditConfig() if args.thresholds == "adaptive" else None,
+                           coevolution.PredictorConfig() if args.predictor else None)
+
+
 def log(path: Path, record: dict) -> None:
     with path.open("a") as f:
         f.write(json.dumps(record) + "\n")
@@ -252,6 +282,7 @@ def main(args: Args) -> Path:
         raise FileExistsError(f"{run_dir} holds a run; pass --resume to continue it or --name for a new one")
     run_dir.mkdir(parents=True, exist_ok=True)
     metrics_path = run_dir / "metrics.jsonl"
+    fidelity_path = run_dir / "fidelity.jsonl"
     print(f"pair={args.pair} scale={scale} devices={','.join(map(str, devices))} run={run_dir}")
 
     config = json.loads(json.dumps({**asdict(args), "scale": scale}))  # as it reads back from config.json
@@ -296,15 +327,18 @@ def main(args: Args) -> Path:
     if args.resume and (run_dir / "checkpoints" / "latest").exists():
         start = load_checkpoint(run_dir, pols, optimizers)
         truncate_metrics(metrics_path, start)
+        truncate_metrics(fidelity_path, start)
         accuracy = {p.name: float("nan") for p in pols}
         print(f"resumed from iteration {start}")
     else:  # a fresh run, or one killed before its first checkpoint: nothing to keep
         start = 0
         truncate_metrics(metrics_path, -1)
+        truncate_metrics(fidelity_path, -1)
         accuracy = evaluate(0)
 
     share_cfg = sharing.ShareConfig(args.share, args.ratio_cap, scale_by_std=args.scale_by_std,
                                     temperature=args.temperature, micro_batch=args.micro_batch)
+    curation = make_curator(args, [p.name for p in pols]) if args.share == "cross-fidelity" else None
     loss_cfg = grpo.LossConfig(args.clip_eps_low, args.clip_eps_high, args.beta, args.aggregation)
     bar = tqdm(range(start, args.iterations), initial=start, total=args.iterations, desc="train")
     for it in bar:
@@ -322,7 +356,12 @@ def main(args: Args) -> Path:
                    for name, r in rollouts.items()}
         experiences = [sharing.Experience(p, prompts, rollouts[p.name], rewards[p.name],
                                           grpo.group_advantages(rewards[p.name], args.scale_by_std)) for p in pols]
-        received = sharing.exchange(experiences, share_cfg)
+        if curation is not None:
+            received, decisions = curation.exchange(experiences, task, problems, share_cfg, it + 1)
+            for record in decisions:
+                log(fidelity_path, record)
+        else:
+            received = sharing.exchange(experiences, share_cfg)
         def update(i: int) -> dict[str, float]:
             p = pols[i]
             batch = training_batch(p, rollouts[p.name], received[p.name])
@@ -334,6 +373,8 @@ def main(args: Args) -> Path:
         for p, stats in zip(pols, hardware.per_policy(update, list(range(len(pols))), parallel)):
             stats.update(grpo.rewards_stats(rewards[p.name]))
             stats.update(received[p.name].metrics)
+            if curation is not None:
+                stats["fidelity/guard_tripped"] = float(bool(curation.observe(p.name, stats)))
             stats["charts/finished"] = sum(rollouts[p.name].finished) / len(rollouts[p.name].finished)
             log(metrics_path, {"iteration": it + 1, "policy": p.name, "time_s": time.time() - started, **stats})
         done = it + 1
