@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import random
-import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -178,59 +177,12 @@ def training_batch(policy: policies.Policy, rollouts: policies.Rollouts, receive
     return grpo.build_batch(prompts, completions, token_advantages, policy.tokenizer.pad_token_id, token_weights)
 
 
-def save_checkpoint(run_dir: Path, iteration: int, pols: list[policies.Policy],
-                    optimizers: list[torch.optim.Optimizer]) -> None:
-    """Write iteration's checkpoint in full, then point `latest` at it, then drop older ones."""
-    root = run_dir / "checkpoints"
-    target = root / f"iter-{iteration:06d}"
-    target.mkdir(parents=True, exist_ok=True)
-    for policy, optimizer in zip(pols, optimizers):
-        torch.save({"model": hardware.trainable_state(policy.model), "optimizer": optimizer.state_dict()},
-                   target / f"{policy.name}.pt")
-    tmp = root / "latest.tmp"
-    tmp.write_text(target.name)
-    tmp.replace(root / "latest")
-    for old in root.glob("iter-*"):
-        if old != target:
-            shutil.rmtree(old)
-
-
-def load_checkpoint(run_dir: Path, pols: list[policies.Policy], optimizers: list[torch.optim.Optimizer] | None
-                    ) -> int:
-    """Restore the last checkpoint (the optimizers too, unless None); returns how many iterations it had done."""
-    latest = run_dir / "checkpoints" / "latest"
-    if not latest.exists():
-        raise FileNotFoundError(f"{run_dir} has no checkpoint")
-    folder = latest.parent / latest.read_text().strip()
-    for i, policy in enumerate(pols):
-        state = torch.load(folder / f"{policy.name}.pt", map_location=policy.device)
-        hardware.load_trainable_state(policy.model, state["model"])
-        if optimizers is not None:
-            optimizers[i].load_state_dict(state["optimizer"])
-    return int(folder.name.split("-")[1])
-
-
 def truncate_metrics(path: Path, iteration: int) -> None:
     """Keep the metric lines logged up to `iteration`, so a resumed run repeats none and loses none."""
     if path.exists():
         lines = [line for line in path.read_text().splitlines() if line.strip()]
         kept = [line for line in lines if json.loads(line)["iteration"] <= iteration]
         path.write_text("".join(line + "\n" for line in kept))
-
-
-def build_policies(args: Args, scale: str, devices: list[torch.device]) -> list[policies.Policy]:
-    """The run's policies as training starts: loaded (tiny warm-ups from the cache), adapters and checkpointing
-    as configured. eval.py rebuilds a finished run's policies with it too."""
-    model_paths = dict(item.split("=", 1) for item in args.model_paths)
-    pols = policies.load_policies(args.pair, scale, devices, args.task_config, args.seed, args.cache_dir,
-                                  model_paths, args.warmup_scale, args.model_dir)
-    for p in pols:
-        p.model.train()  # from_pretrained leaves eval mode, in which transformers skips gradient checkpointing
-        if args.lora_rank:
-            p.model = hardware.add_lora(p.model, args.lora_rank, args.lora_alpha)
-        if args.gradient_checkpointing:
-            p.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    return pols
 
 
 def print_estimates(args: Args, pols: list[policies.Policy], prompt_len: int) -> None:
@@ -304,7 +256,7 @@ def main(args: Args) -> Path:
         raise ValueError(f"{args.task}: {len(task.train)} training and {len(task.heldout)} held-out examples, need "
                          f"at least --prompts-per-iteration={args.prompts_per_iteration} and one")
     started = time.time()
-    pols = build_policies(args, scale, devices)
+    pols = hardware.build_policies(args, scale, devices, task_cfg)
     optimizers = [torch.optim.AdamW([w for w in p.model.parameters() if w.requires_grad], lr=args.lr,
                                     weight_decay=0.0) for p in pols]
     references = [hardware.reference_policy(p.model) if args.beta > 0 else None for p in pols]
@@ -325,7 +277,7 @@ def main(args: Args) -> Path:
         return accuracies
 
     if args.resume and (run_dir / "checkpoints" / "latest").exists():
-        start = load_checkpoint(run_dir, pols, optimizers)
+        start = hardware.load_checkpoint(run_dir, pols, optimizers)
         truncate_metrics(metrics_path, start)
         truncate_metrics(fidelity_path, start)
         accuracy = {p.name: float("nan") for p in pols}
@@ -381,7 +333,7 @@ def main(args: Args) -> Path:
         if done % args.eval_every == 0 or done == args.iterations:
             accuracy = evaluate(done)
         if done % args.checkpoint_every == 0 or done == args.iterations:
-            save_checkpoint(run_dir, done, pols, optimizers)
+            hardware.save_checkpoint(run_dir, done, pols, optimizers)
         bar.set_postfix({f"{n}_r": f"{rewards[n].mean():.2f}" for n in rewards} |
                         {f"{n}_acc": f"{a:.2f}" for n, a in accuracy.items()})
 
