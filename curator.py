@@ -87,7 +87,7 @@ class CuratorConfig:
     """parameters of the receiver whose gradient norms give R_k (reachability.parameter_subset)"""
     reach_quantile: float = 0.9
     """R = 1/2 at this quantile of the receiver's own step norms"""
-    calibration_rollouts: int = 16
+    calibration_rollouts: int = 8
     """own rollouts of the receiver whose steps calibrate alpha each iteration"""
     step_window: int = 20
     """iterations of step statistics behind D_RSD"""
@@ -379,6 +379,42 @@ def score(offer: Offer, cfg: CuratorConfig, theta: tuple[float, float]) -> dict:
             "terms": dict(zip(TERMS, before.tolist())), "terms_repaired": dict(zip(TERMS, after.tolist()))}
 
 
+def admit(offers: list[Offer], bands: list[int], receiver: sharing.Experience, share: sharing.ShareConfig
+          ) -> tuple[list[tuple[str, str, str]], dict[int, tuple[Offer, float]], torch.Tensor]:
+    """Admission of every offer by its band (DESIGN.md §4.1). Returns per offer (level, what crosses, reason);
+    the offers whose tokens cross, by position, with the advantage they carry (their own-group advantage for
+    PRP; for SGT their credit as members of the receiver's failed group, pooled over the rescues of the prompt);
+    and the receiver's advantages [B, G] with the XGRPO-admitted peer rewards in its groups' statistics."""
+    pooled: dict[int, list[float]] = defaultdict(list)
+    picks: dict[int, tuple[Offer, float]] = {}
+    rescues: dict[int, list[int]] = defaultdict(list)
+    decisions = []
+    for k, (o, band) in enumerate(zip(offers, bands)):
+        if band == 0:
+            decisions.append(("prp", "tokens", "D < theta1") if o.advantage != 0 else
+                             ("prp", "none", "D < theta1, but A = 0: nothing to carry"))
+            if o.advantage != 0:
+                picks[k] = (o, o.advantage)
+        elif band == 1:
+            pooled[o.prompt].append(o.reward)
+            decisions.append(("xgrpo", "reward", "theta1 <= D < theta2"))
+        elif rescue_candidate(o, receiver.rewards, share.success):
+            rescues[o.prompt].append(k)
+            decisions.append(("sgt", "tokens", "D >= theta2, a verified rescue"))
+        else:
+            decisions.append(("rejected", "none", "D >= theta2, not a verified success on a prompt the receiver failed"))
+    for b, members in rescues.items():
+        credit = sharing.rescue_advantages(receiver.rewards[b], torch.tensor([offers[k].reward for k in members]),
+                                           share.scale_by_std)
+        for k, a in zip(members, credit.tolist()):
+            picks[k] = (offers[k], a)
+    advantages = receiver.advantages.clone()                                           # [B, G]
+    for b, rewards in pooled.items():
+        pooled_rewards = torch.cat([receiver.rewards[b], torch.tensor(rewards)]).unsqueeze(0)      # [1, G + S]
+        advantages[b] = grpo.group_advantages(pooled_rewards, share.scale_by_std)[0, :advantages.shape[1]]
+    return decisions, picks, advantages
+
+
 class Curator:
     """The curator across iterations: each policy's step statistics, each pair's recent degradation, the
     thresholds (fixed or co-evolving) and the fidelity predictor. `exchange` curates one iteration."""
@@ -389,6 +425,7 @@ class Curator:
         self.stats = {n: reward_drift.StepStats(cfg.step_window) for n in names}
         self.pairs = {(a, b): i for i, (a, b) in enumerate((a, b) for a in names for b in names if a != b)}
         self.recent = {pair: 0.0 for pair in self.pairs}              # EMA of D per pair: a predictor feature
+        self.alpha: dict[str, float] = {}                             # each receiver's last calibration
         self.bandit = coevolution.ThresholdBandit(cfg.theta1, cfg.theta2, bandit, seed) if bandit else None
         self.predictor = (coevolution.FidelityPredictor(len(FEATURES) + len(self.pairs), predictor, seed)
                           if predictor else None)
@@ -416,9 +453,34 @@ class Curator:
         for receiver in experiences:
             peers = [e for e in experiences if e is not receiver]
             out[receiver.policy.name], mine = self._receive(receiver, peers, task, examples, share, iteration)
-            out[receiver.policy.name].metrics["fidelity/time_s/statistics"] = stats_s / len(experiences)
+            metrics = out[receiver.policy.name].metrics
+            metrics["fidelity/time_s/statistics"] = stats_s / len(experiences)
+            metrics["fidelity/time_s/curation"] += stats_s / len(experiences)
             records += mine
         return out, records
+
+    def measure_reach(self, receiver: sharing.Experience, offers: list[Offer], task: tasks.Task) -> None:
+        """The expensive diagnosis: the receiver's step gradient norms of `offers`, and R_k with alpha calibrated
+        on its own steps of this iteration (a receiver without any keeps its last alpha)."""
+        cfg, q = self.cfg, receiver.policy
+        intrinsic = "rsd" not in cfg.ablate and (cfg.process_signal == "intrinsic"
+                                                 or any(s.reward is None for o in offers for s in o.process))
+        if not offers or ("ccm" in cfg.ablate and not intrinsic):
+            return
+        params = reachability.parameter_subset(q.model, cfg.reach_subset)
+        prompt_ids = {b: q.encode_prompt(receiver.prompts[b]) for b in {o.prompt for o in offers}}
+        norms = step_norms(q, [(prompt_ids[o.prompt], o.tgt.ids, o.ranges) for o in offers], params)
+        alpha = None
+        if "ccm" not in cfg.ablate:
+            own = step_norms(q, own_steps(q, receiver, task, cfg.calibration_rollouts), params)
+            if own:
+                self.alpha[q.name] = reachability.calibrate_alpha(torch.cat(own), cfg.reach_quantile)
+            if q.name not in self.alpha:
+                raise ValueError(f"{q.name}'s rollouts have no step to calibrate reachability on yet")
+            alpha = self.alpha[q.name]
+        for o, g in zip(offers, norms):
+            o.diagnosis.norms = g
+            o.diagnosis.reach = reachability.reachability(g, alpha) if alpha is not None else None
 
     def _receive(self, receiver: sharing.Experience, peers: list[sharing.Experience], task: tasks.Task,
                  examples: list, share: sharing.ShareConfig, iteration: int) -> tuple[sharing.Received, list[dict]]:
@@ -438,7 +500,7 @@ class Curator:
                 offer = make_offer(peer, i, q, task, examples[i // peer.rollouts.group_size], self.stats, cfg)
                 if offer is None:
                     records.append({"source": peer.policy.name, "index": i, "level": "rejected", "crossed": "none",
-                                    "reason": "no step reaches the receiver's tokens"})
+                                    "reason": "no step reaches the receiver's tokens", "repairs": []})
                 else:
                     offers.append(offer)
         lap("diagnosis")
@@ -456,63 +518,24 @@ class Curator:
                 skipped[k] = skip and not crosses_tokens(int(predicted[k]), o, receiver.rewards, share.success)
         lap("prediction")
 
-        norms_needed = "ccm" not in cfg.ablate or ("rsd" not in cfg.ablate and cfg.process_signal == "intrinsic")
-        norms_needed = norms_needed or ("rsd" not in cfg.ablate and any(s.reward is None for o in offers
-                                                                        for s in o.process))
         full = [o for o, skip in zip(offers, skipped) if not skip]
-        if norms_needed and full:
-            params = reachability.parameter_subset(q.model, cfg.reach_subset)
-            prompt_ids = {b: q.encode_prompt(receiver.prompts[b]) for b in {o.prompt for o in full}}
-            norms = step_norms(q, [(prompt_ids[o.prompt], o.tgt.ids, o.ranges) for o in full], params)
-            alpha = None
-            if "ccm" not in cfg.ablate:
-                own = step_norms(q, own_steps(q, receiver, task, cfg.calibration_rollouts), params)
-                alpha = reachability.calibrate_alpha(torch.cat(own), cfg.reach_quantile)
-            for o, g in zip(full, norms):
-                o.diagnosis.norms = g
-                o.diagnosis.reach = reachability.reachability(g, alpha) if alpha is not None else None
+        self.measure_reach(receiver, full, task)
         lap("gradnorms")
 
         scores = [None if skip else score(o, cfg, thetas[o.source.policy.name]) for o, skip in zip(offers, skipped)]
         lap("repair")
         if self.predictor and full:
-            self.predictor.learn(features[[not s for s in skipped]],
+            self.predictor.learn(features[torch.tensor([not s for s in skipped])],
                                  torch.tensor([s["band"] for s in scores if s is not None]))
             for k, s in enumerate(scores):
                 if sure[k] and s is not None:
                     self.predictor.audited(int(predicted[k]) == s["band"])
         lap("prediction")
 
-        pooled: dict[int, list[float]] = defaultdict(list)
-        picks: dict[int, tuple[Offer, float]] = {}                 # offer position -> (offer, advantage it carries)
-        rescues: dict[int, list[int]] = defaultdict(list)
-        decisions = []
-        for k, (o, s) in enumerate(zip(offers, scores)):
-            band = int(predicted[k]) if s is None else s["band"]
-            level, crossed, reason = LEVELS[band], "none", ""
-            if band == 0:
-                crossed, reason = ("tokens", "D < theta1") if o.advantage != 0 else ("none", "D < theta1, A = 0")
-                if o.advantage != 0:
-                    picks[k] = (o, o.advantage)
-            elif band == 1:
-                pooled[o.prompt].append(o.reward)
-                crossed, reason = "reward", "theta1 <= D < theta2"
-            elif rescue_candidate(o, receiver.rewards, share.success):
-                rescues[o.prompt].append(k)
-                crossed, reason = "tokens", "D >= theta2, a verified rescue"
-            else:
-                level, reason = "rejected", "D >= theta2, not a verified success on a prompt the receiver failed"
-            decisions.append((level, crossed, reason + (" (predicted, diagnosis skipped)" if s is None else "")))
-        for b, members in rescues.items():
-            credit = sharing.rescue_advantages(receiver.rewards[b], torch.tensor([offers[k].reward for k in members]),
-                                               share.scale_by_std)
-            for k, a in zip(members, credit.tolist()):
-                picks[k] = (offers[k], a)
-        advantages = receiver.advantages.clone()                                       # [B, G]
-        group = advantages.shape[1]
-        for b, rewards in pooled.items():
-            pooled_rewards = torch.cat([receiver.rewards[b], torch.tensor(rewards)]).unsqueeze(0)   # [1, G + S]
-            advantages[b] = grpo.group_advantages(pooled_rewards, share.scale_by_std)[0, :group]
+        bands = [int(predicted[k]) if sc is None else sc["band"] for k, sc in enumerate(scores)]
+        decisions, picks, advantages = admit(offers, bands, receiver, share)
+        decisions = [(lv, crossed, why + (" (predicted, diagnosis skipped)" if sc is None else ""))
+                     for (lv, crossed, why), sc in zip(decisions, scores)]
         lap("admission")
 
         crossings, repairs = [], {}
@@ -561,7 +584,18 @@ def offer_record(offer: Offer, scored: dict | None, level: str, crossed: str, re
             "advantage": offer.advantage, "level": level, "crossed": crossed, "reason": reason,
             "repairs": repairs, "theta": list(theta), "predicted": LEVELS[predicted] if predicted >= 0 else None,
             "predicted_prob": prob, "skipped": skipped, "tbd_jaccard": offer.jaccard, **(scored or {}),
-            "text": text, "steps": steps}
+            "text": text, "steps": steps, "tbd_bytes": tbd_bytes(offer)}
+
+
+def tbd_bytes(offer: Offer) -> list[tuple[int, int]]:
+    """Byte spans of the TBD hotspot tokens: groups the receiver could not reproduce, and the token of the side
+    that straddles a step boundary the other side does not."""
+    spans = [span for span, ok in zip(offer.alignment.span, offer.alignment.exact) if not ok and span[1] > span[0]]
+    for k, side in tokalign.boundary_hotspots(offer.src, offer.tgt, offer.steps):
+        encoding = offer.src if side == "source" else offer.tgt
+        last = offer.steps[k][1] - 1
+        spans += [(a, b) for a, b in encoding.offsets if a <= last < b]
+    return sorted(spans)
 
 
 def fidelity_metrics(records: list[dict], thetas: dict[str, tuple[float, float]],

@@ -232,7 +232,7 @@ def evaluate_run(run_dir: Path, task_name: str, eval_size: int, data_dir: str | 
     task_cfg = tasks.TaskConfig(num_steps=args.num_steps, max_operand=args.max_operand, ops=args.ops)
     pols = hardware.build_policies(args, args.scale, hardware.policy_devices(args.devices, len(
         policies.PRESETS[args.scale][args.pair])), task_cfg)   # exactly as train.py built them
-    hardware.load_checkpoint(Path(run_dir), pols, None)
+    hardware.load_checkpoint(Path(run_dir), pols, None)  # the curator's state, if any, is not needed here
     task = tasks.load_task(task_name, args.seed, 0, eval_size, task_cfg, data_dir)
     return {p.name: heldout_accuracy(p, task.heldout, max_new_tokens or args.max_new_tokens, task) for p in pols}
 

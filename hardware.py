@@ -275,14 +275,17 @@ def build_policies(args, scale: str, devices: list[torch.device], task_cfg) -> l
 
 
 def save_checkpoint(run_dir: Path, iteration: int, pols: list[policies.Policy],
-                    optimizers: list[torch.optim.Optimizer]) -> None:
-    """Write iteration's checkpoint in full, then point `latest` at it, then drop older ones."""
+                    optimizers: list[torch.optim.Optimizer], state: object = None) -> None:
+    """Write iteration's checkpoint in full (with `state`, the run's other state, if any), then point `latest` at
+    it, then drop older ones."""
     root = run_dir / "checkpoints"
     target = root / f"iter-{iteration:06d}"
     target.mkdir(parents=True, exist_ok=True)
     for policy, optimizer in zip(pols, optimizers):
         torch.save({"model": trainable_state(policy.model), "optimizer": optimizer.state_dict()},
                    target / f"{policy.name}.pt")
+    if state is not None:
+        torch.save(state, target / "state.pt")
     tmp = root / "latest.tmp"
     tmp.write_text(target.name)
     tmp.replace(root / "latest")
@@ -292,8 +295,9 @@ def save_checkpoint(run_dir: Path, iteration: int, pols: list[policies.Policy],
 
 
 def load_checkpoint(run_dir: Path, pols: list[policies.Policy], optimizers: list[torch.optim.Optimizer] | None
-                    ) -> int:
-    """Restore the last checkpoint (the optimizers too, unless None); returns how many iterations it had done."""
+                    ) -> tuple[int, object]:
+    """Restore the last checkpoint (the optimizers too, unless None); returns how many iterations it had done and
+    the run's other state saved with it (None if none was)."""
     latest = run_dir / "checkpoints" / "latest"
     if not latest.exists():
         raise FileNotFoundError(f"{run_dir} has no checkpoint")
@@ -303,4 +307,5 @@ def load_checkpoint(run_dir: Path, pols: list[policies.Policy], optimizers: list
         load_trainable_state(policy.model, state["model"])
         if optimizers is not None:
             optimizers[i].load_state_dict(state["optimizer"])
-    return int(folder.name.split("-")[1])
+    other = torch.load(folder / "state.pt", weights_only=False) if (folder / "state.pt").exists() else None
+    return int(folder.name.split("-")[1]), other

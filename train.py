@@ -276,8 +276,10 @@ def main(args: Args) -> Path:
             log(metrics_path, {"iteration": iteration, "policy": p.name, "time_s": time.time() - started, **record})
         return accuracies
 
+    curation = make_curator(args, [p.name for p in pols]) if args.share == "cross-fidelity" else None
     if args.resume and (run_dir / "checkpoints" / "latest").exists():
-        start = hardware.load_checkpoint(run_dir, pols, optimizers)
+        start, saved_curator = hardware.load_checkpoint(run_dir, pols, optimizers)
+        curation = saved_curator or curation
         truncate_metrics(metrics_path, start)
         truncate_metrics(fidelity_path, start)
         accuracy = {p.name: float("nan") for p in pols}
@@ -290,7 +292,6 @@ def main(args: Args) -> Path:
 
     share_cfg = sharing.ShareConfig(args.share, args.ratio_cap, scale_by_std=args.scale_by_std,
                                     temperature=args.temperature, micro_batch=args.micro_batch)
-    curation = make_curator(args, [p.name for p in pols]) if args.share == "cross-fidelity" else None
     loss_cfg = grpo.LossConfig(args.clip_eps_low, args.clip_eps_high, args.beta, args.aggregation)
     bar = tqdm(range(start, args.iterations), initial=start, total=args.iterations, desc="train")
     for it in bar:
@@ -333,7 +334,7 @@ def main(args: Args) -> Path:
         if done % args.eval_every == 0 or done == args.iterations:
             accuracy = evaluate(done)
         if done % args.checkpoint_every == 0 or done == args.iterations:
-            hardware.save_checkpoint(run_dir, done, pols, optimizers)
+            hardware.save_checkpoint(run_dir, done, pols, optimizers, curation)
         bar.set_postfix({f"{n}_r": f"{rewards[n].mean():.2f}" for n in rewards} |
                         {f"{n}_acc": f"{a:.2f}" for n, a in accuracy.items()})
 
