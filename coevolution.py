@@ -32,7 +32,7 @@ import torch
 
 @dataclass(frozen=True)
 class BanditConfig:
-    step: float = 0.05
+    step: float = 0.02
     """how far one level raises both thresholds"""
     epsilon: float = 0.2
     """probability of trying the next level up in a cycle"""
@@ -182,7 +182,9 @@ class FidelityPredictor:
         self.x.extend(x.double())
         self.y.extend(y.tolist())
         xs, ys = torch.stack(list(self.x)), torch.tensor(list(self.y))
-        self.mean, self.std = xs.mean(0), xs.std(0, unbiased=False).clamp(min=1e-6)
+        std = xs.std(0, unbiased=False)
+        # a feature constant so far (a pair not yet seen) stays unscaled, so its first new value is not blown up
+        self.mean, self.std = xs.mean(0), torch.where(std > 1e-6, std, torch.ones_like(std))
         design = self._design(xs)                                                   # [M, F+1]
         weight = self.weight.clone().requires_grad_(True)
         optimizer = torch.optim.LBFGS([weight], lr=0.5, max_iter=steps, line_search_fn="strong_wolfe")

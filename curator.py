@@ -70,9 +70,9 @@ LEVELS = ("prp", "xgrpo", "sgt")
 class CuratorConfig:
     lambdas: tuple[float, float, float] = (1 / 3, 1 / 3, 1 / 3)
     """weights of the TBD, CCM and RSD terms in D; they must sum to 1"""
-    theta1: float = 0.2
-    """D below it: PRP (the starting value where thresholds adapt)"""
-    theta2: float = 0.35
+    theta1: float = 0.1
+    """D below it: PRP (the starting value where thresholds adapt); train.Args explains the default"""
+    theta2: float = 0.15
     """D at or above it: SGT; between theta1 and theta2: XGRPO"""
     ccm_beta: float = 1.0
     """the CCM repair's exponent: A_k <- A_k R_k^beta"""

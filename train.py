@@ -55,9 +55,11 @@ class Args:
     repairs it and admits it to one of the three levels or rejects it"""
     fidelity_lambdas: tuple[float, float, float] = (1 / 3, 1 / 3, 1 / 3)
     """cross-fidelity: weights of the TBD, CCM and RSD terms in the degradation D (summing to 1)"""
-    theta1: float = 0.2
-    """cross-fidelity: D below it admits a trajectory to PRP (the starting value with --thresholds adaptive)"""
-    theta2: float = 0.35
+    theta1: float = 0.1
+    """cross-fidelity: D below it admits a trajectory to PRP (the starting value with --thresholds adaptive). 0.1
+    and 0.15 sit near the 15% and 60% points of D before and the median of D after repair on the tiny pair
+    (README), so that each level is used"""
+    theta2: float = 0.15
     """cross-fidelity: D at or above it leaves only SGT; in between, XGRPO"""
     ccm_beta: float = 1.0
     """cross-fidelity: the CCM repair's exponent, A_k <- A_k R_k^beta"""
