@@ -534,7 +534,9 @@ class Curator:
 
         bands = [int(predicted[k]) if sc is None else sc["band"] for k, sc in enumerate(scores)]
         decisions, picks, advantages = admit(offers, bands, receiver, share)
-        decisions = [(lv, crossed, why + (" (predicted, diagnosis skipped)" if sc is None else ""))
+        decisions = [(lv, crossed, why + (" (predicted, diagnosis skipped)" if sc is None else
+                                          f" (on the repaired D: {sc['dominant'].upper()} dominated)"
+                                          if sc["through_repair"] else ""))
                      for (lv, crossed, why), sc in zip(decisions, scores)]
         lap("admission")
 

@@ -241,7 +241,7 @@ def fidelity_records(run_dir):
 
 @pytest.mark.parametrize("pair", ["qwen-llama", "trio"])
 def test_a_cross_fidelity_run_exercises_every_level_and_repair(tmp_path, cache_dir, pair):
-    args = tiny_args(tmp_path, cache_dir, pair=pair, share="cross-fidelity", iterations=2, theta1=0.15, theta2=0.3,
+    args = tiny_args(tmp_path, cache_dir, pair=pair, share="cross-fidelity", iterations=2, theta1=0.08, theta2=0.12,
                      thresholds="adaptive")
     run_dir = train.main(args)
     records = fidelity_records(run_dir)
