@@ -3,13 +3,15 @@
     python train.py --pair qwen-llama                 # tiny offline policies on a CPU, small real ones on CUDA
     python train.py --pair trio --iterations 50 --seed 2
     python train.py --share prp                       # Mutual RL's data-level sharing (also xgrpo, sgt)
+    python train.py --share cross-fidelity            # the curator (curator.py): diagnose, repair, admit
     python train.py --name my-run --resume            # continue a killed run from its last checkpoint
 
 Each iteration draws one set of prompts for all policies (so groups on the same prompt exist for sharing);
 every policy samples G rollouts per prompt and gets outcome rewards and group advantages; the exchange
 (sharing.py) hands every policy what the sharing level lets cross from its peers; then every policy takes one
 GRPO update on its own rollouts and what it received. Metrics go to runs/NAME/metrics.jsonl, one line per
-policy and iteration, under stable names (charts/, losses/, sharing/, eval/);
+policy and iteration, under stable names (charts/, losses/, sharing/, fidelity/, eval/); a cross-fidelity run
+logs every curation decision to runs/NAME/fidelity.jsonl;
 checkpoints to runs/NAME/checkpoints; the evaluation report (eval.py) to runs/NAME at the end.
 """
 
