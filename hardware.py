@@ -17,11 +17,13 @@ pair (7B + 8B) included. What makes that true:
 
 from __future__ import annotations
 
+import shutil
 import time
 import weakref
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable, Iterator, TypeVar
 
 import torch
@@ -366,3 +368,60 @@ def describe(name: str, est: Estimate, flops_per_s: float) -> str:
     return (f"  {name}: {est.parameters / 1e6:.1f}M parameters, {est.trainable / 1e6:.2f}M trained; memory "
             f"~{est.total_bytes / gib:.2f} GiB ({terms}); >= {est.flops / flops_per_s:.2f} s per iteration "
             f"at the measured {flops_per_s / 1e12:.2f} TFLOP/s (generation is memory-bound: expect more)")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# A run's policies and their checkpoints (train.py builds and saves them, eval.py rebuilds and loads them)
+# ---------------------------------------------------------------------------------------------------------------
+
+def build_policies(args, scale: str, devices: list[torch.device], task_cfg) -> list[policies.Policy]:
+    """The run's policies as training starts: loaded (tiny warm-ups from the cache), adapters and checkpointing
+    as configured. `args` has train.Args' fields: train.py builds them from its Args, eval.py rebuilds a finished
+    run's from its config.json."""
+    model_paths = dict(item.split("=", 1) for item in args.model_paths)
+    pols = policies.load_policies(args.pair, scale, devices, task_cfg, args.seed, args.cache_dir,
+                                  model_paths, args.warmup_scale, args.model_dir)
+    for p in pols:
+        p.model.train()  # from_pretrained leaves eval mode, in which transformers skips gradient checkpointing
+        if args.lora_rank:
+            p.model = add_lora(p.model, args.lora_rank, args.lora_alpha)
+        if args.gradient_checkpointing:
+            p.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return pols
+
+
+def save_checkpoint(run_dir: Path, iteration: int, pols: list[policies.Policy],
+                    optimizers: list[torch.optim.Optimizer], state: object = None) -> None:
+    """Write iteration's checkpoint in full (with `state`, the run's other state, if any), then point `latest` at
+    it, then drop older ones."""
+    root = run_dir / "checkpoints"
+    target = root / f"iter-{iteration:06d}"
+    target.mkdir(parents=True, exist_ok=True)
+    for policy, optimizer in zip(pols, optimizers):
+        torch.save({"model": trainable_state(policy.model), "optimizer": optimizer.state_dict()},
+                   target / f"{policy.name}.pt")
+    if state is not None:
+        torch.save(state, target / "state.pt")
+    tmp = root / "latest.tmp"
+    tmp.write_text(target.name)
+    tmp.replace(root / "latest")
+    for old in root.glob("iter-*"):
+        if old != target:
+            shutil.rmtree(old)
+
+
+def load_checkpoint(run_dir: Path, pols: list[policies.Policy], optimizers: list[torch.optim.Optimizer] | None
+                    ) -> tuple[int, object]:
+    """Restore the last checkpoint (the optimizers too, unless None); returns how many iterations it had done and
+    the run's other state saved with it (None if none was)."""
+    latest = run_dir / "checkpoints" / "latest"
+    if not latest.exists():
+        raise FileNotFoundError(f"{run_dir} has no checkpoint")
+    folder = latest.parent / latest.read_text().strip()
+    for i, policy in enumerate(pols):
+        state = torch.load(folder / f"{policy.name}.pt", map_location=policy.device)
+        load_trainable_state(policy.model, state["model"])
+        if optimizers is not None:
+            optimizers[i].load_state_dict(state["optimizer"])
+    other = torch.load(folder / "state.pt", weights_only=False) if (folder / "state.pt").exists() else None
+    return int(folder.name.split("-")[1]), other

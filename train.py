@@ -3,13 +3,15 @@
     python train.py --pair qwen-llama                 # tiny offline policies on a CPU, small real ones on CUDA
     python train.py --pair trio --iterations 50 --seed 2
     python train.py --share prp                       # Mutual RL's data-level sharing (also xgrpo, sgt)
+    python train.py --share cross-fidelity            # the curator (curator.py): diagnose, repair, admit
     python train.py --name my-run --resume            # continue a killed run from its last checkpoint
 
 Each iteration draws one set of prompts for all policies (so groups on the same prompt exist for sharing);
 every policy samples G rollouts per prompt and gets outcome rewards and group advantages; the exchange
 (sharing.py) hands every policy what the sharing level lets cross from its peers; then every policy takes one
 GRPO update on its own rollouts and what it received. Metrics go to runs/NAME/metrics.jsonl, one line per
-policy and iteration, under stable names (charts/, losses/, sharing/, eval/);
+policy and iteration, under stable names (charts/, losses/, sharing/, fidelity/, eval/); a cross-fidelity run
+logs every curation decision to runs/NAME/fidelity.jsonl;
 checkpoints to runs/NAME/checkpoints; the evaluation report (eval.py) to runs/NAME at the end.
 """
 
@@ -17,7 +19,6 @@ from __future__ import annotations
 
 import json
 import random
-import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -27,6 +28,8 @@ import torch
 import tyro
 from tqdm import tqdm
 
+import coevolution
+import curator
 import eval as evaluation
 import grpo
 import hardware
@@ -47,10 +50,30 @@ class Args:
     model_dir: str | None = None
     """a directory with one folder per real policy, named like the last part of its hub id
     (e.g. DIR/Qwen2.5-0.5B-Instruct, as `hf download` makes with --local-dir); --model-paths takes precedence"""
-    share: Literal["none", "prp", "xgrpo", "sgt"] = "none"
+    share: Literal["none", "prp", "xgrpo", "sgt", "cross-fidelity"] = "none"
     """how experience crosses between policies (sharing.py): none = independent GRPO; prp = peer rollouts join the
     batch with truncated density ratios; xgrpo = peer rewards join the group baseline; sgt = peer successes
-    rescue prompts the receiver failed"""
+    rescue prompts the receiver failed; cross-fidelity = the curator (curator.py) diagnoses every peer rollout,
+    repairs it and admits it to one of the three levels or rejects it"""
+    fidelity_lambdas: tuple[float, float, float] = (1 / 3, 1 / 3, 1 / 3)
+    """cross-fidelity: weights of the TBD, CCM and RSD terms in the degradation D (summing to 1)"""
+    theta1: float = 0.1
+    """cross-fidelity: D below it admits a trajectory to PRP (the starting value with --thresholds adaptive). 0.1
+    and 0.15 sit near the 15% and 60% points of D before and the median of D after repair on the tiny pair
+    (README), so that each level is used"""
+    theta2: float = 0.15
+    """cross-fidelity: D at or above it leaves only SGT; in between, XGRPO"""
+    ccm_beta: float = 1.0
+    """cross-fidelity: the CCM repair's exponent, A_k <- A_k R_k^beta"""
+    ablate: tuple[Literal["tbd", "ccm", "rsd"], ...] = ()
+    """cross-fidelity: diagnoses (and their repairs) switched off"""
+    thresholds: Literal["fixed", "adaptive"] = "fixed"
+    """cross-fidelity: theta1, theta2 as given, or co-evolving per pair (coevolution.py's bandit)"""
+    process_signal: Literal["vpr", "intrinsic"] = "vpr"
+    """cross-fidelity: RSD repair with verified step credit where a step can be checked, or the intrinsic
+    gradient-norm signal on every step"""
+    predictor: bool = True
+    """cross-fidelity: let the fidelity predictor skip the gradient-norm diagnosis where it is sure"""
     ratio_cap: float = 2.0
     """prp, sgt: the truncation of the group-wise density ratio pi_receiver / pi_peer (2 as in truncated
     importance sampling); no weight exceeds it"""
@@ -161,38 +184,6 @@ def training_batch(policy: policies.Policy, rollouts: policies.Rollouts, receive
     return grpo.build_batch(prompts, completions, token_advantages, policy.tokenizer.pad_token_id, token_weights)
 
 
-def save_checkpoint(run_dir: Path, iteration: int, pols: list[policies.Policy],
-                    optimizers: list[torch.optim.Optimizer]) -> None:
-    """Write iteration's checkpoint in full, then point `latest` at it, then drop older ones."""
-    root = run_dir / "checkpoints"
-    target = root / f"iter-{iteration:06d}"
-    target.mkdir(parents=True, exist_ok=True)
-    for policy, optimizer in zip(pols, optimizers):
-        torch.save({"model": hardware.trainable_state(policy.model), "optimizer": optimizer.state_dict()},
-                   target / f"{policy.name}.pt")
-    tmp = root / "latest.tmp"
-    tmp.write_text(target.name)
-    tmp.replace(root / "latest")
-    for old in root.glob("iter-*"):
-        if old != target:
-            shutil.rmtree(old)
-
-
-def load_checkpoint(run_dir: Path, pols: list[policies.Policy], optimizers: list[torch.optim.Optimizer] | None
-                    ) -> int:
-    """Restore the last checkpoint (the optimizers too, unless None); returns how many iterations it had done."""
-    latest = run_dir / "checkpoints" / "latest"
-    if not latest.exists():
-        raise FileNotFoundError(f"{run_dir} has no checkpoint")
-    folder = latest.parent / latest.read_text().strip()
-    for i, policy in enumerate(pols):
-        state = torch.load(folder / f"{policy.name}.pt", map_location=policy.device)
-        hardware.load_trainable_state(policy.model, state["model"])
-        if optimizers is not None:
-            optimizers[i].load_state_dict(state["optimizer"])
-    return int(folder.name.split("-")[1])
-
-
 def truncate_metrics(path: Path, iteration: int) -> None:
     """Keep the metric lines logged up to `iteration`, so a resumed run repeats none and loses none."""
     if path.exists():
@@ -201,25 +192,11 @@ def truncate_metrics(path: Path, iteration: int) -> None:
         path.write_text("".join(line + "\n" for line in kept))
 
 
-def build_policies(args: Args, scale: str, devices: list[torch.device]) -> list[policies.Policy]:
-    """The run's policies as training starts: loaded (tiny warm-ups from the cache), adapters and checkpointing
-    as configured. eval.py rebuilds a finished run's policies with it too."""
-    model_paths = dict(item.split("=", 1) for item in args.model_paths)
-    pols = policies.load_policies(args.pair, scale, devices, args.task_config, args.seed, args.cache_dir,
-                                  model_paths, args.warmup_scale, args.model_dir)
-    for p in pols:
-        p.model.train()  # from_pretrained leaves eval mode, in which transformers skips gradient checkpointing
-        if args.lora_rank:
-            p.model = hardware.add_lora(p.model, args.lora_rank, args.lora_alpha)
-        if args.gradient_checkpointing:
-            p.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    return pols
-
-
 def print_estimates(args: Args, pols: list[policies.Policy], prompt_len: int) -> None:
     """Parameters, memory terms and a time bound per policy (hardware.estimate), before the first iteration."""
     rollouts = args.prompts_per_iteration * args.group_size
-    received = {"none": 0, "xgrpo": 0, "sgt": rollouts // 4, "prp": rollouts}[args.share] * (len(pols) - 1)
+    received = {"none": 0, "xgrpo": 0, "sgt": rollouts // 4, "prp": rollouts, "cross-fidelity": rollouts
+                }[args.share] * (len(pols) - 1)
     print("estimate per iteration (a bound to check the fit, not a measurement):")
     per_device: dict[torch.device, int] = {}
     throughput: dict[tuple[torch.device, torch.dtype], float] = {}
@@ -240,6 +217,15 @@ def print_estimates(args: Args, pols: list[policies.Policy], prompt_len: int) ->
                   f"{'fits' if total < capacity else 'DOES NOT FIT'}")
 
 
+def make_curator(args: Args, names: list[str]) -> curator.Curator:
+    """The curator of --share cross-fidelity, configured by the run's flags."""
+    cfg = curator.CuratorConfig(args.fidelity_lambdas, args.theta1, args.theta2, args.ccm_beta, args.ablate,
+                                args.process_signal)
+    return curator.Curator(cfg, names, args.seed,
+                           coevolution.BanditConfig() if args.thresholds == "adaptive" else None,
+                           coevolution.PredictorConfig() if args.predictor else None)
+
+
 def log(path: Path, record: dict) -> None:
     with path.open("a") as f:
         f.write(json.dumps(record) + "\n")
@@ -255,6 +241,7 @@ def main(args: Args) -> Path:
         raise FileExistsError(f"{run_dir} holds a run; pass --resume to continue it or --name for a new one")
     run_dir.mkdir(parents=True, exist_ok=True)
     metrics_path = run_dir / "metrics.jsonl"
+    fidelity_path = run_dir / "fidelity.jsonl"
     print(f"pair={args.pair} scale={scale} devices={','.join(map(str, devices))} run={run_dir}")
 
     config = json.loads(json.dumps({**asdict(args), "scale": scale}))  # as it reads back from config.json
@@ -276,7 +263,7 @@ def main(args: Args) -> Path:
         raise ValueError(f"{args.task}: {len(task.train)} training and {len(task.heldout)} held-out examples, need "
                          f"at least --prompts-per-iteration={args.prompts_per_iteration} and one")
     started = time.time()
-    pols = build_policies(args, scale, devices)
+    pols = hardware.build_policies(args, scale, devices, task_cfg)
     optimizers = [torch.optim.AdamW([w for w in p.model.parameters() if w.requires_grad], lr=args.lr,
                                     weight_decay=0.0) for p in pols]
     references = [hardware.reference_policy(p.model) if args.beta > 0 else None for p in pols]
@@ -299,14 +286,18 @@ def main(args: Args) -> Path:
             log(metrics_path, {"iteration": iteration, "policy": p.name, "time_s": time.time() - started, **record})
         return accuracies
 
+    curation = make_curator(args, [p.name for p in pols]) if args.share == "cross-fidelity" else None
     if args.resume and (run_dir / "checkpoints" / "latest").exists():
-        start = load_checkpoint(run_dir, pols, optimizers)
+        start, saved_curator = hardware.load_checkpoint(run_dir, pols, optimizers)
+        curation = saved_curator or curation
         truncate_metrics(metrics_path, start)
+        truncate_metrics(fidelity_path, start)
         accuracy = {p.name: float("nan") for p in pols}
         print(f"resumed from iteration {start}")
     else:  # a fresh run, or one killed before its first checkpoint: nothing to keep
         start = 0
         truncate_metrics(metrics_path, -1)
+        truncate_metrics(fidelity_path, -1)
         accuracy = evaluate(0)
 
     share_cfg = sharing.ShareConfig(args.share, args.ratio_cap, scale_by_std=args.scale_by_std,
@@ -328,7 +319,12 @@ def main(args: Args) -> Path:
                    for name, r in rollouts.items()}
         experiences = [sharing.Experience(p, prompts, rollouts[p.name], rewards[p.name],
                                           grpo.group_advantages(rewards[p.name], args.scale_by_std)) for p in pols]
-        received = sharing.exchange(experiences, share_cfg)
+        if curation is not None:
+            received, decisions = curation.exchange(experiences, task, problems, share_cfg, it + 1)
+            for record in decisions:
+                log(fidelity_path, record)
+        else:
+            received = sharing.exchange(experiences, share_cfg)
         def update(i: int) -> dict[str, float]:
             p = pols[i]
             batch = training_batch(p, rollouts[p.name], received[p.name])
@@ -340,13 +336,15 @@ def main(args: Args) -> Path:
         for p, stats in zip(pols, hardware.per_policy(update, list(range(len(pols))), parallel)):
             stats.update(grpo.rewards_stats(rewards[p.name]))
             stats.update(received[p.name].metrics)
+            if curation is not None:
+                stats["fidelity/guard_tripped"] = float(bool(curation.observe(p.name, stats)))
             stats["charts/finished"] = sum(rollouts[p.name].finished) / len(rollouts[p.name].finished)
             log(metrics_path, {"iteration": it + 1, "policy": p.name, "time_s": time.time() - started, **stats})
         done = it + 1
         if done % args.eval_every == 0 or done == args.iterations:
             accuracy = evaluate(done)
         if done % args.checkpoint_every == 0 or done == args.iterations:
-            save_checkpoint(run_dir, done, pols, optimizers)
+            hardware.save_checkpoint(run_dir, done, pols, optimizers, curation)
         bar.set_postfix({f"{n}_r": f"{rewards[n].mean():.2f}" for n in rewards} |
                         {f"{n}_acc": f"{a:.2f}" for n, a in accuracy.items()})
 

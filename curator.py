@@ -1,0 +1,629 @@
+"""CROSS-FIDELITY's curator: per-trajectory degradation, admission to a sharing level, and the repairs.
+
+Proposal §2.1, the degradation of a trajectory moved from a source policy to a receiver (DESIGN.md §4.1: the
+proposal's F grows with degradation, so it is called D here and fidelity is 1 - D):
+    D = l1 (1 - S_TBD) + l2 P + l3 D_RSD,      l1 + l2 + l3 = 1, each term in [0, 1]
+admitted as  D < theta1: PRP (its tokens, with repaired per-token advantages and truncated density ratios);
+theta1 <= D < theta2: XGRPO (only its reward joins the receiver's group on that prompt);  D >= theta2: SGT (it
+crosses only as a verified success on a prompt the receiver's whole group failed), else rejected. A trajectory
+above theta1 whose largest weighted term has a repair goes through the repair pipeline and is scored again.
+§2.2, the repairs, on the per-step credit of what crosses as tokens. §2.3 (threshold co-evolution, the
+fidelity predictor) is in coevolution.py.
+
+The three terms, each a mean over the trajectory's K steps (lines, DESIGN.md §4.6) of a per-step value in [0, 1]:
+  TBD  1 - S_TBD. tokalign's default byte-boundary similarity calls every 1:n digit group a hotspot, so a
+       Qwen -> Llama-3 trajectory would be degraded by construction. What the proposal means is whether the
+       split changes a step's meaning or credit, and per-token credit changes only where a token holds bytes
+       of two steps (its credit then mixes them) or where the receiver cannot reproduce the bytes. So step k's
+       value is max(its byte share in inexact groups, 1/2 per boundary with a neighbour step that exactly one
+       side straddles, tokalign.boundary_hotspots). It is 0 for a pure 1:n digit split, and could come out
+       either way for any pair. The Jaccard S_TBD is logged beside it (`tbd_jaccard`) to show the difference.
+  CCM  P = mean_k P_k / |A| = mean_k (1 - R_k), the share of the trajectory's credit that sits on steps the
+       receiver cannot reach, with R_k calibrated on the receiver's own steps (reachability.py). Normalizing by
+       |A| keeps the term in [0, 1] and makes it independent of how mixed the source's group happened to be
+       (a zero-advantage success that could rescue a prompt is still judged on its steps).
+  RSD  per typed step, sqrt(1 - exp(-KL(p_src || p_tgt))): the Bretagnolle-Huber bound on the total variation
+       between the two policies' step-success distributions, a probability in [0, 1), 0 exactly when they
+       agree; the trajectory term is the mean over typed steps (0 without any, as reward_drift does).
+An ablated term (--ablate) is not computed, its weight is dropped and the others renormalized to sum to 1, and
+its repair is off.
+
+The repairs compose on one step in a fixed order (the proposal's challenge 3), starting from the sequence
+advantage A the trajectory would carry (its own-group advantage for PRP, its rescue advantage for SGT):
+  1. RSD: c_k = (1 - mix) A + mix s_k, s_k = r_k - p_tgt(type_k) for a verified step (VPR), or the intrinsic
+     signal rank(-g_k) - 1/2 over the trajectory's steps where a step cannot be checked (or with
+     --process-signal intrinsic). It sets what the step is worth to the receiver;
+  2. CCM: c_k <- c_k R_k^beta, after RSD so that the additive recalibration cannot hand credit back to a step
+     the receiver cannot reach;
+  3. TBD: source tokens carry their step's credit (tokens outside steps carry A) and the credit moves to the
+     receiver's tokens by byte overlap (tokalign.redistribute), last because it is the transport of whatever
+     credit the steps hold; ablated, each receiver token takes the credit of the step its first byte is in.
+Scored again after repair, each term can only fall: TBD keeps its inexact bytes only (redistribution resolves a
+straddled boundary, not bytes the receiver lacks), CCM becomes mean_k R_k^beta (1 - R_k), RSD (1 - mix) of the
+drift of the steps the recalibration reached.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+
+import torch
+
+import coevolution
+import grpo
+import policies
+import reachability
+import reward_drift
+import sharing
+import tasks
+import tokalign
+
+TERMS = ("tbd", "ccm", "rsd")
+LEVELS = ("prp", "xgrpo", "sgt")
+
+
+@dataclass(frozen=True)
+class CuratorConfig:
+    lambdas: tuple[float, float, float] = (1 / 3, 1 / 3, 1 / 3)
+    """weights of the TBD, CCM and RSD terms in D; they must sum to 1"""
+    theta1: float = 0.1
+    """D below it: PRP (the starting value where thresholds adapt); train.Args explains the default"""
+    theta2: float = 0.15
+    """D at or above it: SGT; between theta1 and theta2: XGRPO"""
+    ccm_beta: float = 1.0
+    """the CCM repair's exponent: A_k <- A_k R_k^beta"""
+    ablate: tuple[str, ...] = ()
+    """terms whose diagnosis and repair are off: any of tbd, ccm, rsd"""
+    process_signal: str = "vpr"
+    """RSD repair: vpr = verified step credit where a step can be checked, intrinsic elsewhere; intrinsic = the
+    gradient-norm signal on every step"""
+    credit_mix: float = 0.5
+    """RSD repair: the weight of the step's process signal against the outcome advantage"""
+    reach_subset: str = "all"
+    """parameters of the receiver whose gradient norms give R_k (reachability.parameter_subset)"""
+    reach_quantile: float = 0.9
+    """R = 1/2 at this quantile of the receiver's own step norms"""
+    calibration_rollouts: int = 8
+    """own rollouts of the receiver whose steps calibrate alpha each iteration"""
+    step_window: int = 20
+    """iterations of step statistics behind D_RSD"""
+
+    def __post_init__(self):
+        if len(self.lambdas) != 3 or min(self.lambdas) < 0 or not math.isclose(sum(self.lambdas), 1.0, abs_tol=1e-6):
+            raise ValueError(f"lambdas must be three non-negative weights summing to 1, got {self.lambdas}")
+        if not 0 <= self.theta1 <= self.theta2:
+            raise ValueError(f"need 0 <= theta1 <= theta2, got {self.theta1}, {self.theta2}")
+        if set(self.ablate) - set(TERMS) or set(self.ablate) == set(TERMS):
+            raise ValueError(f"ablate takes a proper subset of {TERMS}, got {self.ablate}")
+        if self.process_signal not in ("vpr", "intrinsic"):
+            raise ValueError(f"process_signal is vpr or intrinsic, got {self.process_signal!r}")
+
+    @property
+    def weights(self) -> torch.Tensor:
+        """[3] the lambdas with ablated terms dropped and the rest renormalized."""
+        w = torch.tensor([0.0 if t in self.ablate else l for t, l in zip(TERMS, self.lambdas)], dtype=torch.float64)
+        if w.sum() <= 0:
+            raise ValueError(f"every term with a weight is ablated: lambdas {self.lambdas}, ablate {self.ablate}")
+        return w / w.sum()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# One trajectory's diagnosis
+# ---------------------------------------------------------------------------------------------------------------
+
+def step_byte_spans(data: bytes, spans_of) -> list[tuple[int, int]]:
+    """The steps (`spans_of(text)`, character spans) of a completion as byte spans of `data`, exactly, even where
+    `data` is not valid UTF-8 (each invalid byte counts as one character: surrogateescape)."""
+    text = data.decode("utf-8", errors="surrogateescape")
+    starts = [0]
+    for ch in text:
+        starts.append(starts[-1] + len(ch.encode("utf-8", errors="surrogateescape")))
+    return [(starts[a], starts[b]) for a, b in spans_of(text)]
+
+
+def tbd_steps(alignment: tokalign.Alignment, source: tokalign.Encoding, target: tokalign.Encoding,
+              steps: list[tuple[int, int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """[K] the TBD value of each step, and [K] what the repair leaves of it (its inexact byte share)."""
+    inexact = torch.zeros(len(steps), dtype=torch.float64)
+    for (g0, g1), ok in zip(alignment.span, alignment.exact):
+        if not ok:
+            for k, (a, b) in enumerate(steps):
+                inexact[k] += max(0, min(b, g1) - max(a, g0)) / max(b - a, 1)
+    straddled = torch.zeros(len(steps), dtype=torch.float64)
+    for k, _ in tokalign.boundary_hotspots(source, target, steps):
+        straddled[k] += 0.5
+        straddled[k + 1] += 0.5
+    return torch.maximum(inexact.clamp(max=1.0), straddled), inexact.clamp(max=1.0)
+
+
+def drift_bound(kl: torch.Tensor) -> torch.Tensor:
+    """sqrt(1 - exp(-KL)), the Bretagnolle-Huber bound on total variation: [0, inf) -> [0, 1)."""
+    return torch.sqrt(-torch.expm1(-kl.clamp(min=0)))
+
+
+def rsd_steps(source: reward_drift.StepStats, target: reward_drift.StepStats,
+              process: list[reward_drift.StepReward]) -> torch.Tensor:
+    """[K] the normalized drift of each step; NaN for a line that is not a typed step."""
+    drifts = [reward_drift.step_drift(source, target, s.type) for s in process]
+    return drift_bound(torch.tensor([math.nan if d is None else d for d in drifts], dtype=torch.float64))
+
+
+def mean_or_zero(values: torch.Tensor) -> float:
+    """Mean over the finite entries, 0 if there are none."""
+    finite = values[torch.isfinite(values)]
+    return finite.mean().item() if finite.numel() else 0.0
+
+
+def degradation(terms: torch.Tensor, weights: torch.Tensor) -> float:
+    """D = sum_i lambda_i term_i; terms [3] in [0, 1], NaN for an ablated term (its weight is 0)."""
+    return float((torch.nan_to_num(terms, nan=0.0) * weights).sum())
+
+
+def admission_band(d: float, theta1: float, theta2: float) -> int:
+    """0 = PRP, 1 = XGRPO, 2 = SGT."""
+    if not math.isfinite(d):
+        raise ValueError(f"the degradation is {d}; a trajectory cannot be admitted on it")
+    return 0 if d < theta1 else 1 if d < theta2 else 2
+
+
+@dataclass
+class Diagnosis:
+    """A trajectory's per-step diagnosis, before and after repair; NaN where a term is ablated or not computed."""
+
+    tbd: torch.Tensor            # [K]
+    tbd_repaired: torch.Tensor   # [K]
+    rsd: torch.Tensor            # [K]  NaN on untyped lines
+    reach: torch.Tensor | None   # [K]  R_k, None when the gradient norms were skipped or CCM is ablated
+    norms: torch.Tensor | None   # [K]  the receiver's sqrt(|k|)-scaled step gradient norms
+
+    def terms(self, cfg: CuratorConfig, repaired: bool = False) -> torch.Tensor:
+        """[3] the trajectory's TBD, CCM and RSD terms (NaN where ablated or unknown)."""
+        tbd = mean_or_zero(self.tbd_repaired if repaired else self.tbd)
+        ccm = math.nan
+        if self.reach is not None:
+            ccm = (self.reach.pow(cfg.ccm_beta) * (1 - self.reach) if repaired else 1 - self.reach).mean().item()
+        rsd = mean_or_zero(self.rsd * (1 - cfg.credit_mix) if repaired and self.rsd_repairable(cfg) else self.rsd)
+        out = torch.tensor([tbd, ccm, rsd], dtype=torch.float64)
+        return torch.where(torch.tensor([t in cfg.ablate for t in TERMS]), torch.full_like(out, math.nan), out)
+
+    def rsd_repairable(self, cfg: CuratorConfig) -> bool:
+        """VPR reaches every typed step; the intrinsic signal needs the gradient norms."""
+        return cfg.process_signal == "vpr" or self.norms is not None
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Repairs: per-step credit, then onto the receiver's tokens
+# ---------------------------------------------------------------------------------------------------------------
+
+def step_credit(advantage: float, process: list[reward_drift.StepReward], diagnosis: Diagnosis,
+                target: reward_drift.StepStats, cfg: CuratorConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """[K] each step's repaired credit: RSD recalibration, then CCM attenuation (the module docstring's order);
+    and [K] which steps the RSD recalibration reached."""
+    credit = torch.full((len(process),), float(advantage), dtype=torch.float64)
+    recalibrated = torch.zeros(len(process), dtype=torch.bool)
+    if "rsd" not in cfg.ablate:
+        verified = reward_drift.verified_credit(advantage, process, target, cfg.credit_mix) \
+            if cfg.process_signal == "vpr" else [None] * len(process)
+        intrinsic = (reward_drift.intrinsic_step_rewards(diagnosis.norms.double()) - 0.5
+                     if diagnosis.norms is not None else None)
+        for k, v in enumerate(verified):
+            if v is not None:
+                credit[k] = v
+            elif intrinsic is not None:
+                credit[k] = (1 - cfg.credit_mix) * advantage + cfg.credit_mix * intrinsic[k].item()
+            recalibrated[k] = v is not None or intrinsic is not None
+    if "ccm" not in cfg.ablate and diagnosis.reach is not None:
+        credit = reachability.repair(credit, diagnosis.reach.double(), cfg.ccm_beta)
+    return credit, recalibrated
+
+
+def token_credit(source: tokalign.Encoding, target: tokalign.Encoding, alignment: tokalign.Alignment,
+                 steps: list[tuple[int, int]], credit: torch.Tensor, advantage: float, redistribute: bool
+                 ) -> torch.Tensor:
+    """[m] the receiver's per-token advantages from per-step credit [K]; tokens outside every step carry A.
+
+    redistribute (the TBD repair): source tokens take their step's credit, moved by byte overlap; off: each
+    receiver token takes the credit of the step its first byte lies in.
+    """
+    def per_token(offsets: list[tuple[int, int]]) -> torch.Tensor:
+        out = torch.full((len(offsets),), float(advantage), dtype=torch.float64)
+        for t, (s, e) in enumerate(offsets):
+            for k, (a, b) in enumerate(steps):
+                if a <= s < b and e > s:
+                    out[t] = credit[k]
+                    break
+        return out
+    if redistribute:
+        return tokalign.redistribute(alignment, source, target, per_token(source.offsets)).float()
+    return per_token(target.offsets).float()
+
+
+def hotspot_steps(diagnosis: Diagnosis) -> dict[str, list[int]]:
+    """Steps flagged per term: a straddled or unreproduced step (TBD > 0), R_k < 1/2 (beyond the receiver's own
+    calibration quantile), a drift bound above 1/2."""
+    out = {"tbd": (diagnosis.tbd > 0).nonzero().flatten().tolist(),
+           "rsd": (torch.nan_to_num(diagnosis.rsd) > 0.5).nonzero().flatten().tolist()}
+    out["ccm"] = (diagnosis.reach < 0.5).nonzero().flatten().tolist() if diagnosis.reach is not None else []
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# One exchange: diagnose, predict, score, repair, admit, cross
+# ---------------------------------------------------------------------------------------------------------------
+
+FEATURES = ("tokens/50", "non-1:1 share", "steps/5", "reward", "|A|", "tbd", "rsd", "pair recent D")
+
+
+@dataclass
+class Offer:
+    """One source rollout offered to one receiver, in the receiver's tokenization, with its diagnosis."""
+
+    source: sharing.Experience
+    index: int                               # flat index in the source's rollouts
+    src: tokalign.Encoding
+    tgt: tokalign.Encoding
+    alignment: tokalign.Alignment
+    steps: list[tuple[int, int]]             # K byte spans, each covered by receiver tokens
+    ranges: list[tuple[int, int]]            # K receiver token ranges of the steps
+    process: list[reward_drift.StepReward]   # K
+    diagnosis: Diagnosis
+    jaccard: float                           # 1 - tokalign's byte-boundary S_TBD, for comparison only
+
+    @property
+    def prompt(self) -> int:
+        return self.index // self.source.rollouts.group_size
+
+    @property
+    def reward(self) -> float:
+        return self.source.rewards.flatten()[self.index].item()
+
+    @property
+    def advantage(self) -> float:
+        return self.source.advantages.flatten()[self.index].item()
+
+
+def process_steps(task: tasks.Task, example, text: str) -> list[reward_drift.StepReward]:
+    """The task's verdict and the step type of every step (line) of a completion (VPR-style signal)."""
+    spans = task.step_spans(text)
+    verdicts = task.step_verdicts(example, text)
+    return [reward_drift.StepReward(span, reward_drift.step_type(text[span[0]:span[1]]),
+                                    None if v is None else float(v)) for span, v in zip(spans, verdicts)]
+
+
+def make_offer(source: sharing.Experience, index: int, receiver: policies.Policy, task: tasks.Task, example,
+               stats: dict[str, reward_drift.StepStats], cfg: CuratorConfig) -> Offer | None:
+    """The cheap diagnosis (TBD, RSD) of one rollout for one receiver; None when no step of it reaches the
+    receiver's tokens (an empty completion, a lone cut byte)."""
+    src = tokalign.Encoding.from_ids(source.rollouts.completion_ids[index].tolist(), source.policy.token_bytes)
+    tgt = tokalign.retokenize(src, receiver.tokenizer, receiver.token_bytes)
+    steps = step_byte_spans(src.data, task.step_spans)
+    process = process_steps(task, example, source.rollouts.texts[index])
+    kept = [(span, reachability.step_token_ranges(tgt.offsets, [span]), p) for span, p in zip(steps, process)]
+    kept = [(span, ranges[0], p) for span, ranges, p in kept if ranges]
+    if not kept:
+        return None
+    steps, ranges, process = (list(x) for x in zip(*kept))
+    alignment = tokalign.align(src, tgt)
+    tbd, tbd_left = tbd_steps(alignment, src, tgt, steps)
+    rsd = rsd_steps(stats[source.policy.name], stats[receiver.name], process)
+    jaccard = 1 - mean_or_zero(tokalign.step_consistency(alignment, tokalign.boundary_similarity(alignment), steps))
+    return Offer(source, index, src, tgt, alignment, steps, ranges, process, Diagnosis(tbd, tbd_left, rsd, None, None),
+                 jaccard)
+
+
+def offer_features(offer: Offer, cfg: CuratorConfig, recent: float) -> torch.Tensor:
+    """[F] the cheap features of FEATURES (ablated terms read 0)."""
+    terms = torch.nan_to_num(offer.diagnosis.terms(cfg))
+    modes = offer.alignment.modes
+    return torch.tensor([len(offer.tgt.ids) / 50, sum(m != "1:1" for m in modes) / max(len(modes), 1),
+                         len(offer.steps) / 5, offer.reward, abs(offer.advantage), terms[0].item(), terms[2].item(),
+                         recent], dtype=torch.float64)
+
+
+def own_steps(policy: policies.Policy, experience: sharing.Experience, task: tasks.Task, count: int
+              ) -> list[tuple[list[int], list[int], list[tuple[int, int]]]]:
+    """Up to `count` of a policy's own rollouts as (prompt ids, completion ids, step token ranges): the steps its
+    reachability is calibrated on."""
+    items = []
+    for prompt, ids in zip(experience.rollouts.prompt_ids, experience.rollouts.completion_ids):
+        encoding = tokalign.Encoding.from_ids(ids.tolist(), policy.token_bytes)
+        ranges = reachability.step_token_ranges(encoding.offsets, step_byte_spans(encoding.data, task.step_spans))
+        if ranges:
+            items.append((prompt.tolist(), ids.tolist(), ranges))
+        if len(items) == count:
+            break
+    return items
+
+
+def step_norms(policy: policies.Policy, items: list[tuple[list[int], list[int], list[tuple[int, int]]]],
+               params: list[torch.nn.Parameter]) -> list[torch.Tensor]:
+    """Per item, [K] its steps' gradient norms under `policy` (reachability.step_grad_norms, exact)."""
+    if not items:
+        return []
+    input_ids, attention, steps = reachability.batch_inputs(items, policy.tokenizer.pad_token_id)
+    flat = reachability.step_grad_norms(policy.model, input_ids.to(policy.device), attention.to(policy.device),
+                                        steps, params)
+    return list(flat.split([len(s) for s in steps]))
+
+
+def rescue_candidate(offer: Offer, own_rewards: torch.Tensor, success: float) -> bool:
+    """A verified success on a prompt where the receiver's whole group (own_rewards [B, G]) failed (SGT)."""
+    return offer.reward >= success and bool((own_rewards[offer.prompt] < success).all())
+
+
+def crosses_tokens(band: int, offer: Offer, own_rewards: torch.Tensor, success: float) -> bool:
+    """Whether the trajectory's tokens would enter the receiver's batch at this band."""
+    return (band == 0 and offer.advantage != 0) or (band == 2 and rescue_candidate(offer, own_rewards, success))
+
+
+def score(offer: Offer, cfg: CuratorConfig, theta: tuple[float, float]) -> dict:
+    """D, its band and dominant term; where the band is above PRP and the dominant term has a repair that lowers
+    it, the trajectory is repaired and scored again, and the band is that of the repaired D."""
+    weights = cfg.weights
+    before, after = offer.diagnosis.terms(cfg), offer.diagnosis.terms(cfg, repaired=True)
+    d, d_repaired = degradation(before, weights), degradation(after, weights)
+    weighted = torch.nan_to_num(before) * weights
+    dominant = TERMS[int(weighted.argmax())]
+    band = admission_band(d, *theta)
+    i = TERMS.index(dominant)
+    through_repair = band > 0 and bool(torch.nan_to_num(after[i]) < torch.nan_to_num(before[i]) - 1e-12)
+    if through_repair:
+        band = admission_band(d_repaired, *theta)
+    dominant_after = TERMS[int((torch.nan_to_num(after) * weights).argmax())]
+    return {"D": d, "D_repaired": d_repaired, "fidelity": 1 - d, "band": band, "dominant": dominant,
+            "dominant_repaired": dominant_after, "through_repair": through_repair,
+            "terms": dict(zip(TERMS, before.tolist())), "terms_repaired": dict(zip(TERMS, after.tolist()))}
+
+
+def admit(offers: list[Offer], bands: list[int], receiver: sharing.Experience, share: sharing.ShareConfig
+          ) -> tuple[list[tuple[str, str, str]], dict[int, tuple[Offer, float]], torch.Tensor]:
+    """Admission of every offer by its band (DESIGN.md §4.1). Returns per offer (level, what crosses, reason);
+    the offers whose tokens cross, by position, with the advantage they carry (their own-group advantage for
+    PRP; for SGT their credit as members of the receiver's failed group, pooled over the rescues of the prompt);
+    and the receiver's advantages [B, G] with the XGRPO-admitted peer rewards in its groups' statistics."""
+    pooled: dict[int, list[float]] = defaultdict(list)
+    picks: dict[int, tuple[Offer, float]] = {}
+    rescues: dict[int, list[int]] = defaultdict(list)
+    decisions = []
+    for k, (o, band) in enumerate(zip(offers, bands)):
+        if band == 0:
+            decisions.append(("prp", "tokens", "D < theta1") if o.advantage != 0 else
+                             ("prp", "none", "D < theta1, but A = 0: nothing to carry"))
+            if o.advantage != 0:
+                picks[k] = (o, o.advantage)
+        elif band == 1:
+            pooled[o.prompt].append(o.reward)
+            decisions.append(("xgrpo", "reward", "theta1 <= D < theta2"))
+        elif rescue_candidate(o, receiver.rewards, share.success):
+            rescues[o.prompt].append(k)
+            decisions.append(("sgt", "tokens", "D >= theta2, a verified rescue"))
+        else:
+            decisions.append(("rejected", "none", "D >= theta2, not a verified success on a prompt the receiver failed"))
+    for b, members in rescues.items():
+        credit = sharing.rescue_advantages(receiver.rewards[b], torch.tensor([offers[k].reward for k in members]),
+                                           share.scale_by_std)
+        for k, a in zip(members, credit.tolist()):
+            picks[k] = (offers[k], a)
+    advantages = receiver.advantages.clone()                                           # [B, G]
+    for b, rewards in pooled.items():
+        pooled_rewards = torch.cat([receiver.rewards[b], torch.tensor(rewards)]).unsqueeze(0)      # [1, G + S]
+        advantages[b] = grpo.group_advantages(pooled_rewards, share.scale_by_std)[0, :advantages.shape[1]]
+    return decisions, picks, advantages
+
+
+class Curator:
+    """The curator across iterations: each policy's step statistics, each pair's recent degradation, the
+    thresholds (fixed or co-evolving) and the fidelity predictor. `exchange` curates one iteration."""
+
+    def __init__(self, cfg: CuratorConfig, names: list[str], seed: int, bandit: coevolution.BanditConfig | None,
+                 predictor: coevolution.PredictorConfig | None):
+        self.cfg = cfg
+        self.stats = {n: reward_drift.StepStats(cfg.step_window) for n in names}
+        self.pairs = {(a, b): i for i, (a, b) in enumerate((a, b) for a in names for b in names if a != b)}
+        self.recent = {pair: 0.0 for pair in self.pairs}              # EMA of D per pair: a predictor feature
+        self.alpha: dict[str, float] = {}                             # each receiver's last calibration
+        self.bandit = coevolution.ThresholdBandit(cfg.theta1, cfg.theta2, bandit, seed) if bandit else None
+        self.predictor = (coevolution.FidelityPredictor(len(FEATURES) + len(self.pairs), predictor, seed)
+                          if predictor else None)
+
+    def thresholds(self, source: str, receiver: str, gap: float) -> tuple[float, float]:
+        return self.bandit.choose(source, receiver, gap) if self.bandit else (self.cfg.theta1, self.cfg.theta2)
+
+    def observe(self, receiver: str, stats: dict[str, float]) -> list[str]:
+        """After the receiver's update: the stability guard's verdict moves its pairs' thresholds."""
+        return self.bandit.observe(receiver, stats) if self.bandit else []
+
+    def exchange(self, experiences: list[sharing.Experience], task: tasks.Task, examples: list,
+                 share: sharing.ShareConfig, iteration: int) -> tuple[dict[str, sharing.Received], list[dict]]:
+        """Curate what every policy receives from every other one. examples [B]: the iteration's prompts' items.
+
+        Returns per receiver what it trains on (metrics under fidelity/ and sharing/) and one record per offered
+        trajectory (fidelity.jsonl)."""
+        started = time.perf_counter()
+        for e in experiences:
+            group = e.rollouts.group_size
+            self.stats[e.policy.name].add_iteration([s for i, text in enumerate(e.rollouts.texts)
+                                                     for s in process_steps(task, examples[i // group], text)])
+        stats_s = time.perf_counter() - started
+        out, records = {}, []
+        for receiver in experiences:
+            peers = [e for e in experiences if e is not receiver]
+            out[receiver.policy.name], mine = self._receive(receiver, peers, task, examples, share, iteration)
+            metrics = out[receiver.policy.name].metrics
+            metrics["fidelity/time_s/statistics"] = stats_s / len(experiences)
+            metrics["fidelity/time_s/curation"] += stats_s / len(experiences)
+            records += mine
+        return out, records
+
+    def measure_reach(self, receiver: sharing.Experience, offers: list[Offer], task: tasks.Task) -> None:
+        """The expensive diagnosis: the receiver's step gradient norms of `offers`, and R_k with alpha calibrated
+        on its own steps of this iteration (a receiver without any keeps its last alpha)."""
+        cfg, q = self.cfg, receiver.policy
+        intrinsic = "rsd" not in cfg.ablate and (cfg.process_signal == "intrinsic"
+                                                 or any(s.reward is None for o in offers for s in o.process))
+        if not offers or ("ccm" in cfg.ablate and not intrinsic):
+            return
+        params = reachability.parameter_subset(q.model, cfg.reach_subset)
+        prompt_ids = {b: q.encode_prompt(receiver.prompts[b]) for b in {o.prompt for o in offers}}
+        norms = step_norms(q, [(prompt_ids[o.prompt], o.tgt.ids, o.ranges) for o in offers], params)
+        alpha = None
+        if "ccm" not in cfg.ablate:
+            own = step_norms(q, own_steps(q, receiver, task, cfg.calibration_rollouts), params)
+            if own:
+                self.alpha[q.name] = reachability.calibrate_alpha(torch.cat(own), cfg.reach_quantile)
+            if q.name not in self.alpha:
+                raise ValueError(f"{q.name}'s rollouts have no step to calibrate reachability on yet")
+            alpha = self.alpha[q.name]
+        for o, g in zip(offers, norms):
+            o.diagnosis.norms = g
+            o.diagnosis.reach = reachability.reachability(g, alpha) if alpha is not None else None
+
+    def _receive(self, receiver: sharing.Experience, peers: list[sharing.Experience], task: tasks.Task,
+                 examples: list, share: sharing.ShareConfig, iteration: int) -> tuple[sharing.Received, list[dict]]:
+        cfg, q, timer = self.cfg, receiver.policy, defaultdict(float)
+        clock = time.perf_counter()
+
+        def lap(phase: str) -> None:
+            nonlocal clock
+            now = time.perf_counter()
+            timer[phase] += now - clock
+            clock = now
+        offers, thetas, records = [], {}, []
+        for peer in peers:
+            gap = peer.rewards.mean().item() - receiver.rewards.mean().item()
+            thetas[peer.policy.name] = self.thresholds(peer.policy.name, q.name, gap)
+            for i in range(len(peer.rollouts.completion_ids)):
+                offer = make_offer(peer, i, q, task, examples[i // peer.rollouts.group_size], self.stats, cfg)
+                if offer is None:
+                    records.append({"source": peer.policy.name, "index": i, "level": "rejected", "crossed": "none",
+                                    "reason": "no step reaches the receiver's tokens", "repairs": []})
+                else:
+                    offers.append(offer)
+        lap("diagnosis")
+
+        pair_ids = [self.pairs[(o.source.policy.name, q.name)] for o in offers]
+        features = torch.stack([torch.cat([offer_features(o, cfg, self.recent[(o.source.policy.name, q.name)]),
+                                           torch.nn.functional.one_hot(torch.tensor(p), len(self.pairs)).double()])
+                                for o, p in zip(offers, pair_ids)]) if offers else torch.zeros(0, 0)
+        predicted, prob = (self.predictor.predict(features) if self.predictor and offers
+                           else (torch.full((len(offers),), -1), torch.zeros(len(offers))))
+        sure, skipped = [False] * len(offers), [False] * len(offers)
+        if self.predictor:
+            for k, o in enumerate(offers):
+                sure[k], skip = self.predictor.may_skip(prob[k].item())
+                skipped[k] = skip and not crosses_tokens(int(predicted[k]), o, receiver.rewards, share.success)
+        lap("prediction")
+
+        full = [o for o, skip in zip(offers, skipped) if not skip]
+        self.measure_reach(receiver, full, task)
+        lap("gradnorms")
+
+        scores = [None if skip else score(o, cfg, thetas[o.source.policy.name]) for o, skip in zip(offers, skipped)]
+        lap("repair")
+        if self.predictor and full:
+            self.predictor.learn(features[torch.tensor([not s for s in skipped])],
+                                 torch.tensor([s["band"] for s in scores if s is not None]))
+            for k, s in enumerate(scores):
+                if sure[k] and s is not None:
+                    self.predictor.audited(int(predicted[k]) == s["band"])
+        lap("prediction")
+
+        bands = [int(predicted[k]) if sc is None else sc["band"] for k, sc in enumerate(scores)]
+        decisions, picks, advantages = admit(offers, bands, receiver, share)
+        decisions = [(lv, crossed, why + (" (predicted, diagnosis skipped)" if sc is None else
+                                          f" (on the repaired D: {sc['dominant'].upper()} dominated)"
+                                          if sc["through_repair"] else ""))
+                     for (lv, crossed, why), sc in zip(decisions, scores)]
+        lap("admission")
+
+        crossings, repairs = [], {}
+        for peer in peers:
+            mine = {o.index: (k, a) for k, (o, a) in picks.items() if o.source is peer}
+            for c in sharing.cross(peer, [(i, a) for i, (_, a) in sorted(mine.items())], q, share):
+                k, a = mine[c.index]
+                o = offers[k]
+                credit, recalibrated = step_credit(a, o.process, o.diagnosis, self.stats[q.name], cfg)
+                tokens = token_credit(o.src, o.tgt, o.alignment, o.steps, credit, a, "tbd" not in cfg.ablate)
+                crossings.append(dataclasses.replace(c, advantages=tokens))
+                done = {"tbd": bool((o.diagnosis.tbd > 0).any()), "ccm": o.diagnosis.reach is not None,
+                        "rsd": bool(recalibrated.any())}
+                repairs[k] = [t for t in TERMS if t not in cfg.ablate and done[t]]
+        lap("crossing")
+
+        for k, (o, s) in enumerate(zip(offers, scores)):
+            level, crossed, reason = decisions[k]
+            if s is not None:
+                self.recent[(o.source.policy.name, q.name)] = 0.9 * self.recent[(o.source.policy.name, q.name)] \
+                    + 0.1 * s["D"]
+            records.append(offer_record(o, s, level, crossed, reason, repairs.get(k, []), thetas[o.source.policy.name],
+                                        int(predicted[k]), prob[k].item(), skipped[k]))
+        for r in records:
+            r.update(iteration=iteration, receiver=q.name)
+        metrics = {**sharing.crossing_metrics(crossings, share.ratio_cap),
+                   **fidelity_metrics(records, thetas, self.predictor),
+                   **{f"fidelity/time_s/{phase}": t for phase, t in timer.items()},
+                   "fidelity/time_s/curation": sum(timer.values())}
+        return sharing.Received(advantages, crossings, metrics), records
+
+
+
+def offer_record(offer: Offer, scored: dict | None, level: str, crossed: str, reason: str, repairs: list[str],
+                 theta: tuple[float, float], predicted: int, prob: float, skipped: bool) -> dict:
+    """One line of fidelity.jsonl: the decision with its reasons, the terms before and after repair, and each step
+    with its values and the terms it is a hotspot of."""
+    d = offer.diagnosis
+    hot = hotspot_steps(d)
+    text = offer.src.data.decode("utf-8", errors="replace")
+    steps = [{"text": offer.src.data[a:b].decode("utf-8", errors="replace"), "tbd": d.tbd[k].item(),
+              "ccm": None if d.reach is None else 1 - d.reach[k].item(),
+              "rsd": None if math.isnan(d.rsd[k].item()) else d.rsd[k].item(),
+              "hot": [t for t in TERMS if k in hot[t]]} for k, (a, b) in enumerate(offer.steps)]
+    return {"source": offer.source.policy.name, "index": offer.index, "prompt": offer.prompt, "reward": offer.reward,
+            "advantage": offer.advantage, "level": level, "crossed": crossed, "reason": reason,
+            "repairs": repairs, "theta": list(theta), "predicted": LEVELS[predicted] if predicted >= 0 else None,
+            "predicted_prob": prob, "skipped": skipped, "tbd_jaccard": offer.jaccard, **(scored or {}),
+            "text": text, "steps": steps, "tbd_bytes": tbd_bytes(offer)}
+
+
+def tbd_bytes(offer: Offer) -> list[tuple[int, int]]:
+    """Byte spans of the TBD hotspot tokens: groups the receiver could not reproduce, and the token of the side
+    that straddles a step boundary the other side does not."""
+    spans = [span for span, ok in zip(offer.alignment.span, offer.alignment.exact) if not ok and span[1] > span[0]]
+    for k, side in tokalign.boundary_hotspots(offer.src, offer.tgt, offer.steps):
+        encoding = offer.src if side == "source" else offer.tgt
+        last = offer.steps[k][1] - 1
+        spans += [(a, b) for a, b in encoding.offsets if a <= last < b]
+    return sorted(spans)
+
+
+def fidelity_metrics(records: list[dict], thetas: dict[str, tuple[float, float]],
+                     predictor: coevolution.FidelityPredictor | None) -> dict[str, float]:
+    """One receiver's iteration under fidelity/: admission shares, mean D and terms (fully diagnosed
+    trajectories), repairs, step-level co-occurrence of hotspots, the predictor, the thresholds per source."""
+    n = max(len(records), 1)
+    out = {"fidelity/offered": float(len(records))}
+    for level in (*LEVELS, "rejected"):
+        out[f"fidelity/admitted_{level}" if level != "rejected" else "fidelity/rejected"] = \
+            sum(r["level"] == level for r in records) / n
+    scored = [r for r in records if "D" in r]
+    for key, values in (("d", [r["D"] for r in scored]), ("d_repaired", [r["D_repaired"] for r in scored]),
+                        ("tbd_jaccard", [r["tbd_jaccard"] for r in scored]),
+                        *((t, [r["terms"][t] for r in scored if not math.isnan(r["terms"][t])]) for t in TERMS)):
+        if values:
+            out[f"fidelity/{key}_mean"] = sum(values) / len(values)
+    out["fidelity/through_repair"] = float(sum(r["through_repair"] for r in scored))
+    for t in TERMS:
+        out[f"fidelity/repairs_{t}"] = float(sum(t in r["repairs"] for r in records))
+    steps = [s for r in scored for s in r["steps"]]
+    if steps:
+        out["fidelity/hotspot_cooccurrence"] = sum(len(s["hot"]) >= 2 for s in steps) / len(steps)
+    out["fidelity/predictor_skips"] = float(sum(r.get("skipped", False) for r in records))
+    if predictor is not None:
+        out["fidelity/predictor_accuracy"] = predictor.accuracy
+    for source, (t1, t2) in thetas.items():
+        out[f"fidelity/theta1/{source}"], out[f"fidelity/theta2/{source}"] = t1, t2
+    return out
