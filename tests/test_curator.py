@@ -13,8 +13,10 @@ from hypothesis import strategies as st
 import coevolution
 import curator
 import grpo
+import policies
 import reward_drift
 import sharing
+import tasks
 import tokalign
 import train
 from test_train import tiny_args
@@ -278,3 +280,28 @@ def test_admission_routes_each_band_by_hand():
     assert {k: a for k, (_, a) in picks.items()} == pytest.approx({0: 0.5, 3: rescue, 4: rescue})
     s = math.sqrt(2) / 3                                      # prompt 1 pooled [1, 0, 1]: mean 2/3, std sqrt(2)/3
     torch.testing.assert_close(advantages, torch.tensor([[0.0, 0.0], [(1 / 3) / (s + EPS), (-2 / 3) / (s + EPS)]]))
+
+
+def test_an_exchange_between_untrained_policies_admits_repairs_and_logs_every_offer():
+    from test_sharing import PROMPTS, TEXTS, experience
+    from test_train import TASK
+    pols = {}
+    for family in ("qwen2", "llama"):
+        tok = policies.tiny_tokenizer(family)
+        pols[family] = policies.Policy(family, policies.tiny_model(family, policies.TinyShape(32, 2, 4, 0), len(tok),
+                                                                   seed=0), tok, use_chat_template=False)
+    task = tasks.load_task("arith", 0, 0, 0, TASK)
+    problems = tasks.generate_problems(3, "train", seed=0, cfg=TASK)
+    peer = experience(pols["qwen2"], PROMPTS, TEXTS, [[1.0, 0.0], [1.0, 1.0], [0.0, 1.0]])
+    receiver = experience(pols["llama"], PROMPTS, TEXTS, [[0.0, 0.0], [1.0, 0.0], [0.0, 0.0]])
+    cur = curator.Curator(curator.CuratorConfig(theta1=0.9, theta2=0.95), ["qwen2", "llama"], 0, None, None)
+    received, records = cur.exchange([receiver, peer], task, problems, sharing.ShareConfig("cross-fidelity"), 1)
+    assert len(records) == 12 and all(r["level"] == "prp" for r in records)        # D < 0.9: all PRP
+    llama = received["llama"]
+    assert sorted(c.index for c in llama.crossings) == [0, 1, 4, 5]                 # the peer's non-zero advantages
+    for c in llama.crossings:
+        assert len(c.advantages) == len(c.completion_ids) and torch.isfinite(c.advantages).all()
+        sign = peer.advantages.flatten()[c.index].sign()
+        assert ((c.advantages * sign) >= -1e-6).all()      # repairs rescale the credit, never flip its sign here
+    assert {t for r in records for t in r["repairs"]} == {"ccm", "rsd"}
+    assert llama.metrics["fidelity/admitted_prp"] == 1.0 and llama.metrics["sharing/received"] == 4
