@@ -80,7 +80,7 @@ class ThresholdBandit:
         self.base, self.cfg = (theta1, theta2), cfg
         self.max_level = max(int((1.0 - theta2) / cfg.step + 1e-9), 0)
         self.level: dict[tuple, int] = defaultdict(int)
-        self.record: dict[tuple, list[int]] = defaultdict(lambda: [0, 0])       # (context, level) -> [stable, tried]
+        self.record: dict[tuple, list[int]] = {}                                 # (context, level) -> [stable, tried]
         self.played: dict[tuple[str, str], tuple[tuple, int]] = {}
         self.guards: dict[str, StabilityGuard] = {}
         self.rng = random.Random(f"bandit/{seed}")
@@ -93,7 +93,7 @@ class ThresholdBandit:
         context = (source, receiver, gap_bucket(gap, self.cfg.gap_band))
         level = self.level[context]
         up = min(level + 1, self.max_level)
-        stable, tried = self.record[(context, up)]
+        stable, tried = self.record.get((context, up), (0, 0))
         if up > level and self.rng.random() < self.cfg.epsilon and (tried < 2 or stable >= tried / 2):
             level = up
         self.played[(source, receiver)] = (context, level)
@@ -107,7 +107,7 @@ class ThresholdBandit:
         for (source, rcv), (context, level) in list(self.played.items()):
             if rcv != receiver:
                 continue
-            record = self.record[(context, level)]
+            record = self.record.setdefault((context, level), [0, 0])
             record[0] += not tripped
             record[1] += 1
             self.level[context] = max(level - 1, 0) if tripped else max(level, self.level[context])

@@ -1,8 +1,8 @@
 """One GRPO step of this project against TRL's GRPOTrainer on the same tiny Llama, batch and settings (issue 15).
 
-    python3 -m venv /work/venv-trl && /work/venv-trl/bin/pip install torch==2.13.0 -r requirements.txt \
+    python3 -m venv .venv-trl && .venv-trl/bin/pip install torch==2.13.0 -r requirements.txt \
         -r benchmarks/requirements.txt
-    /work/venv-trl/bin/python benchmarks/grpo_step_vs_trl.py            # --steps 8 --warmup-scale 1.0
+    .venv-trl/bin/python benchmarks/grpo_step_vs_trl.py            # --steps 8 --warmup-scale 1.0
 
 Both sides start from the same warmed-up policy (a copy each): 8 prompts x 8 completions, 40 new tokens,
 temperature 0.7, lr 3e-5, beta 0, one update per batch. TRL's steps are timed by a callback, and after each of
