@@ -87,6 +87,8 @@ def to_literal(value, depth: int = 0) -> str:
     kind = type(value)
     if kind is float and not math.isfinite(value):
         return "nan" if math.isnan(value) else "inf" if value > 0 else "-inf"
+    if kind is complex:  # repr writes complex(0, inf) as `infj`, which is no literal
+        return f"complex({to_literal(value.real)}, {to_literal(value.imag)})"
     if kind in LITERAL_TYPES:
         return repr(value)
     if kind in (list, tuple, set, frozenset):
@@ -110,22 +112,23 @@ def _build(node: ast.AST, depth: int):
         return float(node.id)
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
         value = _build(node.operand, depth + 1)
-        if type(value) not in (int, float, complex):
+        if type(value) not in (int, float):
             raise ValueError("a sign applies to numbers only")
         return -value if isinstance(node.op, ast.USub) else value
-    if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub)):  # complex numbers: 1+2j
-        left, right = _build(node.left, depth + 1), _build(node.right, depth + 1)
-        if type(left) not in (int, float) or type(right) is not complex:
-            raise ValueError("only a real and an imaginary part may be added")
-        return left + right if isinstance(node.op, ast.Add) else left - right
     if isinstance(node, (ast.List, ast.Tuple)):
         items = [_build(e, depth + 1) for e in node.elts]
         return items if isinstance(node, ast.List) else tuple(items)
     if isinstance(node, ast.Dict) and None not in node.keys:
         return {_build(k, depth + 1): _build(v, depth + 1) for k, v in zip(node.keys, node.values)}
-    if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("set", "frozenset")
-            and len(node.args) == 1 and isinstance(node.args[0], ast.List) and not node.keywords):
-        return (set if node.func.id == "set" else frozenset)(_build(e, depth + 1) for e in node.args[0].elts)
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and not node.keywords:
+        kind, args = node.func.id, node.args
+        if kind in ("set", "frozenset") and len(args) == 1 and isinstance(args[0], ast.List):
+            return (set if kind == "set" else frozenset)(_build(e, depth + 1) for e in args[0].elts)
+        if kind == "complex" and len(args) == 2:
+            real, imag = (_build(a, depth + 1) for a in args)
+            if type(real) is not float or type(imag) is not float:
+                raise ValueError("complex() takes two floats")
+            return complex(real, imag)
     raise ValueError(f"not a plain literal: {type(node).__name__}")
 
 
