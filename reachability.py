@@ -13,15 +13,18 @@ Decisions relied on (DESIGN.md §4.8):
   - Exact per-step norms need one vector-Jacobian product per step. In a causal model every step's loss depends
     on the parameters through all earlier positions, so a single backward of a masked or summed loss returns
     sum_k grad L_k, from which no ||grad L_k|| can be recovered. `step_grad_norms_loop` is the reference, one
-    backward per step. `step_grad_norms` runs one forward per trajectory with hooks recording the input x and
+    backward per step. `step_grad_norms` runs one forward with hooks recording the input x and
     output y of every module owning a subset parameter, then one backward batched over the K unit cotangents
     (is_grads_batched=True) down to those outputs only, so no per-step weight gradient is formed there. The
     norms follow exactly from d_k = dL_k/dy: a Linear weight's gradient is d_k^T x, and by the ghost-norm
     identity ||d_k^T x||_F^2 = sum((d_k d_k^T) * (x x^T)), x x^T [T, T] shared by all K steps; this is used
     where T^2 (K out + in) < K T out in, else d_k^T x is formed. An embedding's gradient is onehot(ids)^T d_k,
-    and a tied embedding/head matrix sums both calls before the norm (cross terms included). Every other
-    subset parameter (biases, norm scales: no matrix product) takes its K gradients from the same backward.
-    Trajectories are not batched together: each step's cotangent would then run backward through all of them.
+    and a tied embedding/head matrix sums both calls before the norm (cross terms included). A Linear bias's
+    gradient is d_k summed over positions, and a norm scale's (y = w * h) is d_k * h summed likewise.
+  - Trajectories are batched: rows do not interact in the model, so one cotangent per step index j, the sum of
+    every row's j-th step loss, gives each row exactly the gradient of its own j-th step. B trajectories of at
+    most J steps cost one forward and one backward batched over J cotangents, where one trajectory at a time
+    cost B of each (benchmarks/reachability_bench.py times both).
   - alpha is calibrated from the target's own on-policy step norms: R = 1/2 at the q-quantile of the norms of
     its own steps. A step within the target's own range (merely unfamiliar) keeps R >= 1/2; one far beyond it
     (out of reach) goes to 0. This is the proposal's challenge 2: unfamiliar is told apart from unreachable.
@@ -85,119 +88,158 @@ def step_losses(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask:
 
 
 class _Call(NamedTuple):
-    """One forward call of a Linear or Embedding with a subset weight: its inputs (detached) and output."""
+    """One forward call of a module owning subset parameters: its inputs (detached) and output."""
     module: torch.nn.Module
     inputs: tuple
     output: torch.Tensor
 
 
 def _record_calls(model: torch.nn.Module, params: list[torch.nn.Parameter]) -> tuple[list[_Call], list]:
-    """Forward hooks on every Linear and Embedding whose weight is a subset parameter; a module called twice
-    (a tied head and embedding share one matrix) is recorded twice."""
+    """Forward hooks on every module that directly owns a subset parameter; a module called twice (a tied head
+    and embedding share one matrix) is recorded twice."""
     wanted, calls, handles = {id(p) for p in params}, [], []
 
     def hook(module, inputs, output):
         calls.append(_Call(module, tuple(x.detach() for x in inputs), output))
     for module in model.modules():
-        if isinstance(module, (torch.nn.Linear, torch.nn.Embedding)) and id(module.weight) in wanted:
+        if any(id(p) in wanted for p in module.parameters(recurse=False)):
             handles.append(module.register_forward_hook(hook))
     return calls, handles
 
 
 def _factors(call: _Call, d: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(left, right) with step k's weight gradient = left_k^T right_k, the sequence's side shared ([1, ...]).
+    """(left, right) with the weight gradient of step j of row b = left[j, b]^T right[j, b], the rows' own side
+    shared by all steps ([1, B, ...]).
 
-    d [K, 1, ..., out] = dL_k/d output. Linear: y = x W^T, so grad W = d^T x: ([K, T, out], [1, T, in]).
-    Embedding: y = E[ids], so grad E = onehot(ids)^T d: ([1, T] ids, the one-hot never formed, [K, T, d]);
+    d [J, B, ..., out] = dL/d output. Linear: y = x W^T, so grad W = d^T x: ([J, B, T, out], [1, B, T, in]).
+    Embedding: y = E[ids], so grad E = onehot(ids)^T d: (ids [B, T], the one-hot never formed, [J, B, T, dim]);
     positions at padding_idx get no gradient.
     """
-    steps, x = d.shape[0], call.inputs[0]
+    steps, rows, x = d.shape[0], d.shape[1], call.inputs[0]
     if isinstance(call.module, torch.nn.Embedding):
-        ids = x.reshape(1, -1)
-        right = d.reshape(steps, ids.shape[1], -1)
+        ids = x.reshape(rows, -1)
+        right = d.reshape(steps, rows, ids.shape[1], -1)
         if call.module.padding_idx is not None:
             right = right * (ids != call.module.padding_idx).unsqueeze(-1)
         return ids, right
-    return d.reshape(steps, -1, d.shape[-1]), x.reshape(1, -1, x.shape[-1])
+    return d.reshape(steps, rows, -1, d.shape[-1]), x.reshape(1, rows, -1, x.shape[-1])
 
 
 def _gram(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """[K or 1, Ta, Tb] a b^T, a one-hot given as ids [1, T] never materialized."""
+    """[J or 1, B, Ta, Tb] a b^T per row, a one-hot given as ids [B, T] never materialized."""
     if a.dim() == 2 and b.dim() == 2:
-        return (a.unsqueeze(2) == b.unsqueeze(1)).float()
+        return (a.unsqueeze(2) == b.unsqueeze(1)).float().unsqueeze(0)
     if a.dim() == 2:
-        return _gram(b, a).transpose(1, 2)
+        return _gram(b, a).transpose(2, 3)
     if b.dim() == 2:                                                   # a onehot(b)^T: a's columns b
-        return a.gather(2, b.unsqueeze(1).expand(a.shape[0], a.shape[1], -1))
-    return a @ b.transpose(1, 2)
+        return a.gather(3, b[None, :, None, :].expand(a.shape[0], -1, a.shape[2], -1))
+    return a @ b.transpose(2, 3)
 
 
 def _weight_sq_norms(factors: list[tuple[torch.Tensor, torch.Tensor]], shape: torch.Size, steps: int
                      ) -> torch.Tensor:
-    """[K] ||sum_u left_u^T right_u||_F^2 for every step: the weight's gradient summed over its calls (tied).
+    """[J, B] ||sum_u left_u^T right_u||_F^2 per step and row: the weight's gradient summed over its calls (tied).
 
-    The ghost norm ||D^T X||^2 = sum((D D^T) * (X X^T)) costs T^2 (K out + in) with X X^T shared by the steps,
-    forming the gradients K T out in: the cheaper one is used.
+    The ghost norm ||D^T X||^2 = sum((D D^T) * (X X^T)) costs T^2 (J out + in) per row with X X^T shared by the
+    steps, forming the gradients J T out in: the cheaper one is used.
     """
-    positions = sum(max(left.shape[1], right.shape[1]) for left, right in factors)
+    positions = sum(max(left.shape[-2] if left.dim() > 2 else left.shape[1], right.shape[2])
+                    for left, right in factors)
+    rows = factors[0][1].shape[1]
     if positions * (shape[0] + shape[1] / steps) < shape[0] * shape[1]:
-        return sum((_gram(lu, lv).to(ru.dtype) * _gram(ru, rv).to(ru.dtype)).sum((1, 2))
-                   for lu, ru in factors for lv, rv in factors).expand(steps)
-    grad = torch.zeros(steps, *shape, dtype=factors[0][1].dtype, device=factors[0][1].device)   # [K, out, in]
+        return sum((_gram(lu, lv).to(ru.dtype) * _gram(ru, rv).to(ru.dtype)).sum((2, 3))
+                   for lu, ru in factors for lv, rv in factors).expand(steps, rows)
+    grad = torch.zeros(steps, rows, *shape, dtype=factors[0][1].dtype, device=factors[0][1].device)  # [J, B, out, in]
     for left, right in factors:
         if left.dim() == 2:
-            grad.index_add_(1, left[0], right)
+            grad.scatter_add_(2, left[None, :, :, None].expand(steps, -1, -1, shape[1]),
+                              right.expand(steps, -1, -1, -1))
         else:
-            grad += left.transpose(1, 2) @ right
-    return grad.pow(2).sum((1, 2))
+            grad += left.transpose(2, 3) @ right
+    return grad.pow(2).sum((2, 3))
 
 
-def _trajectory_sq_norms(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                         spans: list[tuple[int, int]], params: list[torch.nn.Parameter]
-                         ) -> tuple[torch.Tensor, torch.Tensor]:
-    """[K] ||grad L_k||^2 and [K] sizes for the K steps `spans` of one sequence (input_ids [1, L]).
+def _scale_grads(call: _Call, d: torch.Tensor) -> dict[int, torch.Tensor]:
+    """Per parameter of a module that is neither Linear nor Embedding, [J, B, *shape] its gradient per step
+    and row, for the one form such modules take here: y = w * h(x), an elementwise scale (RMSNorm). h is the
+    module's output with w set to ones, and y == w * h is checked bit for bit, so any other form raises."""
+    from torch.func import functional_call
+    grads = {}
+    for name, w in call.module.named_parameters(recurse=False):
+        h = functional_call(call.module, {name: torch.ones_like(w)}, call.inputs)
+        if h.shape[h.dim() - w.dim():] != w.shape or not torch.equal(w.detach() * h, call.output.detach()):
+            raise ValueError(f"{type(call.module).__name__}.{name} is not an elementwise scale of the module's output: "
+                             "its per-step gradient norms cannot be taken from one batched backward")
+        prod = (d * h).flatten(2, d.dim() - w.dim() - 1)                                         # [J, B, T, *shape]
+        grads[id(w)] = prod.sum(2)
+    return grads
 
-    One forward; one backward batched over the K unit cotangents down to the recorded Linear and Embedding
-    outputs, so no weight gradient of theirs is formed there, and to the other parameters directly; then each
-    such weight's K squared norms from its modules' inputs and output gradients.
+
+def _rows_sq_norms(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                   steps: list[list[tuple[int, int]]], params: list[torch.nn.Parameter]) -> torch.Tensor:
+    """[J, B] ||grad L_{b,j}||^2 for step j of row b (0 where row b has fewer steps); input_ids [B, L].
+
+    One forward; one backward batched over J cotangents, cotangent j the sum of every row's step-j loss. Rows do
+    not interact in the model, so the gradient reaching row b's activations is that of L_{b,j} alone. It runs
+    down to the recorded modules' outputs only, so no weight gradient is formed there; then each weight's squared
+    norms per step and row from its modules' inputs and output gradients.
     """
-    length = max(c for _, c in spans)                                # causal: later tokens change no L_k
+    length = max(c for spans in steps for _, c in spans)             # causal: later tokens change no L_k
     calls, handles = _record_calls(model, params)
     try:
-        losses, sizes = step_losses(model, input_ids[:, :length], attention_mask[:, :length], [spans])
+        losses, _ = step_losses(model, input_ids[:, :length], attention_mask[:, :length], steps)   # [K]
     finally:
         for handle in handles:
             handle.remove()
-    weights = {id(c.module.weight): c.module.weight for c in calls}
-    direct = [p for p in params if id(p) not in weights]              # biases, norm scales: cheap per step
-    cotangents = torch.eye(len(losses), dtype=losses.dtype, device=losses.device)               # [K, K]
-    grads = torch.autograd.grad(losses, [c.output for c in calls] + direct, grad_outputs=cotangents,
-                                is_grads_batched=True, allow_unused=True)                        # each [K, ...]
-    factors = {}
+    depth = max(len(spans) for spans in steps)
+    index = torch.tensor([j for spans in steps for j in range(len(spans))], device=losses.device)
+    cotangents = torch.nn.functional.one_hot(index, depth).T.to(losses.dtype)                 # [J, K]
+    grads = torch.autograd.grad(losses, [c.output for c in calls], grad_outputs=cotangents,
+                                is_grads_batched=True, allow_unused=True)                        # each [J, B, ...]
+    wanted = {id(p): p for p in params}
+    factors, dense = {}, {}
     for call, d in zip(calls, grads):
-        if d is not None:
-            factors.setdefault(id(call.module.weight), []).append(_factors(call, d))
-    squared = torch.zeros(len(spans), dtype=torch.float64, device=losses.device)
+        if d is None:
+            continue
+        module = call.module
+        if isinstance(module, (torch.nn.Linear, torch.nn.Embedding)):
+            if id(module.weight) in wanted:
+                factors.setdefault(id(module.weight), []).append(_factors(call, d))
+            if getattr(module, "bias", None) is not None and id(module.bias) in wanted:
+                contribution = {id(module.bias): d.flatten(2, -2).sum(2)}                         # [J, B, out]
+            else:
+                contribution = {}
+        else:
+            contribution = {key: g for key, g in _scale_grads(call, d).items() if key in wanted}
+        for key, g in contribution.items():
+            dense[key] = dense[key] + g if key in dense else g
+    squared = torch.zeros(depth, input_ids.shape[0], dtype=torch.float64, device=losses.device)
     for key, fs in factors.items():
-        squared += _weight_sq_norms(fs, weights[key].shape, len(spans)).double()
-    for g in grads[len(calls):]:
-        if g is not None:
-            squared += g.flatten(1).pow(2).sum(1).double()
-    return squared, sizes
+        squared += _weight_sq_norms(fs, wanted[key].shape, depth).double()
+    for g in dense.values():
+        squared += g.flatten(2).pow(2).sum(2).double()
+    return squared
 
 
 def step_grad_norms(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                    steps: list[list[tuple[int, int]]], params: list[torch.nn.Parameter]) -> torch.Tensor:
-    """[K] sqrt(|k|) * ||grad_params L_k||_2 for every step of every trajectory, exactly."""
-    if not any(steps):
+                    steps: list[list[tuple[int, int]]], params: list[torch.nn.Parameter], rows_per_pass: int = 32
+                    ) -> torch.Tensor:
+    """[K] sqrt(|k|) * ||grad_params L_k||_2 for every step of every trajectory, exactly.
+
+    Trajectories go through `rows_per_pass` at a time: the backward holds J copies of their activation gradients.
+    """
+    rows = [b for b, spans in enumerate(steps) if spans]
+    if not rows:
         raise ValueError("no steps to score")
-    squared, sizes = [], []
-    for b, spans in enumerate(steps):
-        if spans:
-            sq, n = _trajectory_sq_norms(model, input_ids[b:b + 1], attention_mask[b:b + 1], spans, params)
-            squared.append(sq)
-            sizes.append(n)
-    return (torch.cat(squared).cpu().sqrt() * torch.cat(sizes).double().sqrt()).float()
+    norms = []
+    for start in range(0, len(rows), rows_per_pass):
+        chunk = rows[start:start + rows_per_pass]
+        spans = [steps[b] for b in chunk]
+        squared = _rows_sq_norms(model, input_ids[chunk], attention_mask[chunk], spans, params).cpu()   # [J, B]
+        sizes = torch.tensor([c - a for s in spans for a, c in s], dtype=torch.float64)
+        flat = torch.cat([squared[:len(s), i] for i, s in enumerate(spans)])
+        norms.append((flat.sqrt() * sizes.sqrt()).float())
+    return torch.cat(norms)
 
 
 def step_grad_norms_loop(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,

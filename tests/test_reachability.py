@@ -59,6 +59,36 @@ def test_tied_embedding_padding_idx_and_qwen2_biases_are_exact(tied):
                                    reachability.step_grad_norms_loop(model, *inputs, params), rtol=1e-5, atol=0)
 
 
+def test_rows_split_over_passes_give_the_same_norms():
+    model = policies.tiny_model("llama", policies.TinyShape(32, 2, 4, 0), vocab_size=50, seed=0).double()
+    trajectories = random_trajectories(50, torch.Generator().manual_seed(4)) * 2
+    inputs = reachability.batch_inputs(trajectories, pad_id=0)
+    params = reachability.parameter_subset(model, "all")
+    loop = reachability.step_grad_norms_loop(model, *inputs, params)
+    for rows in (1, 4, 32):
+        torch.testing.assert_close(reachability.step_grad_norms(model, *inputs, params, rows_per_pass=rows), loop,
+                                   rtol=1e-5, atol=0)
+
+
+class Shift(torch.nn.Module):
+    """y = x + w: a parameter whose per-row gradient the batched route does not derive."""
+
+    def __init__(self, width: int):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.randn(width, generator=torch.Generator().manual_seed(0)))
+
+    def forward(self, x):
+        return x + self.weight
+
+
+def test_a_parameter_of_unknown_form_is_refused_by_name():
+    model = policies.tiny_model("llama", policies.TinyShape(32, 2, 4, 0), vocab_size=50, seed=0)
+    model.model.norm = Shift(32)
+    inputs = reachability.batch_inputs(random_trajectories(50, torch.Generator().manual_seed(1)), pad_id=0)
+    with pytest.raises(ValueError, match="Shift.weight is not an elementwise scale"):
+        reachability.step_grad_norms(model, *inputs, reachability.parameter_subset(model, "all"))
+
+
 def test_lora_norms_are_exact():
     model = hardware.add_lora(policies.tiny_model("llama", policies.TinyShape(32, 2, 4, 0), 50, seed=0), 4, 8.0).double()
     for name, p in model.named_parameters():
