@@ -226,20 +226,22 @@ def step_grad_norms(model: torch.nn.Module, input_ids: torch.Tensor, attention_m
                     ) -> torch.Tensor:
     """[K] sqrt(|k|) * ||grad_params L_k||_2 for every step of every trajectory, exactly.
 
-    Trajectories go through `rows_per_pass` at a time: the backward holds J copies of their activation gradients.
+    Trajectories go through `rows_per_pass` at a time, grouped by step count and then length: a pass backs J
+    cotangents through all its rows, J its largest step count, and pads every row to its longest.
     """
-    rows = [b for b, spans in enumerate(steps) if spans]
+    rows = sorted((b for b, spans in enumerate(steps) if spans),
+                  key=lambda b: (len(steps[b]), steps[b][-1][1]))
     if not rows:
         raise ValueError("no steps to score")
-    norms = []
+    norms = {}
     for start in range(0, len(rows), rows_per_pass):
         chunk = rows[start:start + rows_per_pass]
         spans = [steps[b] for b in chunk]
         squared = _rows_sq_norms(model, input_ids[chunk], attention_mask[chunk], spans, params).cpu()   # [J, B]
-        sizes = torch.tensor([c - a for s in spans for a, c in s], dtype=torch.float64)
-        flat = torch.cat([squared[:len(s), i] for i, s in enumerate(spans)])
-        norms.append((flat.sqrt() * sizes.sqrt()).float())
-    return torch.cat(norms)
+        for i, b in enumerate(chunk):
+            sizes = torch.tensor([c - a for a, c in spans[i]], dtype=torch.float64)
+            norms[b] = (squared[:len(spans[i]), i].sqrt() * sizes.sqrt()).float()
+    return torch.cat([norms[b] for b in sorted(norms)])
 
 
 def step_grad_norms_loop(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
