@@ -341,13 +341,17 @@ def own_steps(policy: policies.Policy, experience: sharing.Experience, task: tas
 
 def step_norms(policy: policies.Policy, items: list[tuple[list[int], list[int], list[tuple[int, int]]]],
                params: list[torch.nn.Parameter]) -> list[torch.Tensor]:
-    """Per item, [K] its steps' gradient norms under `policy` (reachability.step_grad_norms, exact)."""
+    """Per item, [K] its steps' gradient norms under `policy` (reachability.step_grad_norms, exact). A group's
+    samples often repeat one another, and equal items have equal norms: each distinct item is measured once."""
     if not items:
         return []
-    input_ids, attention, steps = reachability.batch_inputs(items, policy.tokenizer.pad_token_id)
+    keys = [(tuple(p), tuple(c), tuple(r)) for p, c, r in items]
+    distinct = dict(zip(keys, items))
+    input_ids, attention, steps = reachability.batch_inputs(list(distinct.values()), policy.tokenizer.pad_token_id)
     flat = reachability.step_grad_norms(policy.model, input_ids.to(policy.device), attention.to(policy.device),
                                         steps, params)
-    return list(flat.split([len(s) for s in steps]))
+    norms = dict(zip(distinct, flat.split([len(s) for s in steps])))
+    return [norms[k] for k in keys]
 
 
 def rescue_candidate(offer: Offer, own_rewards: torch.Tensor, success: float) -> bool:

@@ -305,3 +305,28 @@ def test_an_exchange_between_untrained_policies_admits_repairs_and_logs_every_of
         assert ((c.advantages * sign) >= -1e-6).all()      # repairs rescale the credit, never flip its sign here
     assert {t for r in records for t in r["repairs"]} == {"ccm", "rsd"}
     assert llama.metrics["fidelity/admitted_prp"] == 1.0 and llama.metrics["sharing/received"] == 4
+
+
+def test_repeated_samples_are_measured_once_and_get_the_norms_of_a_lone_measurement(monkeypatch):
+    import reachability
+    tok = policies.tiny_tokenizer("llama")
+    policy = policies.Policy("llama", policies.tiny_model("llama", policies.TinyShape(32, 2, 4, 0), len(tok), seed=0),
+                             tok, use_chat_template=False)
+    gen = torch.Generator().manual_seed(0)
+
+    def item(prompt_len: int):
+        ids = torch.randint(5, len(tok), (prompt_len + 8,), generator=gen).tolist()
+        return ids[:prompt_len], ids[prompt_len:], [(0, 3), (3, 8)]
+    a, b = item(4), item(6)
+    params = reachability.parameter_subset(policy.model, "all")
+    measure, rows = reachability.step_grad_norms, []
+
+    def counted(model, input_ids, *rest, **kw):
+        rows.append(len(input_ids))
+        return measure(model, input_ids, *rest, **kw)
+    monkeypatch.setattr(reachability, "step_grad_norms", counted)
+    norms = curator.step_norms(policy, [a, b, a, a], params)
+    assert rows == [2]
+    for one, got in zip([a, b, a, a], norms):
+        alone = measure(policy.model, *reachability.batch_inputs([one], tok.pad_token_id), params)
+        torch.testing.assert_close(got, alone, rtol=1e-4, atol=0)
