@@ -258,7 +258,8 @@ def estimate(model: torch.nn.Module, work: Workload) -> Estimate:
     Weights (and their frozen copy when it is the KL reference), gradients (trainable only) and AdamW's two
     moments are measured from the model's parameters; AdamW's foreach step allocates a transient as large as
     the trainable parameters. Activations are `activation_bytes`. The logits peak holds four float32 copies
-    during the entropy computation (the scaled logits, their log-softmax, its exp and the product). The KV cache
+    during the entropy computation (the scaled logits, their log-softmax, its exp and the product), over the
+    completion positions only: the update projects no prompt position onto the vocabulary (grpo.logits_from). The KV cache
     holds keys and values of every layer for all rollouts, and generation keeps every step's float32 logits for
     the behaviour log-probs. The FLOPs count one pass of rollouts and one forward and backward of the update
     over the parameters that multiply, the matrices (the input embedding is a lookup unless tied to the head;
@@ -284,7 +285,7 @@ def estimate(model: torch.nn.Module, work: Workload) -> Estimate:
               "optimizer_step": trainable_bytes,
               "activations": kept,
               "recompute": recomputed,
-              "logits": 4 * work.micro_batch * (seq - 1) * vocab * 4,
+              "logits": 4 * work.micro_batch * work.max_new_tokens * vocab * 4,
               "kv_cache": kv_cache_bytes(layers, kv_heads, head_dim, work.rollouts, seq, size),
               "rollout_logits": work.rollouts * work.max_new_tokens * vocab * 4}
     embedding, head = model.get_input_embeddings().weight, model.get_output_embeddings().weight

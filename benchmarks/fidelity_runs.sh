@@ -2,20 +2,37 @@
 # The first seeded comparison of CROSS-FIDELITY: independent GRPO, SGT (the best static level in the README's
 # sharing runs) and --share cross-fidelity on one pair over several seeds, then one comparison table and each
 # cross-fidelity run's fidelity report (runs/NAME/report.md).
-# Usage: bash benchmarks/fidelity_runs.sh [PAIR] [SEEDS] [extra train.py flags...]   e.g. qwen-llama "1 2 3"
+# Usage: [JOBS=2] bash benchmarks/fidelity_runs.sh [PAIR] [SEEDS] [extra train.py flags...]   e.g. qwen-llama "1 2 3"
+# JOBS runs go at once, each on OMP_NUM_THREADS=1 (thread counts do not change these tiny runs' results); the
+# queue goes seed by seed within each mode, so runs of one seed never warm up the same cache at the same time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 pair=${1:-qwen-llama}
 seeds=${2:-1 2 3}
 shift $(( $# < 2 ? $# : 2 ))
-runs=()
-for seed in $seeds; do
-  for share in none sgt cross-fidelity; do
-    name="fidelity-$pair-$share-s$seed"
-    start=$(date +%s)
-    python train.py --pair "$pair" --share "$share" --seed "$seed" --name "$name" "$@"
-    echo "$share seed $seed: $(( $(date +%s) - start )) s wall"
-    runs+=("runs/$name")
+jobs=${JOBS:-1}
+queue=()
+for share in none sgt cross-fidelity; do
+  for seed in $seeds; do
+    queue+=("$share" "$seed")
   done
 done
-python eval.py "${runs[@]}" --out "runs/fidelity-$pair-compare"
+run() {  # share seed
+  local share=$1 seed=$2 name="fidelity-$pair-$1-s$2" start
+  start=$(date +%s)
+  OMP_NUM_THREADS=$([ "$jobs" -gt 1 ] && echo 1 || echo "${OMP_NUM_THREADS:-$(nproc)}") \
+    python train.py --pair "$pair" --share "$share" --seed "$seed" --name "$name" $extra > "runs/$name.log" 2>&1
+  echo "$share seed $seed: $(( $(date +%s) - start )) s wall (log runs/$name.log)"
+}
+export -f run
+extra="$*"
+export pair jobs extra
+mkdir -p runs
+printf '%s\n' "${queue[@]}" | xargs -n 2 -P "$jobs" bash -c 'run "$@"' _
+names=()
+for share in none sgt cross-fidelity; do
+  for seed in $seeds; do
+    names+=("runs/fidelity-$pair-$share-s$seed")
+  done
+done
+python eval.py "${names[@]}" --out "runs/fidelity-$pair-compare"

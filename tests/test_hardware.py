@@ -180,8 +180,6 @@ def test_activations_are_the_tensors_saved_for_backward(family, dtype, lora):
 
 
 @pytest.mark.parametrize("family, dtype, lora", CASES)
-@pytest.mark.xfail(strict=False, reason="passes alone; since the faster update (issue 15) was merged, six settings "
-                   "measure another peak after this file's earlier tests: open in issue 16")
 def test_the_estimated_peak_is_within_10_percent_of_the_measured_peak_of_an_update(family, dtype, lora):
     model = small_model(family, dtype, lora)
     n, prompt_len, new_tokens = 4, 24, 24
