@@ -218,8 +218,11 @@ def fidelity_report(run_dir: Path, worst: int = 5, windows: int = 4) -> str:
                            + " | ".join(f"{sum(r['level'] == lv for r in mine) / len(mine):.0%}" for lv in LEVELS)
                            + f" | {sum(bool(r.get('through_repair')) for r in mine) / len(mine):.0%}"
                            + f" | {sum(bool(r.get('skipped')) for r in mine) / len(mine):.0%} |")
-    out.append(f"\nThe {worst} most degraded trajectories ([[...]]: TBD hotspot tokens):\n")
-    for r in sorted(scored, key=lambda r: -r["D"])[:worst]:
+    out.append(f"\nThe {worst} most degraded distinct trajectories ([[...]]: TBD hotspot tokens; a group's "
+               "repeated samples shown once):\n")
+    distinct = {(r["iteration"], r["source"], r["receiver"], r["prompt"], r["text"]): r
+                for r in sorted(scored, key=lambda r: r["D"])}
+    for r in sorted(distinct.values(), key=lambda r: -r["D"])[:worst]:
         out.append(f"- iteration {r['iteration']}, {r['source']} -> {r['receiver']}, reward {r['reward']:.0f}, "
                    f"D {r['D']:.3f} (dominant {r['dominant'].upper()}) -> repaired {r['D_repaired']:.3f}: "
                    f"{r['level']} ({r['reason']})\n```\n{marked_text(r)}\n```")
