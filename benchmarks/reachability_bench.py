@@ -4,7 +4,10 @@
    backward (`step_grad_norms`), the naive loop (`step_grad_norms_loop`) and, for scale, one plain backward of
    the summed loss (which cannot give per-step norms); wall clock at torch's thread count, and the ratio again
    in CPU time of a single thread.
-2. Behaviour: mean reachability, under a warmed-up tiny Qwen2 policy, of the steps of its own greedy solutions
+2. Speed across trajectories: the greedy solutions of `--problems` held-out problems (what the curator measures
+   each iteration: many short trajectories of a few steps), one trajectory per pass (rows_per_pass=1, as
+   before trajectories were batched) against 16, 32 and 64 per pass.
+3. Behaviour: mean reachability, under a warmed-up tiny Qwen2 policy, of the steps of its own greedy solutions
    and of the same number of steps written by a policy of the same family that never saw the task; alpha is
    calibrated on the policy's own steps.
 
@@ -76,10 +79,20 @@ def main() -> None:
         print(f"| {k} | {wall[batched] * 1e3:.1f} | {wall[loop] * 1e3:.1f} | {wall[batched] / wall[loop]:.2f} "
               f"| {wall[summed] * 1e3:.1f} | {cpu_ratio} |")
 
+    problems = tasks.generate_problems(args.problems, "heldout", 3, cfg)
+    solutions = packed(reachability.solution_steps(policy, policy, problems))
+    print(f"\n| trajectories per pass | ms for {len(solutions[2])} solutions ({sum(map(len, solutions[2]))} steps) "
+          "| against one per pass |\n|---|---|---|")
+    one = None
+    for rows in (1, 16, 32, 64):
+        ms = 1e3 * best_of(max(1, args.repeats // 2),
+                           lambda: reachability.step_grad_norms(model, *solutions, params, rows_per_pass=rows))
+        one = one or ms
+        print(f"| {rows} | {ms:.0f} | {one / ms:.1f}x |")
+
     untrained = policies.Policy("untrained", policies.tiny_model(spec.family, spec.tiny, len(policy.tokenizer), 99
                                                                  ).to(device), policy.tokenizer, use_chat_template=False)
-    problems = tasks.generate_problems(args.problems, "heldout", 3, cfg)
-    own = reachability.step_grad_norms(model, *packed(reachability.solution_steps(policy, policy, problems)), params)
+    own = reachability.step_grad_norms(model, *solutions, params)
     foreign = reachability.step_grad_norms(model, *packed(reachability.solution_steps(policy, untrained, problems)),
                                            params)
     count = min(len(own), len(foreign))
