@@ -21,7 +21,6 @@ import hashlib
 import importlib.util
 import inspect
 import json
-import os
 from dataclasses import asdict, dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -443,7 +442,7 @@ def default_dtype(device: torch.device) -> torch.dtype:
 
 
 def supervised_warmup(policy: Policy, steps: int, task_cfg: tasks.TaskConfig, seed: int, premature_share: float = 0.0,
-                      batch_size: int = 32, lr: float = 3e-3, bar_position: int = 0) -> list[float]:
+                      batch_size: int = 32, lr: float = 3e-3) -> list[float]:
     """Teacher-forced NLL on reference solutions of training problems, a `premature_share` of them stopped after
     their first step (tasks.premature_solution); returns the loss curve."""
     problems = tasks.generate_problems(4000, "train", seed=seed + 7919, cfg=task_cfg)
@@ -452,7 +451,7 @@ def supervised_warmup(policy: Policy, steps: int, task_cfg: tasks.TaskConfig, se
     generator = torch.Generator().manual_seed(seed)
     losses = []
     policy.model.train()
-    bar = tqdm(range(steps), desc=f"warm-up {policy.name}", leave=False, position=bar_position)
+    bar = tqdm(range(steps), desc=f"warm-up {policy.name}", leave=False)
     for _ in bar:
         idx = torch.randint(len(problems), (batch_size,), generator=generator).tolist()
         premature = (torch.rand(batch_size, generator=generator) < premature_share).tolist()
@@ -489,65 +488,24 @@ def cache_root(cache_dir: str | None) -> Path:
 
 
 def load_tiny_policy(spec: PolicySpec, task_cfg: tasks.TaskConfig, seed: int, cache_dir: str | None,
-                     warmup_scale: float = 1.0, bar_position: int = 0) -> Policy:
+                     warmup_scale: float = 1.0) -> Policy:
     """Build a tiny policy and warm it up, or load its warm-up from the on-disk cache."""
+    steps = round(spec.tiny.warmup_steps * warmup_scale)
     tokenizer = tiny_tokenizer(spec.family)
     model = tiny_model(spec.family, spec.tiny, len(tokenizer), seed)
     policy = Policy(spec.name, model, tokenizer, use_chat_template=False)
-    path = warmup_path(spec, task_cfg, seed, cache_dir, warmup_scale)
+    key = hashlib.sha256(json.dumps([asdict(spec), asdict(task_cfg), seed, steps, len(tokenizer), WARMUP_VERSION],
+                                    sort_keys=True).encode()).hexdigest()[:16]
+    path = cache_root(cache_dir) / "warmup" / f"{spec.name}-{key}.pt"
     if path.exists():
         model.load_state_dict(torch.load(path, map_location="cpu"))
     else:
-        supervised_warmup(policy, warmup_steps(spec, warmup_scale), task_cfg, seed, spec.tiny.premature_share,
-                          bar_position=bar_position)
+        supervised_warmup(policy, steps, task_cfg, seed, spec.tiny.premature_share)
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp = path.with_suffix(".tmp")
         torch.save(model.state_dict(), tmp)
         tmp.replace(path)
     return policy
-
-
-def warmup_steps(spec: PolicySpec, warmup_scale: float) -> int:
-    return round(spec.tiny.warmup_steps * warmup_scale)
-
-
-def warmup_path(spec: PolicySpec, task_cfg: tasks.TaskConfig, seed: int, cache_dir: str | None,
-                warmup_scale: float) -> Path:
-    """Where a tiny policy's warm-up is cached: keyed by everything that changes its weights."""
-    vocab = len(tiny_tokenizer(spec.family))
-    key = hashlib.sha256(json.dumps([asdict(spec), asdict(task_cfg), seed, warmup_steps(spec, warmup_scale), vocab,
-                                     WARMUP_VERSION], sort_keys=True).encode()).hexdigest()[:16]
-    return cache_root(cache_dir) / "warmup" / f"{spec.name}-{key}.pt"
-
-
-def _warm_up(spec: PolicySpec, task_cfg: tasks.TaskConfig, seed: int, cache_dir: str | None, warmup_scale: float,
-             threads: int, bar_position: int) -> None:
-    torch.set_num_threads(threads)
-    load_tiny_policy(spec, task_cfg, seed, cache_dir, warmup_scale, bar_position)
-
-
-def warm_up_in_parallel(jobs: list[tuple[PolicySpec, int]], task_cfg: tasks.TaskConfig, cache_dir: str | None,
-                        warmup_scale: float) -> None:
-    """Warm up (spec, seed) jobs into the cache, one process each, the CPU threads shared out among them.
-
-    A tiny model's warm-up step is mostly Python and framework overhead, so it gains little from a second
-    thread; two warm-ups side by side finish close to twice as fast as one after the other. A warm-up does not
-    depend on the thread count (tests/test_policies.py compares the weights with an in-process warm-up).
-    Processes are spawned: a forked child of a process that has run torch's thread pool may hang.
-    """
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
-    threads = warmup_threads(len(jobs))
-    with ProcessPoolExecutor(len(jobs), mp_context=multiprocessing.get_context("spawn")) as pool:
-        futures = [pool.submit(_warm_up, spec, task_cfg, seed, cache_dir, warmup_scale, threads, position)
-                   for position, (spec, seed) in enumerate(jobs)]
-        for future in futures:
-            future.result()
-
-
-def warmup_threads(jobs: int) -> int:
-    """Threads of each of `jobs` warm-ups that run side by side."""
-    return max(1, torch.get_num_threads() // jobs)
 
 
 WARMUP_VERSION = 2
@@ -584,11 +542,6 @@ def load_policies(pair: str, scale: str, device: torch.device | list[torch.devic
     unknown = set(model_paths) - {s.name for s in PRESETS[scale][pair]}
     if unknown:
         raise ValueError(f"--model-paths names {sorted(unknown)}, not policies of {pair}/{scale}")
-    cold = [(spec, seed + 1000 * i) for i, spec in enumerate(PRESETS[scale][pair])
-            if spec.name not in model_paths and spec.tiny is not None
-            and not warmup_path(spec, task_cfg, seed + 1000 * i, cache_dir, warmup_scale).exists()]
-    if len(cold) > 1:
-        warm_up_in_parallel(cold, task_cfg, cache_dir, warmup_scale)
     policies = []
     for i, (spec, device) in enumerate(zip(PRESETS[scale][pair], devices)):
         if spec.name in model_paths:

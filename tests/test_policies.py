@@ -97,24 +97,6 @@ def test_warmup_is_cached_on_disk(cache_dir, tmp_path):
     assert any(not torch.equal(a, b) for a, b in zip(first.model.parameters(), untrained.parameters()))
 
 
-def test_cold_warm_ups_run_side_by_side_and_equal_in_process_ones(tmp_path):
-    task_cfg, scale = tasks.TaskConfig(), 0.02
-    parallel = policies.load_policies("qwen-llama", "tiny", torch.device("cpu"), task_cfg, 5, str(tmp_path / "p"),
-                                      warmup_scale=scale)
-    assert len(list((tmp_path / "p" / "warmup").glob("*.pt"))) == 2 and not list(tmp_path.glob("p/warmup/*.tmp"))
-    threads = torch.get_num_threads()
-    torch.set_num_threads(policies.warmup_threads(2))  # the workers' count: float sums follow the thread count
-    try:
-        alone = [policies.load_tiny_policy(spec, task_cfg, 5 + 1000 * i, str(tmp_path / "s"), scale)
-                 for i, spec in enumerate(policies.PRESETS["tiny"]["qwen-llama"])]
-    finally:
-        torch.set_num_threads(threads)
-    for a, b in zip(parallel, alone):
-        assert a.name == b.name
-        for (name, x), y in zip(a.model.named_parameters(), b.model.parameters()):
-            assert torch.equal(x, y), name
-
-
 def test_hub_model_that_cannot_be_reached_says_how_to_use_local_weights(tmp_path):
     spec = policies.PRESETS["small"]["qwen-llama"][0]
     with pytest.raises(RuntimeError, match="--model-paths qwen="):
