@@ -2,7 +2,9 @@
 # The first seeded comparison of CROSS-FIDELITY: independent GRPO, SGT (the best static level in the README's
 # sharing runs) and --share cross-fidelity on one pair over several seeds, then one comparison table and each
 # cross-fidelity run's fidelity report (runs/NAME/report.md).
-# Usage: [JOBS=2] bash benchmarks/fidelity_runs.sh [PAIR] [SEEDS] [extra train.py flags...]   e.g. qwen-llama "1 2 3"
+# Usage: [JOBS=2] [MODES="none sgt cross-fidelity"] bash benchmarks/fidelity_runs.sh [PAIR] [SEEDS] [extra train.py
+# flags...], e.g. qwen-llama "1 2 3". The comparison covers every mode's runs of the pair and seeds found in runs/,
+# so MODES="prp xgrpo" later adds the other fixed levels to the same table.
 # JOBS runs go at once, each on OMP_NUM_THREADS=1 (thread counts do not change these tiny runs' results); the
 # queue goes seed by seed within each mode, so runs of one seed never warm up the same cache at the same time.
 set -euo pipefail
@@ -11,8 +13,9 @@ pair=${1:-qwen-llama}
 seeds=${2:-1 2 3}
 shift $(( $# < 2 ? $# : 2 ))
 jobs=${JOBS:-1}
+modes=${MODES:-none sgt cross-fidelity}
 queue=()
-for share in none sgt cross-fidelity; do
+for share in $modes; do
   for seed in $seeds; do
     queue+=("$share" "$seed")
   done
@@ -30,9 +33,9 @@ export pair jobs extra
 mkdir -p runs
 printf '%s\n' "${queue[@]}" | xargs -n 2 -P "$jobs" bash -c 'run "$@"' _
 names=()
-for share in none sgt cross-fidelity; do
+for share in none prp xgrpo sgt cross-fidelity; do
   for seed in $seeds; do
-    names+=("runs/fidelity-$pair-$share-s$seed")
+    if [ -d "runs/fidelity-$pair-$share-s$seed" ]; then names+=("runs/fidelity-$pair-$share-s$seed"); fi
   done
 done
 python eval.py "${names[@]}" --out "runs/fidelity-$pair-compare"
