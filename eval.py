@@ -57,14 +57,13 @@ def heldout_accuracy(policy, examples: list, max_new_tokens: int, task: tasks.Ta
     if not examples:
         raise ValueError("no held-out examples to evaluate")
     task = task or tasks.load_task("arith", 0, 0, 0)
-    greedy = temperature is None
+    samples = 1 if temperature is None else samples
     correct = 0.0
     for i in range(0, len(examples), batch_size):
         chunk = examples[i:i + batch_size]
         rollouts = policy.rollout([task.prompt(e) for e in chunk], samples, max_new_tokens,
-                                  temperature=temperature or 1.0, greedy=greedy)
-        repeated = chunk if greedy else [e for e in chunk for _ in range(samples)]
-        correct += rewards(task, repeated, rollouts.texts).sum().item() / (1 if greedy else samples)
+                                  temperature=temperature or 1.0, greedy=temperature is None)
+        correct += rewards(task, [e for e in chunk for _ in range(samples)], rollouts.texts).sum().item() / samples
     return correct / len(examples)
 
 
@@ -220,8 +219,7 @@ def fidelity_report(run_dir: Path, worst: int = 5, windows: int = 4) -> str:
                            + f" | {sum(bool(r.get('skipped')) for r in mine) / len(mine):.0%} |")
     out.append(f"\nThe {worst} most degraded distinct trajectories ([[...]]: TBD hotspot tokens; a group's "
                "repeated samples shown once):\n")
-    distinct = {(r["iteration"], r["source"], r["receiver"], r["prompt"], r["text"]): r
-                for r in sorted(scored, key=lambda r: r["D"])}
+    distinct = {(r["iteration"], r["source"], r["receiver"], r["prompt"], r["text"]): r for r in scored}
     for r in sorted(distinct.values(), key=lambda r: -r["D"])[:worst]:
         out.append(f"- iteration {r['iteration']}, {r['source']} -> {r['receiver']}, reward {r['reward']:.0f}, "
                    f"D {r['D']:.3f} (dominant {r['dominant'].upper()}) -> repaired {r['D_repaired']:.3f}: "

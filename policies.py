@@ -34,7 +34,7 @@ from transformers import (AutoModelForCausalLM, AutoTokenizer, DynamicCache, Lla
 from transformers.generation.logits_process import TopPLogitsWarper
 
 import tasks
-from grpo import pack_sequences
+from grpo import logits_from, pack_sequences
 
 
 @dataclass(frozen=True)
@@ -379,10 +379,11 @@ def decode(model: torch.nn.Module, prompts: list[list[int]], pad_id: int, eos_id
     torch.multinomial draw over all N rows per step (so the random stream does not depend on which rows finished).
     What generate spends around the model is gone: no logits processors or stopping criteria per token, no
     logits of the prompt, and finished rows leave the batch (their KV cache rows with them) once a quarter of
-    the rows still computed has finished. Measured on the tiny Llama, 8 x 8 rows, 40 new tokens, 2 loaded cores
-    (provisional, README "Speed"): generate 4.85 s, this loop 3.28 s, with finished rows leaving 2.58 s; a
-    preallocated (static) cache 6.18 s eager, and its torch.compile'd decode step took 98 s to compile for one
-    shape for a step no faster than eager within the noise, so neither was kept.
+    the rows still computed has finished. Timed alone on 2 cores (benchmarks/grpo_step_vs_trl.py, README
+    "Speed") it is no faster than generate on the tiny policies, whose decode steps are framework overhead; it
+    is kept because generate would hold every step's logits over the vocabulary ([N, T, V] floats) to give the
+    behaviour log-probs. A preallocated (static) cache was slower eager, and its torch.compile'd decode step
+    took 98 s to compile for one shape for a step no faster than eager within the noise, so neither was kept.
     The log-probs are those of the sampling distribution, logits / temperature (top-p not folded in; greedy: 1).
     """
     device = next(model.parameters()).device
@@ -462,8 +463,7 @@ def supervised_warmup(policy: Policy, steps: int, task_cfg: tasks.TaskConfig, se
                                       pack_sequences(prompts, completions, policy.tokenizer.pad_token_id))
         start = int(mask.argmax(1).min())  # the first target column of a solution: no logits over prompts before it
         mask = mask[:, start:]                                                                        # [B, L-1-S]
-        logits = policy.model(input_ids=input_ids, attention_mask=attention,
-                              logits_to_keep=input_ids.shape[1] - start).logits[:, :-1].float()    # [B, L-1-S, V]
+        logits = logits_from(policy.model, input_ids, attention, start)[:, :-1].float()              # [B, L-1-S, V]
         nll = F.cross_entropy(logits.flatten(0, 1), input_ids[:, start + 1:].flatten(), reduction="none")
         loss = (nll.view_as(mask) * mask).sum() / mask.sum()
         optimizer.zero_grad(set_to_none=True)

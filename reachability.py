@@ -143,8 +143,7 @@ def _weight_sq_norms(factors: list[tuple[torch.Tensor, torch.Tensor]], shape: to
     The ghost norm ||D^T X||^2 = sum((D D^T) * (X X^T)) costs T^2 (J out + in) per row with X X^T shared by the
     steps, forming the gradients J T out in: the cheaper one is used.
     """
-    positions = sum(max(left.shape[-2] if left.dim() > 2 else left.shape[1], right.shape[2])
-                    for left, right in factors)
+    positions = sum(right.shape[2] for _, right in factors)                # each call's T
     rows = factors[0][1].shape[1]
     if positions * (shape[0] + shape[1] / steps) < shape[0] * shape[1]:
         return sum((_gram(lu, lv).to(ru.dtype) * _gram(ru, rv).to(ru.dtype)).sum((2, 3))
@@ -205,14 +204,13 @@ def _rows_sq_norms(model: torch.nn.Module, input_ids: torch.Tensor, attention_ma
         if isinstance(module, (torch.nn.Linear, torch.nn.Embedding)):
             if id(module.weight) in wanted:
                 factors.setdefault(id(module.weight), []).append(_factors(call, d))
-            if getattr(module, "bias", None) is not None and id(module.bias) in wanted:
-                contribution = {id(module.bias): d.flatten(2, -2).sum(2)}                         # [J, B, out]
-            else:
-                contribution = {}
+            bias = getattr(module, "bias", None)
+            contribution = {} if bias is None else {id(bias): d.flatten(2, -2).sum(2)}           # [J, B, out]
         else:
-            contribution = {key: g for key, g in _scale_grads(call, d).items() if key in wanted}
+            contribution = _scale_grads(call, d)
         for key, g in contribution.items():
-            dense[key] = dense[key] + g if key in dense else g
+            if key in wanted:
+                dense[key] = dense[key] + g if key in dense else g
     squared = torch.zeros(depth, input_ids.shape[0], dtype=torch.float64, device=losses.device)
     for key, fs in factors.items():
         squared += _weight_sq_norms(fs, wanted[key].shape, depth).double()
