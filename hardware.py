@@ -259,9 +259,9 @@ def estimate(model: torch.nn.Module, work: Workload) -> Estimate:
     moments are measured from the model's parameters; AdamW's foreach step allocates a transient as large as
     the trainable parameters. Activations are `activation_bytes`. The logits peak holds four float32 copies
     during the entropy computation (the scaled logits, their log-softmax, its exp and the product), over the
-    completion positions only: the update projects no prompt position onto the vocabulary (grpo.logits_from). The KV cache
-    holds keys and values of every layer for all rollouts, and generation keeps every step's float32 logits for
-    the behaviour log-probs. The FLOPs count one pass of rollouts and one forward and backward of the update
+    completion positions only: the update projects no prompt position onto the vocabulary (grpo.logits_from).
+    The KV cache holds keys and values of every layer for all rollouts, and generation keeps every step's
+    float32 logits for the behaviour log-probs. The FLOPs count one pass of rollouts and one forward and backward of the update
     over the parameters that multiply, the matrices (the input embedding is a lookup unless tied to the head;
     norm weights and biases are elementwise; attention's own products are left out): a lower bound
     (no epochs, KL reference, receiver log-probs or recomputation).
