@@ -631,3 +631,41 @@ def fidelity_metrics(records: list[dict], thetas: dict[str, tuple[float, float]]
     for source, (t1, t2) in thetas.items():
         out[f"fidelity/theta1/{source}"], out[f"fidelity/theta2/{source}"] = t1, t2
     return out
+
+
+if __name__ == "__main__":
+    # One curated exchange between the two tiny policies: what each offered trajectory scores, where it is
+    # admitted, and the most degraded one step by step.
+    import argparse
+
+    import eval as evaluation
+
+    cli = argparse.ArgumentParser(description="the curator on one iteration of the tiny qwen-llama pair")
+    cli.add_argument("--prompts", type=int, default=8)
+    cli.add_argument("--group-size", type=int, default=8)
+    cli.add_argument("--seed", type=int, default=1)
+    args = cli.parse_args()
+    task = tasks.load_task("arith", args.seed, 1000, 0)
+    pols = policies.load_policies("qwen-llama", "tiny", torch.device("cpu"), tasks.TaskConfig(), args.seed)
+    problems = task.train[:args.prompts]
+    prompts = [task.prompt(q) for q in problems]
+    torch.manual_seed(args.seed)
+    experiences = []
+    for p in pols:
+        out = p.rollout(prompts, args.group_size, 40, temperature=0.7)
+        rewards = torch.tensor([task.reward(q, t) for q, t in zip((q for q in problems for _ in range(args.group_size)),
+                                                                      out.texts)]).view(len(problems), -1)  # [B, G]
+        experiences.append(sharing.Experience(p, prompts, out, rewards, grpo.group_advantages(rewards)))
+    curation = Curator(CuratorConfig(), [p.name for p in pols], args.seed, None, None)
+    received, records = curation.exchange(experiences, task, problems, sharing.ShareConfig("cross-fidelity", temperature=0.7), 1)
+    for name, got in received.items():
+        m = got.metrics
+        print(f"into {name}: {m['fidelity/offered']:.0f} offered, D mean {m.get('fidelity/d_mean', math.nan):.3f} "
+              f"(TBD {m.get('fidelity/tbd_mean', math.nan):.3f}, CCM {m.get('fidelity/ccm_mean', math.nan):.3f}, "
+              f"RSD {m.get('fidelity/rsd_mean', math.nan):.3f}); admitted "
+              + ", ".join(f"{lv} {m[f'fidelity/admitted_{lv}']:.0%}" for lv in LEVELS)
+              + f", rejected {m['fidelity/rejected']:.0%}; {len(got.crossings)} cross as tokens")
+    worst = max((r for r in records if "D" in r), key=lambda r: r["D"])
+    print(f"\nmost degraded: {worst['source']} -> {worst['receiver']}, reward {worst['reward']:.0f}, D {worst['D']:.3f} "
+          f"(dominant {worst['dominant'].upper()}) -> repaired {worst['D_repaired']:.3f}: {worst['level']}, "
+          f"because {worst['reason']}\n{evaluation.marked_text(worst)}")
