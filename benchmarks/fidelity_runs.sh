@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# The first seeded comparison of CROSS-FIDELITY: independent GRPO, SGT (the best static level in the README's
-# sharing runs) and --share cross-fidelity on one pair over several seeds, then one comparison table and each
-# cross-fidelity run's fidelity report (runs/NAME/report.md).
-# Usage: [JOBS=2] [MODES="none sgt cross-fidelity"] bash benchmarks/fidelity_runs.sh [PAIR] [SEEDS] [extra train.py
-# flags...], e.g. qwen-llama "1 2 3". The comparison covers every mode's runs of the pair and seeds found in runs/,
-# so MODES="prp xgrpo" later adds the other fixed levels to the same table.
+# The seeded comparison of CROSS-FIDELITY: independent GRPO, the three fixed levels and --share cross-fidelity on
+# one pair over several seeds, then one comparison table and each cross-fidelity run's fidelity report
+# (runs/NAME/report.md).
+# Usage: [JOBS=2] [MODES="none prp xgrpo sgt cross-fidelity"] bash benchmarks/fidelity_runs.sh [PAIR] [SEEDS] [extra
+# train.py flags...], e.g. qwen-llama "1 2 3". The comparison covers every mode's runs of the pair and seeds found in
+# runs/, so a later MODES="..." adds its runs to the same table.
 # JOBS runs go at once, each on OMP_NUM_THREADS=1 (thread counts do not change these tiny runs' results); the
 # queue goes seed by seed within each mode, so runs of one seed never warm up the same cache at the same time.
 set -euo pipefail
@@ -13,7 +13,7 @@ pair=${1:-qwen-llama}
 seeds=${2:-1 2 3}
 shift $(( $# < 2 ? $# : 2 ))
 jobs=${JOBS:-1}
-modes=${MODES:-none sgt cross-fidelity}
+modes=${MODES:-none prp xgrpo sgt cross-fidelity}
 queue=()
 for share in $modes; do
   for seed in $seeds; do
