@@ -21,6 +21,7 @@ import hashlib
 import importlib.util
 import inspect
 import json
+import tempfile
 from dataclasses import asdict, dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -502,9 +503,10 @@ def load_tiny_policy(spec: PolicySpec, task_cfg: tasks.TaskConfig, seed: int, ca
     else:
         supervised_warmup(policy, steps, task_cfg, seed, spec.tiny.premature_share)
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        torch.save(model.state_dict(), tmp)
-        tmp.replace(path)
+        # a temporary file of this call's own, renamed into place: runs warming up the same policy at once all succeed
+        with tempfile.NamedTemporaryFile(dir=path.parent, prefix=path.name, suffix=".tmp", delete=False) as tmp:
+            torch.save(model.state_dict(), tmp)
+        Path(tmp.name).replace(path)
     return policy
 
 

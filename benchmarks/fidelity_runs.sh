@@ -6,7 +6,8 @@
 # train.py flags...], e.g. qwen-llama "1 2 3". The comparison covers every mode's runs of the pair and seeds found in
 # runs/, so a later MODES="..." adds its runs to the same table.
 # JOBS runs go at once, each on OMP_NUM_THREADS=1 (thread counts do not change these tiny runs' results); the
-# queue goes seed by seed within each mode, so runs of one seed never warm up the same cache at the same time.
+# queue goes seed by seed within each mode, so with several seeds the first runs warm up different policies (two
+# runs that warm up the same one at once each compute it, and both succeed).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 pair=${1:-qwen-llama}

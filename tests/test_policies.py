@@ -97,6 +97,22 @@ def test_warmup_is_cached_on_disk(cache_dir, tmp_path):
     assert any(not torch.equal(a, b) for a, b in zip(first.model.parameters(), untrained.parameters()))
 
 
+def test_two_warm_ups_of_one_policy_saved_at_once_both_succeed(tmp_path, monkeypatch):
+    # the interleaving of two runs warming up the same policy: the second saves and renames while the first is
+    # between its save and its rename
+    spec, save = policies.PRESETS["tiny"]["qwen-llama"][0], torch.save
+    def save_then_let_the_other_run_finish(obj, f):
+        save(obj, f)
+        monkeypatch.setattr(policies.torch, "save", save)
+        policies.load_tiny_policy(spec, tasks.TaskConfig(), 0, str(tmp_path), warmup_scale=0.01)
+    monkeypatch.setattr(policies.torch, "save", save_then_let_the_other_run_finish)
+    first = policies.load_tiny_policy(spec, tasks.TaskConfig(), 0, str(tmp_path), warmup_scale=0.01)
+    assert [p.suffix for p in (tmp_path / "warmup").iterdir()] == [".pt"]   # one warm-up, no temporary left
+    cached = policies.load_tiny_policy(spec, tasks.TaskConfig(), 0, str(tmp_path), warmup_scale=0.01)
+    for a, b in zip(first.model.parameters(), cached.model.parameters()):
+        assert torch.equal(a, b)
+
+
 def test_hub_model_that_cannot_be_reached_says_how_to_use_local_weights(tmp_path):
     spec = policies.PRESETS["small"]["qwen-llama"][0]
     with pytest.raises(RuntimeError, match="--model-paths qwen="):
