@@ -1,7 +1,7 @@
 """Policy presets, loading, the tiny offline policies, and batched rollouts.
 
 A policy is a causal LM with its own tokenizer. Three scales (issue 2):
-  tiny   random-initialized Qwen2 / Llama / Mistral architectures of a few million parameters, each with its
+  tiny   random-initialized Qwen2 / Llama / Mistral architectures of about a million parameters, each with its
          family's real tokenizer trimmed to the task vocabulary (DESIGN.md §5), warmed up by a short
          supervised phase whose budget differs per policy: that gap is the capability gap CCM needs.
   small  real ~1B instruct models from the hub or a local directory.

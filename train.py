@@ -59,8 +59,8 @@ class Args:
     """cross-fidelity: weights of the TBD, CCM and RSD terms in the degradation D (summing to 1)"""
     theta1: float = 0.1
     """cross-fidelity: D below it admits a trajectory to PRP (the starting value with --thresholds adaptive). 0.1
-    and 0.15 sit near the 15% and 60% points of D before and the median of D after repair on the tiny pair
-    (README), so that each level is used"""
+    and 0.15 were chosen on the tiny pair's D under the earlier warm-up so that each level was used; under the
+    current one most repaired D lands just below 0.1 (README)"""
     theta2: float = 0.15
     """cross-fidelity: D at or above it leaves only SGT; in between, XGRPO"""
     ccm_beta: float = 1.0
