@@ -634,8 +634,8 @@ def fidelity_metrics(records: list[dict], thetas: dict[str, tuple[float, float]]
 
 
 if __name__ == "__main__":
-    # One curated exchange between the two tiny policies: what each offered trajectory scores, where it is
-    # admitted, and the most degraded one step by step.
+    # One iteration of the two tiny policies shared at each fixed level, then curated: what each offered
+    # trajectory scores, where it is admitted, and the most degraded one step by step.
     import argparse
 
     import eval as evaluation
@@ -656,6 +656,11 @@ if __name__ == "__main__":
         rewards = torch.tensor([task.reward(q, t) for q, t in zip((q for q in problems for _ in range(args.group_size)),
                                                                       out.texts)]).view(len(problems), -1)  # [B, G]
         experiences.append(sharing.Experience(p, prompts, out, rewards, grpo.group_advantages(rewards)))
+    for level in LEVELS:
+        fixed = sharing.exchange(experiences, sharing.ShareConfig(level, temperature=0.7))
+        print(f"{level} alone: " + ", ".join(f"{got.metrics['sharing/received']:.0f} into {name}"
+                                            for name, got in fixed.items())
+              + (" (peer rewards in the group baselines)" if level == "xgrpo" else " (trajectories as tokens)"))
     curation = Curator(CuratorConfig(), [p.name for p in pols], args.seed, None, None)
     received, records = curation.exchange(experiences, task, problems, sharing.ShareConfig("cross-fidelity", temperature=0.7), 1)
     for name, got in received.items():

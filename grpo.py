@@ -218,3 +218,50 @@ def grpo_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: T
             "losses/kl": totals["kl_sum"] / seen, "losses/entropy": totals["entropy_sum"] / seen,
             "losses/grad_norm": totals["grad_norm"],
             "charts/completion_len": tensors["mask"].sum(1).float().mean().item()}
+
+
+if __name__ == "__main__":
+    # A few GRPO updates of the tiny qwen policy on the embedded task: one group's advantages, then per update
+    # the training reward, and how the update moved the log-probabilities of the tokens it was told to reinforce
+    # (A > 0) and to suppress (A < 0). The loss itself reads 0 on a first epoch: the ratio is 1 and the
+    # advantages of a group sum to 0.
+    import argparse
+
+    import policies
+    import tasks
+
+    cli = argparse.ArgumentParser(description="GRPO on the tiny qwen policy")
+    cli.add_argument("--updates", type=int, default=5)
+    cli.add_argument("--prompts", type=int, default=16)
+    cli.add_argument("--group-size", type=int, default=8)
+    cli.add_argument("--lr", type=float, default=1e-4)
+    args = cli.parse_args()
+    task = tasks.load_task("arith", 1, 1000, 0)
+    policy = policies.load_policies("qwen-llama", "tiny", torch.device("cpu"), tasks.TaskConfig(), 1)[0]
+    optimizer = torch.optim.AdamW(policy.model.parameters(), lr=args.lr)
+    torch.manual_seed(1)
+    for update in range(args.updates):
+        problems = task.train[update * args.prompts:(update + 1) * args.prompts]
+        out = policy.rollout([task.prompt(q) for q in problems], args.group_size, 40, temperature=0.7)
+        rewards = torch.tensor([task.reward(q, t) for q, t in zip((q for q in problems for _ in range(args.group_size)),
+                                                                      out.texts)]).view(len(problems), -1)  # [B, G]
+        advantages = group_advantages(rewards)                                                          # [B, G]
+        if update == 0:
+            mixed = int((rewards.std(1) > 0).float().argmax())
+            print(f"group {mixed}: rewards {rewards[mixed].tolist()}\n  GRPO advantages    "
+                  f"{[round(a, 2) for a in advantages[mixed].tolist()]}\n  Dr. GRPO advantages "
+                  f"{[round(a, 2) for a in group_advantages(rewards, scale_by_std=False)[mixed].tolist()]}")
+        batch = build_batch([p.tolist() for p in out.prompt_ids], [c.tolist() for c in out.completion_ids],
+                            [a.expand(len(c)) for a, c in zip(advantages.flatten(), out.completion_ids)],
+                            policy.tokenizer.pad_token_id)
+        with torch.no_grad():
+            before = token_logprobs_and_entropy(policy.model, batch.input_ids, batch.attention_mask, 0.7)[0]
+        stats = grpo_step(policy.model, optimizer, batch, LossConfig(), temperature=0.7)
+        with torch.no_grad():
+            moved = token_logprobs_and_entropy(policy.model, batch.input_ids, batch.attention_mask, 0.7)[0] - before
+        up, down = batch.mask * (batch.advantages > 0), batch.mask * (batch.advantages < 0)             # [N, L-1]
+        print(f"update {update}: reward {rewards.mean():.3f}, {int((rewards.std(1) == 0).sum())} of {len(problems)} "
+              f"groups without signal, entropy {stats['losses/entropy']:.3f}, grad norm {stats['losses/grad_norm']:.3f}; "
+              f"mean log-prob change of A > 0 tokens "
+              f"{(moved * up).sum() / up.sum().clamp(min=1):+.4f}, of A < 0 tokens "
+              f"{(moved * down).sum() / down.sum().clamp(min=1):+.4f}")
