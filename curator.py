@@ -653,8 +653,8 @@ if __name__ == "__main__":
     experiences = []
     for p in pols:
         out = p.rollout(prompts, args.group_size, 40, temperature=0.7)
-        rewards = torch.tensor([task.reward(q, t) for q, t in zip((q for q in problems for _ in range(args.group_size)),
-                                                                      out.texts)]).view(len(problems), -1)  # [B, G]
+        rewards = evaluation.rewards(task, [q for q in problems for _ in range(args.group_size)], out.texts
+                                     ).view(len(problems), args.group_size)                              # [B, G]
         experiences.append(sharing.Experience(p, prompts, out, rewards, grpo.group_advantages(rewards)))
     for level in LEVELS:
         fixed = sharing.exchange(experiences, sharing.ShareConfig(level, temperature=0.7))
@@ -662,7 +662,8 @@ if __name__ == "__main__":
                                             for name, got in fixed.items())
               + (" (peer rewards in the group baselines)" if level == "xgrpo" else " (trajectories as tokens)"))
     curation = Curator(CuratorConfig(), [p.name for p in pols], args.seed, None, None)
-    received, records = curation.exchange(experiences, task, problems, sharing.ShareConfig("cross-fidelity", temperature=0.7), 1)
+    received, records = curation.exchange(experiences, task, problems,
+                                          sharing.ShareConfig("cross-fidelity", temperature=0.7), 1)
     for name, got in received.items():
         m = got.metrics
         print(f"into {name}: {m['fidelity/offered']:.0f} offered, D mean {m.get('fidelity/d_mean', math.nan):.3f} "
@@ -671,6 +672,6 @@ if __name__ == "__main__":
               + ", ".join(f"{lv} {m[f'fidelity/admitted_{lv}']:.0%}" for lv in LEVELS)
               + f", rejected {m['fidelity/rejected']:.0%}; {len(got.crossings)} cross as tokens")
     worst = max((r for r in records if "D" in r), key=lambda r: r["D"])
-    print(f"\nmost degraded: {worst['source']} -> {worst['receiver']}, reward {worst['reward']:.0f}, D {worst['D']:.3f} "
-          f"(dominant {worst['dominant'].upper()}) -> repaired {worst['D_repaired']:.3f}: {worst['level']}, "
-          f"because {worst['reason']}\n{evaluation.marked_text(worst)}")
+    print(f"\nmost degraded: {worst['source']} -> {worst['receiver']}, reward {worst['reward']:.0f}, "
+          f"D {worst['D']:.3f} (dominant {worst['dominant'].upper()}) -> repaired {worst['D_repaired']:.3f}: "
+          f"{worst['level']}, because {worst['reason']}\n{evaluation.marked_text(worst)}")

@@ -227,6 +227,7 @@ if __name__ == "__main__":
     # advantages of a group sum to 0.
     import argparse
 
+    import eval as evaluation
     import policies
     import tasks
 
@@ -243,8 +244,8 @@ if __name__ == "__main__":
     for update in range(args.updates):
         problems = task.train[update * args.prompts:(update + 1) * args.prompts]
         out = policy.rollout([task.prompt(q) for q in problems], args.group_size, 40, temperature=0.7)
-        rewards = torch.tensor([task.reward(q, t) for q, t in zip((q for q in problems for _ in range(args.group_size)),
-                                                                      out.texts)]).view(len(problems), -1)  # [B, G]
+        rewards = evaluation.rewards(task, [q for q in problems for _ in range(args.group_size)], out.texts
+                                     ).view(len(problems), args.group_size)                              # [B, G]
         advantages = group_advantages(rewards)                                                          # [B, G]
         if update == 0:
             mixed = int((rewards.std(1) > 0).float().argmax())
@@ -261,7 +262,7 @@ if __name__ == "__main__":
             moved = token_logprobs_and_entropy(policy.model, batch.input_ids, batch.attention_mask, 0.7)[0] - before
         up, down = batch.mask * (batch.advantages > 0), batch.mask * (batch.advantages < 0)             # [N, L-1]
         print(f"update {update}: reward {rewards.mean():.3f}, {int((rewards.std(1) == 0).sum())} of {len(problems)} "
-              f"groups without signal, entropy {stats['losses/entropy']:.3f}, grad norm {stats['losses/grad_norm']:.3f}; "
-              f"mean log-prob change of A > 0 tokens "
+              f"groups without signal, entropy {stats['losses/entropy']:.3f}, "
+              f"grad norm {stats['losses/grad_norm']:.3f}; mean log-prob change of A > 0 tokens "
               f"{(moved * up).sum() / up.sum().clamp(min=1):+.4f}, of A < 0 tokens "
               f"{(moved * down).sum() / down.sum().clamp(min=1):+.4f}")

@@ -503,7 +503,7 @@ def load_tiny_policy(spec: PolicySpec, task_cfg: tasks.TaskConfig, seed: int, ca
     else:
         supervised_warmup(policy, steps, task_cfg, seed, spec.tiny.premature_share)
         path.parent.mkdir(parents=True, exist_ok=True)
-        # a temporary file of this call's own, renamed into place: runs warming up the same policy at once all succeed
+        # a temporary file of this call's own, renamed into place: runs warming up one policy at once all succeed
         with tempfile.NamedTemporaryFile(dir=path.parent, prefix=path.name, suffix=".tmp", delete=False) as tmp:
             torch.save(model.state_dict(), tmp)
         Path(tmp.name).replace(path)

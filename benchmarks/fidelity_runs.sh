@@ -14,7 +14,8 @@ pair=${1:-qwen-llama}
 seeds=${2:-1 2 3}
 shift $(( $# < 2 ? $# : 2 ))
 jobs=${JOBS:-1}
-modes=${MODES:-none prp xgrpo sgt cross-fidelity}
+all_modes="none prp xgrpo sgt cross-fidelity"
+modes=${MODES:-$all_modes}
 queue=()
 for share in $modes; do
   for seed in $seeds; do
@@ -34,7 +35,7 @@ export pair jobs extra
 mkdir -p runs
 printf '%s\n' "${queue[@]}" | xargs -n 2 -P "$jobs" bash -c 'run "$@"' _
 names=()
-for share in none prp xgrpo sgt cross-fidelity; do
+for share in $all_modes; do
   for seed in $seeds; do
     if [ -d "runs/fidelity-$pair-$share-s$seed" ]; then names+=("runs/fidelity-$pair-$share-s$seed"); fi
   done
