@@ -7,18 +7,23 @@ The context is the pair and its capability gap, the source's mean training rewar
 three buckets (source weaker, within `gap_band`, source stronger): a stronger source's trajectories carry more
 phantom advantage, so the level that stays stable need not be the same. Each cycle an epsilon-greedy bandit
 plays the context's current level (exploit) or, with probability epsilon, the next level up (explore), unless
-that level's record of stable cycles is poor (below 1/2 after two tries). After the receiver's update, a
-stability guard compares the receiver's reward std, KL and gradient norm with their own last `window` values:
-a value beyond mean + z std of its history trips it. A stable tried level is kept; a trip backs the context off
-one level below what was played. Every pair into a receiver shares that receiver's guard, so with epsilon small
-one pair rarely explores while another does; when both do, both are credited with the outcome.
+that level's record of stable cycles is poor (below 1/2 after two tries). A stability guard judges each cycle
+on three signals of the receiver, each compared with its own last `window` values (a value beyond mean + z std
+of its history trips it): the update the cycle's admissions fed (its KL to the policy before it, measured
+whatever the KL penalty, and its gradient norm), and the reward std of the rollouts that update produced. So
+the verdict on cycle t waits for iteration t+1's rollouts (`updated`, then `judge`). A stable tried level is
+kept; a trip backs the context off one level below what was played. Every pair into a receiver shares that
+receiver's guard, so with epsilon small one pair rarely explores while another does; when both do, both are
+credited with the outcome.
 
 Predictor. A softmax regression in plain torch over cheap features (curator.py) predicts the admission band
 (PRP, XGRPO, SGT) of a trajectory before its expensive diagnosis (the per-step gradient norms). It is refitted
 each cycle on every fully diagnosed trajectory (a bounded buffer). A prediction is sure when its probability is
 at least `confidence`; a sure prediction may skip the diagnosis only while the measured accuracy of the last
 `trust_window` audited sure predictions is at least `trust` (so a drifting predictor stops skipping by itself),
-and a share `audit` of sure predictions is always diagnosed in full to keep that accuracy measured.
+and a share `audit` of sure predictions is always diagnosed in full to keep that accuracy measured. Trust is
+per receiver, since one model serves every pair: a receiver's sure predictions are all diagnosed and audited
+until `min_audits` of them have been, so none is skipped before the predictor was checked on that receiver.
 """
 
 from __future__ import annotations
@@ -49,9 +54,9 @@ def gap_bucket(gap: float, band: float) -> str:
 
 
 class StabilityGuard:
-    """One receiver's recent reward std, KL and gradient norm; `check` says whether a new cycle stayed in range."""
+    """One receiver's recent reward std, update KL and gradient norm; `check` says whether a cycle stayed in range."""
 
-    SIGNALS = ("charts/reward_std", "losses/kl", "losses/grad_norm")
+    SIGNALS = ("charts/reward_std", "losses/update_kl", "losses/grad_norm")
 
     def __init__(self, window: int, z: float):
         self.history = {s: deque(maxlen=window) for s in self.SIGNALS}
@@ -59,10 +64,11 @@ class StabilityGuard:
 
     def check(self, stats: dict[str, float]) -> list[str]:
         """The signals that left their range this cycle (none: stable); then the cycle joins the history."""
+        missing = [s for s in self.SIGNALS if s not in stats]
+        if missing:
+            raise ValueError(f"the stability guard judges a cycle on {self.SIGNALS}; {missing} were not measured")
         tripped = []
         for signal, past in self.history.items():
-            if signal not in stats:
-                continue
             value = stats[signal]
             if len(past) >= 3:
                 values = torch.tensor(list(past), dtype=torch.float64)
@@ -82,6 +88,7 @@ class ThresholdBandit:
         self.level: dict[tuple, int] = defaultdict(int)
         self.record: dict[tuple, list[int]] = {}                                 # (context, level) -> [stable, tried]
         self.played: dict[tuple[str, str], tuple[tuple, int]] = {}
+        self.pending: dict[str, tuple[list[tuple[tuple, int]], dict[str, float]]] = {}   # receiver -> cycle to judge
         self.guards: dict[str, StabilityGuard] = {}
         self.rng = random.Random(f"bandit/{seed}")
 
@@ -99,19 +106,25 @@ class ThresholdBandit:
         self.played[(source, receiver)] = (context, level)
         return self.thresholds(level)
 
-    def observe(self, receiver: str, stats: dict[str, float]) -> list[str]:
-        """Feed the receiver's update statistics back to every pair it received from this cycle; returns the
-        signals that tripped the guard."""
+    def updated(self, receiver: str, update: dict[str, float]) -> None:
+        """After the receiver's update: the levels its pairs played this cycle and the update's statistics wait
+        for the next rollouts (`judge`)."""
+        played = [self.played.pop(pair) for pair in [p for p in self.played if p[1] == receiver]]
+        self.pending[receiver] = (played, {s: update[s] for s in StabilityGuard.SIGNALS if s in update})
+
+    def judge(self, receiver: str, reward_std: float) -> list[str] | None:
+        """The guard's verdict on the receiver's last cycle, given the reward std of the rollouts its update
+        produced: the signals that tripped (none: stable), which move the levels played; None if no cycle waits."""
+        if receiver not in self.pending:
+            return None
+        played, update = self.pending.pop(receiver)
         guard = self.guards.setdefault(receiver, StabilityGuard(self.cfg.window, self.cfg.z))
-        tripped = guard.check(stats)
-        for (source, rcv), (context, level) in list(self.played.items()):
-            if rcv != receiver:
-                continue
+        tripped = guard.check({**update, "charts/reward_std": reward_std})
+        for context, level in played:
             record = self.record.setdefault((context, level), [0, 0])
             record[0] += not tripped
             record[1] += 1
             self.level[context] = max(level - 1, 0) if tripped else max(level, self.level[context])
-            del self.played[(source, rcv)]
         return tripped
 
 
@@ -127,6 +140,8 @@ class PredictorConfig:
     """audited sure predictions the trust is measured over"""
     min_history: int = 64
     """fully diagnosed trajectories before the predictor may skip"""
+    min_audits: int = 20
+    """audited sure predictions of a receiver before the predictor may skip any of that receiver's"""
     capacity: int = 4096
     """trajectories kept to refit on"""
     l2: float = 1e-3
@@ -141,7 +156,7 @@ class FidelityPredictor:
         self.weight = torch.zeros(n_features + 1, classes, dtype=torch.float64)     # [F+1, C], last row: bias
         self.x: deque[torch.Tensor] = deque(maxlen=cfg.capacity)
         self.y: deque[int] = deque(maxlen=cfg.capacity)
-        self.audits: deque[bool] = deque(maxlen=cfg.trust_window)
+        self.audits: dict[str, deque[bool]] = {}                                     # per receiver
         self.rng = random.Random(f"predictor/{seed}")
         self.mean = torch.zeros(n_features, dtype=torch.float64)
         self.std = torch.ones(n_features, dtype=torch.float64)
@@ -157,21 +172,22 @@ class FidelityPredictor:
         prob, band = probs.max(dim=1)
         return band, prob
 
-    @property
-    def trusted(self) -> bool:
-        """Sure predictions may skip: enough history, and the recently audited ones were right often enough."""
-        enough = len(self.y) >= self.cfg.min_history
-        return enough and (not self.audits or sum(self.audits) >= self.cfg.trust * len(self.audits))
+    def trusted(self, receiver: str) -> bool:
+        """The receiver's sure predictions may skip: enough history, and at least `min_audits` of its sure
+        predictions audited, right often enough."""
+        audits = self.audits.get(receiver, ())
+        return (len(self.y) >= self.cfg.min_history and len(audits) >= self.cfg.min_audits
+                and sum(audits) >= self.cfg.trust * len(audits))
 
-    def may_skip(self, prob: float) -> tuple[bool, bool]:
-        """(sure, skip) for a prediction of probability `prob`. A sure one skips while the predictor is trusted,
-        unless drawn for audit; every sure one diagnosed in full is audited (`audited`), trusted or not, so that
-        a predictor that lost its trust can win it back."""
+    def may_skip(self, receiver: str, prob: float) -> tuple[bool, bool]:
+        """(sure, skip) for a prediction of probability `prob` about a trajectory offered to `receiver`. A sure one
+        skips while the predictor is trusted on that receiver, unless drawn for audit; every sure one diagnosed in
+        full is audited (`audited`), trusted or not, so that a predictor that lost its trust can win it back."""
         sure = len(self.y) >= self.cfg.min_history and prob >= self.cfg.confidence
-        return sure, sure and self.trusted and self.rng.random() >= self.cfg.audit
+        return sure, sure and self.trusted(receiver) and self.rng.random() >= self.cfg.audit
 
-    def audited(self, correct: bool) -> None:
-        self.audits.append(correct)
+    def audited(self, receiver: str, correct: bool) -> None:
+        self.audits.setdefault(receiver, deque(maxlen=self.cfg.trust_window)).append(correct)
 
     def learn(self, x: torch.Tensor, y: torch.Tensor, steps: int = 100) -> None:
         """Add fully diagnosed trajectories (x [N, F], band y [N]) and refit on the buffer, warm-started."""
@@ -197,7 +213,7 @@ class FidelityPredictor:
         optimizer.step(closure)
         self.weight = weight.detach()
 
-    @property
-    def accuracy(self) -> float:
-        """Measured accuracy of the recently audited sure predictions (NaN before the first audit)."""
-        return sum(self.audits) / len(self.audits) if self.audits else float("nan")
+    def accuracy(self, receiver: str) -> float:
+        """Measured accuracy of the receiver's recently audited sure predictions (NaN before the first audit)."""
+        audits = self.audits.get(receiver, ())
+        return sum(audits) / len(audits) if audits else float("nan")

@@ -3,12 +3,15 @@
 Proposal §2.1, the degradation of a trajectory moved from a source policy to a receiver (DESIGN.md §4.1: the
 proposal's F grows with degradation, so it is called D here and fidelity is 1 - D):
     D = l1 (1 - S_TBD) + l2 P + l3 D_RSD,      l1 + l2 + l3 = 1, each term in [0, 1]
-admitted as  D < theta1: PRP (its tokens, with repaired per-token advantages and truncated density ratios);
-theta1 <= D < theta2: XGRPO (only its reward joins the receiver's group on that prompt);  D >= theta2: SGT (it
-crosses only as a verified success on a prompt the receiver's whole group failed), else rejected. A trajectory
-above theta1 whose largest weighted term has a repair goes through the repair pipeline and is scored again.
-§2.2, the repairs, on the per-step credit of what crosses as tokens. §2.3 (threshold co-evolution, the
-fidelity predictor) is in coevolution.py.
+Every trajectory that crosses as tokens is repaired (§2.2), so what decides its level is the degradation that
+remains once it is repaired, D_repaired (below); D is the diagnosis, logged beside it. Admission on D_repaired:
+D_repaired < theta1: PRP (its tokens, with repaired per-token advantages and truncated density ratios);
+theta1 <= D_repaired < theta2: XGRPO (its reward joins the receiver's group on that prompt); D_repaired >= theta2:
+SGT (it crosses only as a verified success on a prompt the receiver's whole group failed), else rejected. The
+levels nest: a verified success on a prompt the receiver's whole group failed crosses as a rescue at every
+level, since a trajectory trusted at a finer level is trusted at the coarsest one; so a rescue is never lost
+because it scored well (at PRP with A = 0 nothing else would cross). §2.3 (threshold co-evolution, the fidelity
+predictor) is in coevolution.py.
 
 The three terms, each a mean over the trajectory's K steps (lines, DESIGN.md §4.6) of a per-step value in [0, 1]:
   TBD  1 - S_TBD. tokalign's default byte-boundary similarity calls every 1:n digit group a hotspot, so a
@@ -16,35 +19,48 @@ The three terms, each a mean over the trajectory's K steps (lines, DESIGN.md §4
        split changes a step's meaning or credit, and per-token credit changes only where a token holds bytes
        of two steps (its credit then mixes them) or where the receiver cannot reproduce the bytes. So step k's
        value is max(its byte share in inexact groups, 1/2 per boundary with a neighbour step that exactly one
-       side straddles, tokalign.boundary_hotspots). It is 0 for a pure 1:n digit split, and could come out
-       either way for any pair. The Jaccard S_TBD is logged beside it (`tbd_jaccard`) to show the difference.
-  CCM  P = mean_k P_k / |A| = mean_k (1 - R_k), the share of the trajectory's credit that sits on steps the
-       receiver cannot reach, with R_k calibrated on the receiver's own steps (reachability.py). Normalizing by
-       |A| keeps the term in [0, 1] and makes it independent of how mixed the source's group happened to be
-       (a zero-advantage success that could rescue a prompt is still judged on its steps).
+       side straddles, tokalign.boundary_hotspots). It is 0 for a pure 1:n digit split. The Jaccard S_TBD is
+       logged beside it (`tbd_jaccard`) to show the difference.
+  CCM  mean_k (1 - R_k), R_k calibrated on the receiver's own steps so that its typical ones score 0
+       (reachability.py): the share of the trajectory's credit that sits on steps the receiver cannot reach.
+       This is the proposal's phantom advantage P = mean_k A_k (1 - R_k) per unit of credit, P / |A|, and not P
+       itself, for two reasons: the credit a trajectory carries depends on the level it is admitted to (its
+       own-group A at PRP, its rescue credit at SGT, none at XGRPO), so P would depend on the decision it is
+       meant to inform; and |A| reaches sqrt(G - 1) under std-normalized advantages, so P has no fixed scale
+       on which thresholds mean anything. P with the credit actually carried is logged per crossing (`phantom`).
   RSD  per typed step, sqrt(1 - exp(-KL(p_src || p_tgt))): the Bretagnolle-Huber bound on the total variation
        between the two policies' step-success distributions, a probability in [0, 1), 0 exactly when they
        agree; the trajectory term is the mean over typed steps (0 without any, as reward_drift does).
-An ablated term (--ablate) is not computed, its weight is dropped and the others renormalized to sum to 1, and
-its repair is off.
+An ablated term (--ablate) is not computed, and its repair is off. It contributes 0 to D and the other weights
+are kept, so D keeps its scale and the thresholds their meaning: dropping a term that is always 0 changes no
+decision. An ablated CCM computes no gradient norms at all, so the intrinsic RSD signal is gone with it: the
+steps no verifier can check then keep the outcome advantage.
 
 The repairs compose on one step in a fixed order (the proposal's challenge 3), starting from the sequence
-advantage A the trajectory would carry (its own-group advantage for PRP, its rescue advantage for SGT):
+advantage A the trajectory carries (its own-group advantage for PRP, its rescue advantage for SGT):
   1. RSD: c_k = (1 - mix) A + mix s_k, s_k = r_k - p_tgt(type_k) for a verified step (VPR), or the intrinsic
      signal rank(-g_k) - 1/2 over the trajectory's steps where a step cannot be checked (or with
      --process-signal intrinsic). It sets what the step is worth to the receiver;
   2. CCM: c_k <- c_k R_k^beta, after RSD so that the additive recalibration cannot hand credit back to a step
      the receiver cannot reach;
-  3. TBD: source tokens carry their step's credit (tokens outside steps carry A) and the credit moves to the
-     receiver's tokens by byte overlap (tokalign.redistribute), last because it is the transport of whatever
-     credit the steps hold; ablated, each receiver token takes the credit of the step its first byte is in.
-Scored again after repair, each term can only fall: TBD keeps its inexact bytes only (redistribution resolves a
-straddled boundary, not bytes the receiver lacks), CCM becomes mean_k R_k^beta (1 - R_k), RSD (1 - mix) of the
-drift of the steps the recalibration reached.
+  3. TBD: source tokens carry their step's credit and the credit moves to the receiver's tokens by byte overlap
+     (tokalign.redistribute), last because it is the transport of whatever credit the steps hold; ablated, each
+     receiver token takes the credit of the step its first byte is in. A separator after a step (its newline)
+     and the EOS close that step and carry its credit; bytes before the first step carry the first step's. So
+     no token keeps the unrepaired A, and the tokens that decide when a solution stops are repaired with the
+     step they end.
+What D_repaired measures: the harm that remains in the repaired trajectory, as a monotone function of each
+diagnosed term, so that a trajectory worse on any term never gets a finer level, before or after repair:
+  TBD  its inexact bytes only (redistribution resolves a straddled boundary, not bytes the receiver lacks);
+  CCM  mean_k reachability.phantom_left(R_k): the phantom share R^beta (1 - R) the attenuated credit keeps, held
+       at its peak for steps less reachable than the peak (an attenuated-away step is not better experience
+       than a barely reachable one; at beta = 1 the term is at most 1/4);
+  RSD  (1 - mix) of the drift of the steps the recalibration reaches.
 """
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import math
 import time
@@ -87,8 +103,10 @@ class CuratorConfig:
     """parameters of the receiver whose gradient norms give R_k (reachability.parameter_subset)"""
     reach_quantile: float = 0.9
     """R = 1/2 at this quantile of the receiver's own step norms"""
+    reach_zero_quantile: float = 0.5
+    """R = 1 up to this quantile of the receiver's own step norms: its typical steps carry no CCM degradation"""
     calibration_rollouts: int = 8
-    """own rollouts of the receiver whose steps calibrate alpha each iteration"""
+    """own rollouts of the receiver, one per prompt in turn, whose steps calibrate reachability each iteration"""
     step_window: int = 20
     """iterations of step statistics behind D_RSD"""
 
@@ -101,14 +119,17 @@ class CuratorConfig:
             raise ValueError(f"ablate takes a proper subset of {TERMS}, got {self.ablate}")
         if self.process_signal not in ("vpr", "intrinsic"):
             raise ValueError(f"process_signal is vpr or intrinsic, got {self.process_signal!r}")
+        if self.process_signal == "intrinsic" and "ccm" in self.ablate:
+            raise ValueError("the intrinsic process signal is the CCM's gradient norms, which an ablated CCM does not "
+                             "compute: use process_signal='vpr' with ablate ccm")
 
     @property
     def weights(self) -> torch.Tensor:
-        """[3] the lambdas with ablated terms dropped and the rest renormalized."""
+        """[3] the lambdas, 0 for an ablated term; the others keep their weight, so D keeps its scale."""
         w = torch.tensor([0.0 if t in self.ablate else l for t, l in zip(TERMS, self.lambdas)], dtype=torch.float64)
         if w.sum() <= 0:
             raise ValueError(f"every term with a weight is ablated: lambdas {self.lambdas}, ablate {self.ablate}")
-        return w / w.sum()
+        return w
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -185,7 +206,7 @@ class Diagnosis:
         tbd = mean_or_zero(self.tbd_repaired if repaired else self.tbd)
         ccm = math.nan
         if self.reach is not None:
-            ccm = (self.reach.pow(cfg.ccm_beta) * (1 - self.reach) if repaired else 1 - self.reach).mean().item()
+            ccm = (reachability.phantom_left(self.reach, cfg.ccm_beta) if repaired else 1 - self.reach).mean().item()
         rsd = mean_or_zero(self.rsd * (1 - cfg.credit_mix) if repaired and self.rsd_repairable(cfg) else self.rsd)
         out = torch.tensor([tbd, ccm, rsd], dtype=torch.float64)
         return torch.where(torch.tensor([t in cfg.ablate for t in TERMS]), torch.full_like(out, math.nan), out)
@@ -221,22 +242,27 @@ def step_credit(advantage: float, process: list[reward_drift.StepReward], diagno
     return credit, recalibrated
 
 
+def credit_spans(steps: list[tuple[int, int]], length: int) -> list[tuple[int, int]]:
+    """The byte spans whose tokens carry each step's credit: step k from its first byte (the first step from 0) up
+    to the next step's first byte (the last step to the end), so a separator or the EOS carries the step it
+    closes."""
+    starts = [0, *(a for a, _ in steps[1:])]
+    return list(zip(starts, [*starts[1:], length]))
+
+
 def token_credit(source: tokalign.Encoding, target: tokalign.Encoding, alignment: tokalign.Alignment,
-                 steps: list[tuple[int, int]], credit: torch.Tensor, advantage: float, redistribute: bool
-                 ) -> torch.Tensor:
-    """[m] the receiver's per-token advantages from per-step credit [K]; tokens outside every step carry A.
+                 steps: list[tuple[int, int]], credit: torch.Tensor, redistribute: bool) -> torch.Tensor:
+    """[m] the receiver's per-token advantages from per-step credit [K] (K >= 1), every token carrying the step of
+    its `credit_spans` span; a zero-width token (EOS) at byte e carries the step of byte e - 1.
 
     redistribute (the TBD repair): source tokens take their step's credit, moved by byte overlap; off: each
     receiver token takes the credit of the step its first byte lies in.
     """
+    bounds = [b for _, b in credit_spans(steps, len(source.data))][:-1]
+
     def per_token(offsets: list[tuple[int, int]]) -> torch.Tensor:
-        out = torch.full((len(offsets),), float(advantage), dtype=torch.float64)
-        for t, (s, e) in enumerate(offsets):
-            for k, (a, b) in enumerate(steps):
-                if a <= s < b and e > s:
-                    out[t] = credit[k]
-                    break
-        return out
+        first_bytes = [s if e > s else max(s - 1, 0) for s, e in offsets]
+        return credit[torch.tensor([bisect.bisect_right(bounds, b) for b in first_bytes], dtype=torch.long)]
     if redistribute:
         return tokalign.redistribute(alignment, source, target, per_token(source.offsets)).float()
     return per_token(target.offsets).float()
@@ -255,7 +281,8 @@ def hotspot_steps(diagnosis: Diagnosis) -> dict[str, list[int]]:
 # One exchange: diagnose, predict, score, repair, admit, cross
 # ---------------------------------------------------------------------------------------------------------------
 
-FEATURES = ("tokens/50", "non-1:1 share", "steps/5", "reward", "|A|", "tbd", "rsd", "pair recent D")
+FEATURES = ("tokens/50", "non-1:1 share", "steps/5", "reward", "|A|", "tbd", "rsd", "pair recent D",
+            "pair recent CCM", "capability gap", "source mean log-prob")
 
 
 @dataclass
@@ -315,25 +342,32 @@ def make_offer(source: sharing.Experience, index: int, receiver: policies.Policy
                  jaccard)
 
 
-def offer_features(offer: Offer, cfg: CuratorConfig, recent: float) -> torch.Tensor:
-    """[F] the cheap features of FEATURES (ablated terms read 0)."""
+def offer_features(offer: Offer, cfg: CuratorConfig, recent: tuple[float, float], gap: float) -> torch.Tensor:
+    """[F] the cheap features of FEATURES (ablated terms read 0). CCM, the term that most often dominates D,
+    needs the gradient norms; what stands in for it is the pair's recent CCM, the capability gap (the source's
+    mean reward minus the receiver's) and how sure the source was of its own tokens."""
     terms = torch.nan_to_num(offer.diagnosis.terms(cfg))
     modes = offer.alignment.modes
+    logprobs = offer.source.rollouts.logprobs[offer.index]
     return torch.tensor([len(offer.tgt.ids) / 50, sum(m != "1:1" for m in modes) / max(len(modes), 1),
                          len(offer.steps) / 5, offer.reward, abs(offer.advantage), terms[0].item(), terms[2].item(),
-                         recent], dtype=torch.float64)
+                         *recent, gap, logprobs.float().mean().item() if len(logprobs) else 0.0], dtype=torch.float64)
 
 
 def own_steps(policy: policies.Policy, experience: sharing.Experience, task: tasks.Task, count: int
               ) -> list[tuple[list[int], list[int], list[tuple[int, int]]]]:
     """Up to `count` of a policy's own rollouts as (prompt ids, completion ids, step token ranges): the steps its
-    reachability is calibrated on."""
+    reachability is calibrated on. One rollout per prompt in turn (prompt b's sample b mod G first), so that the
+    calibration spans the iteration's prompts rather than one prompt's group."""
+    rollouts, group = experience.rollouts, experience.rollouts.group_size
+    prompts = len(rollouts.completion_ids) // group
+    order = [b * group + (b + j) % group for j in range(group) for b in range(prompts)]
     items = []
-    for prompt, ids in zip(experience.rollouts.prompt_ids, experience.rollouts.completion_ids):
-        encoding = tokalign.Encoding.from_ids(ids.tolist(), policy.token_bytes)
+    for i in order:
+        encoding = tokalign.Encoding.from_ids(rollouts.completion_ids[i].tolist(), policy.token_bytes)
         ranges = reachability.step_token_ranges(encoding.offsets, step_byte_spans(encoding.data, task.step_spans))
         if ranges:
-            items.append((prompt.tolist(), ids.tolist(), ranges))
+            items.append((rollouts.prompt_ids[i].tolist(), rollouts.completion_ids[i].tolist(), ranges))
         if len(items) == count:
             break
     return items
@@ -360,57 +394,80 @@ def rescue_candidate(offer: Offer, own_rewards: torch.Tensor, success: float) ->
 
 
 def crosses_tokens(band: int, offer: Offer, own_rewards: torch.Tensor, success: float) -> bool:
-    """Whether the trajectory's tokens would enter the receiver's batch at this band."""
-    return (band == 0 and offer.advantage != 0) or (band == 2 and rescue_candidate(offer, own_rewards, success))
+    """Whether the trajectory's tokens would enter the receiver's batch at this band: as a rescue at any band,
+    else at PRP with a non-zero advantage."""
+    return rescue_candidate(offer, own_rewards, success) or (band == 0 and offer.advantage != 0)
 
 
-def score(offer: Offer, cfg: CuratorConfig, theta: tuple[float, float]) -> dict:
-    """D, its band and dominant term; where the band is above PRP and the dominant term has a repair that lowers
-    it, the trajectory is repaired and scored again, and the band is that of the repaired D."""
+@dataclass(frozen=True)
+class Score:
+    """A trajectory's degradation before and after repair, and the band D_repaired gives it (0 PRP, 1 XGRPO,
+    2 SGT)."""
+
+    D: float
+    D_repaired: float
+    band: int
+    dominant: str                  # the largest weighted term before repair
+    dominant_repaired: str         # and after
+    through_repair: bool           # the repair moved it to a finer band than D alone would have
+    terms: dict[str, float]        # NaN where ablated
+    terms_repaired: dict[str, float]
+
+    @property
+    def fidelity(self) -> float:
+        return 1 - self.D
+
+
+def score(offer: Offer, cfg: CuratorConfig, theta: tuple[float, float]) -> Score:
+    """D and D_repaired (module docstring), and the band of D_repaired."""
     weights = cfg.weights
     before, after = offer.diagnosis.terms(cfg), offer.diagnosis.terms(cfg, repaired=True)
     d, d_repaired = degradation(before, weights), degradation(after, weights)
-    weighted = torch.nan_to_num(before) * weights
-    dominant = TERMS[int(weighted.argmax())]
-    band = admission_band(d, *theta)
-    i = TERMS.index(dominant)
-    through_repair = band > 0 and bool(torch.nan_to_num(after[i]) < torch.nan_to_num(before[i]) - 1e-12)
-    if through_repair:
-        band = admission_band(d_repaired, *theta)
-    dominant_after = TERMS[int((torch.nan_to_num(after) * weights).argmax())]
-    return {"D": d, "D_repaired": d_repaired, "fidelity": 1 - d, "band": band, "dominant": dominant,
-            "dominant_repaired": dominant_after, "through_repair": through_repair,
-            "terms": dict(zip(TERMS, before.tolist())), "terms_repaired": dict(zip(TERMS, after.tolist()))}
+    band = admission_band(d_repaired, *theta)
+
+    def dominant(terms: torch.Tensor) -> str:
+        return TERMS[int((torch.nan_to_num(terms) * weights).argmax())]
+    return Score(d, d_repaired, band, dominant(before), dominant(after), band < admission_band(d, *theta),
+                 dict(zip(TERMS, before.tolist())), dict(zip(TERMS, after.tolist())))
 
 
 def admit(offers: list[Offer], bands: list[int], receiver: sharing.Experience, share: sharing.ShareConfig
           ) -> tuple[list[tuple[str, str, str]], dict[int, tuple[Offer, float]], torch.Tensor]:
     """Admission of every offer by its band (DESIGN.md §4.1). Returns per offer (level, what crosses, reason);
-    the offers whose tokens cross, by position, with the advantage they carry (their own-group advantage for
-    PRP; for SGT their credit as members of the receiver's failed group, pooled over the rescues of the prompt);
-    and the receiver's advantages [B, G] with the XGRPO-admitted peer rewards in its groups' statistics."""
+    the offers whose tokens cross, by position, with the advantage they carry; and the receiver's advantages
+    [B, G] with the XGRPO-admitted peer rewards in its groups' statistics.
+
+    A rescue (a verified success on a prompt the receiver's whole group failed) crosses as one at every band,
+    with its credit as a member of the receiver's failed group, pooled over the prompt's rescues; at XGRPO its
+    reward also joins the baseline. Any other PRP trajectory carries its own-group advantage."""
+    rescue = [rescue_candidate(o, receiver.rewards, share.success) for o in offers]
     pooled: dict[int, list[float]] = defaultdict(list)
     picks: dict[int, tuple[Offer, float]] = {}
-    rescues: dict[int, list[int]] = defaultdict(list)
     decisions = []
     for k, (o, band) in enumerate(zip(offers, bands)):
-        if band == 0:
-            decisions.append(("prp", "tokens", "D < theta1") if o.advantage != 0 else
-                             ("prp", "none", "D < theta1, but A = 0: nothing to carry"))
+        if band == 1:
+            pooled[o.prompt].append(o.reward)
+        level = LEVELS[band] if band < 2 or rescue[k] else "rejected"
+        rule = ("D_repaired < theta1", "theta1 <= D_repaired < theta2", "D_repaired >= theta2")[band]
+        if rescue[k]:
+            decisions.append((level, "tokens" if band != 1 else "tokens and reward", f"{rule}, a verified rescue"))
+        elif band == 0:
+            decisions.append(("prp", "tokens", rule) if o.advantage != 0 else
+                             ("prp", "none", f"{rule}, but A = 0 and no rescue: nothing to carry"))
             if o.advantage != 0:
                 picks[k] = (o, o.advantage)
         elif band == 1:
-            pooled[o.prompt].append(o.reward)
-            decisions.append(("xgrpo", "reward", "theta1 <= D < theta2"))
-        elif rescue_candidate(o, receiver.rewards, share.success):
-            rescues[o.prompt].append(k)
-            decisions.append(("sgt", "tokens", "D >= theta2, a verified rescue"))
+            decisions.append(("xgrpo", "reward", rule))
         else:
-            decisions.append(("rejected", "none", "D >= theta2, not a verified success on a prompt the receiver failed"))
-    for b, members in rescues.items():
-        credit = sharing.rescue_advantages(receiver.rewards[b], torch.tensor([offers[k].reward for k in members]),
+            decisions.append(("rejected", "none", f"{rule}, not a verified success on a prompt the receiver failed"))
+    members: dict[int, list[int]] = defaultdict(list)
+    for k, o in enumerate(offers):
+        if rescue[k]:
+            members[o.prompt].append(k)
+    for b, ks in members.items():
+        credit = sharing.rescue_advantages(receiver.rewards[b], torch.tensor([offers[k].reward for k in ks]),
                                            share.scale_by_std)
-        for k, a in zip(members, credit.tolist()):
+        for k, a in zip(ks, credit.tolist()):
             picks[k] = (offers[k], a)
     advantages = receiver.advantages.clone()                                           # [B, G]
     for b, rewards in pooled.items():
@@ -428,8 +485,8 @@ class Curator:
         self.cfg = cfg
         self.stats = {n: reward_drift.StepStats(cfg.step_window) for n in names}
         self.pairs = {(a, b): i for i, (a, b) in enumerate((a, b) for a in names for b in names if a != b)}
-        self.recent = {pair: 0.0 for pair in self.pairs}              # EMA of D per pair: a predictor feature
-        self.alpha: dict[str, float] = {}                             # each receiver's last calibration
+        self.recent = {pair: (0.0, 0.0) for pair in self.pairs}     # EMA of D and CCM per pair: predictor features
+        self.calibration: dict[str, reachability.Calibration] = {}   # each receiver's last calibration
         self.bandit = coevolution.ThresholdBandit(cfg.theta1, cfg.theta2, bandit, seed) if bandit else None
         self.predictor = (coevolution.FidelityPredictor(len(FEATURES) + len(self.pairs), predictor, seed)
                           if predictor else None)
@@ -437,9 +494,16 @@ class Curator:
     def thresholds(self, source: str, receiver: str, gap: float) -> tuple[float, float]:
         return self.bandit.choose(source, receiver, gap) if self.bandit else (self.cfg.theta1, self.cfg.theta2)
 
-    def observe(self, receiver: str, stats: dict[str, float]) -> list[str]:
-        """After the receiver's update: the stability guard's verdict moves its pairs' thresholds."""
-        return self.bandit.observe(receiver, stats) if self.bandit else []
+    def updated(self, receiver: str, update: dict[str, float]) -> None:
+        """After the receiver's update: its statistics (losses/update_kl, losses/grad_norm) join the cycle the
+        stability guard will judge (coevolution.ThresholdBandit)."""
+        if self.bandit:
+            self.bandit.updated(receiver, update)
+
+    def judge(self, receiver: str, reward_std: float) -> list[str] | None:
+        """With the receiver's new rollouts: the guard's verdict on its last cycle (the signals that tripped), which
+        moves its pairs' thresholds; None with fixed thresholds or before the first update."""
+        return self.bandit.judge(receiver, reward_std) if self.bandit else None
 
     def exchange(self, experiences: list[sharing.Experience], task: tasks.Task, examples: list,
                  share: sharing.ShareConfig, iteration: int) -> tuple[dict[str, sharing.Received], list[dict]]:
@@ -464,121 +528,154 @@ class Curator:
         return out, records
 
     def measure_reach(self, receiver: sharing.Experience, offers: list[Offer], task: tasks.Task) -> None:
-        """The expensive diagnosis: the receiver's step gradient norms of `offers`, and R_k with alpha calibrated
-        on its own steps of this iteration (a receiver without any keeps its last alpha)."""
+        """The expensive diagnosis: the receiver's step gradient norms of `offers`, and R_k calibrated on its own
+        steps of this iteration (a receiver without any keeps its last calibration). Nothing is measured with CCM
+        ablated: the intrinsic RSD signal is then off too (module docstring)."""
         cfg, q = self.cfg, receiver.policy
-        intrinsic = "rsd" not in cfg.ablate and (cfg.process_signal == "intrinsic"
-                                                 or any(s.reward is None for o in offers for s in o.process))
-        if not offers or ("ccm" in cfg.ablate and not intrinsic):
+        if not offers or "ccm" in cfg.ablate:
             return
         params = reachability.parameter_subset(q.model, cfg.reach_subset)
         prompt_ids = {b: q.encode_prompt(receiver.prompts[b]) for b in {o.prompt for o in offers}}
         norms = step_norms(q, [(prompt_ids[o.prompt], o.tgt.ids, o.ranges) for o in offers], params)
-        alpha = None
-        if "ccm" not in cfg.ablate:
-            own = step_norms(q, own_steps(q, receiver, task, cfg.calibration_rollouts), params)
-            if own:
-                self.alpha[q.name] = reachability.calibrate_alpha(torch.cat(own), cfg.reach_quantile)
-            if q.name not in self.alpha:
-                raise ValueError(f"{q.name}'s rollouts have no step to calibrate reachability on yet")
-            alpha = self.alpha[q.name]
+        own = step_norms(q, own_steps(q, receiver, task, cfg.calibration_rollouts), params)
+        if own:
+            self.calibration[q.name] = reachability.calibrate(torch.cat(own), cfg.reach_quantile,
+                                                              cfg.reach_zero_quantile)
+        if q.name not in self.calibration:
+            raise ValueError(f"{q.name}'s rollouts have no step to calibrate reachability on yet")
         for o, g in zip(offers, norms):
             o.diagnosis.norms = g
-            o.diagnosis.reach = reachability.reachability(g, alpha) if alpha is not None else None
+            o.diagnosis.reach = reachability.reachability(g, self.calibration[q.name])
 
-    def _receive(self, receiver: sharing.Experience, peers: list[sharing.Experience], task: tasks.Task,
-                 examples: list, share: sharing.ShareConfig, iteration: int) -> tuple[sharing.Received, list[dict]]:
-        cfg, q, timer = self.cfg, receiver.policy, defaultdict(float)
-        clock = time.perf_counter()
-
-        def lap(phase: str) -> None:
-            nonlocal clock
-            now = time.perf_counter()
-            timer[phase] += now - clock
-            clock = now
-        offers, thetas, records = [], {}, []
+    def _offers(self, receiver: sharing.Experience, peers: list[sharing.Experience], task: tasks.Task,
+                examples: list) -> tuple[list[Offer], list[dict]]:
+        """The cheap diagnosis of every peer rollout for this receiver, and a record for each that cannot be."""
+        offers, records = [], []
         for peer in peers:
-            gap = peer.rewards.mean().item() - receiver.rewards.mean().item()
-            thetas[peer.policy.name] = self.thresholds(peer.policy.name, q.name, gap)
             for i in range(len(peer.rollouts.completion_ids)):
-                offer = make_offer(peer, i, q, task, examples[i // peer.rollouts.group_size], self.stats, cfg)
+                offer = make_offer(peer, i, receiver.policy, task, examples[i // peer.rollouts.group_size],
+                                   self.stats, self.cfg)
                 if offer is None:
                     records.append({"source": peer.policy.name, "index": i, "level": "rejected", "crossed": "none",
                                     "reason": "no step reaches the receiver's tokens", "repairs": []})
                 else:
                     offers.append(offer)
+        return offers, records
+
+    def _predict(self, receiver: sharing.Experience, offers: list[Offer], gaps: dict[str, float],
+                 share: sharing.ShareConfig) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[bool], list[bool]]:
+        """Features [N, F], the predicted band [N] and its probability [N], and which predictions are sure and
+        which skip the expensive diagnosis (never one whose tokens would cross)."""
+        n, name = len(offers), receiver.policy.name
+        if not self.predictor or not offers:
+            return torch.zeros(n, 0), torch.full((n,), -1), torch.zeros(n), [False] * n, [False] * n
+        features = torch.stack([torch.cat([
+            offer_features(o, self.cfg, self.recent[(o.source.policy.name, name)], gaps[o.source.policy.name]),
+            torch.nn.functional.one_hot(torch.tensor(self.pairs[(o.source.policy.name, name)]),
+                                        len(self.pairs)).double()]) for o in offers])
+        predicted, prob = self.predictor.predict(features)
+        sure, skipped = [], []
+        for k, o in enumerate(offers):
+            is_sure, skip = self.predictor.may_skip(name, prob[k].item())
+            sure.append(is_sure)
+            skipped.append(skip and not crosses_tokens(int(predicted[k]), o, receiver.rewards, share.success))
+        return features, predicted, prob, sure, skipped
+
+    def _receive(self, receiver: sharing.Experience, peers: list[sharing.Experience], task: tasks.Task,
+                 examples: list, share: sharing.ShareConfig, iteration: int) -> tuple[sharing.Received, list[dict]]:
+        cfg, q, name = self.cfg, receiver.policy, receiver.policy.name
+        timer, clock = defaultdict(float), [time.perf_counter()]
+
+        def lap(phase: str) -> None:
+            now = time.perf_counter()
+            timer[phase] += now - clock[0]
+            clock[0] = now
+        gaps = {p.policy.name: p.rewards.mean().item() - receiver.rewards.mean().item() for p in peers}
+        thetas = {source: self.thresholds(source, name, gap) for source, gap in gaps.items()}
+        offers, records = self._offers(receiver, peers, task, examples)
         lap("diagnosis")
 
-        pair_ids = [self.pairs[(o.source.policy.name, q.name)] for o in offers]
-        features = torch.stack([torch.cat([offer_features(o, cfg, self.recent[(o.source.policy.name, q.name)]),
-                                           torch.nn.functional.one_hot(torch.tensor(p), len(self.pairs)).double()])
-                                for o, p in zip(offers, pair_ids)]) if offers else torch.zeros(0, 0)
-        predicted, prob = (self.predictor.predict(features) if self.predictor and offers
-                           else (torch.full((len(offers),), -1), torch.zeros(len(offers))))
-        sure, skipped = [False] * len(offers), [False] * len(offers)
-        if self.predictor:
-            for k, o in enumerate(offers):
-                sure[k], skip = self.predictor.may_skip(prob[k].item())
-                skipped[k] = skip and not crosses_tokens(int(predicted[k]), o, receiver.rewards, share.success)
+        features, predicted, prob, sure, skipped = self._predict(receiver, offers, gaps, share)
         lap("prediction")
 
-        full = [o for o, skip in zip(offers, skipped) if not skip]
-        self.measure_reach(receiver, full, task)
+        self.measure_reach(receiver, [o for o, skip in zip(offers, skipped) if not skip], task)
         lap("gradnorms")
 
         scores = [None if skip else score(o, cfg, thetas[o.source.policy.name]) for o, skip in zip(offers, skipped)]
         lap("repair")
-        if self.predictor and full:
+
+        if self.predictor and not all(skipped):
             self.predictor.learn(features[torch.tensor([not s for s in skipped])],
-                                 torch.tensor([s["band"] for s in scores if s is not None]))
+                                 torch.tensor([s.band for s in scores if s is not None]))
             for k, s in enumerate(scores):
                 if sure[k] and s is not None:
-                    self.predictor.audited(int(predicted[k]) == s["band"])
-        lap("prediction")
+                    self.predictor.audited(name, int(predicted[k]) == s.band)
+        lap("predictor_fit")
 
-        bands = [int(predicted[k]) if sc is None else sc["band"] for k, sc in enumerate(scores)]
+        bands = [int(predicted[k]) if sc is None else sc.band for k, sc in enumerate(scores)]
         decisions, picks, advantages = admit(offers, bands, receiver, share)
-        decisions = [(lv, crossed, why + (" (predicted, diagnosis skipped)" if sc is None else
-                                          f" (on the repaired D: {sc['dominant'].upper()} dominated)"
-                                          if sc["through_repair"] else ""))
-                     for (lv, crossed, why), sc in zip(decisions, scores)]
         lap("admission")
 
-        crossings, repairs = [], {}
-        for peer in peers:
-            mine = {o.index: (k, a) for k, (o, a) in picks.items() if o.source is peer}
-            for c in sharing.cross(peer, [(i, a) for i, (_, a) in sorted(mine.items())], q, share):
-                k, a = mine[c.index]
-                o = offers[k]
-                credit, recalibrated = step_credit(a, o.process, o.diagnosis, self.stats[q.name], cfg)
-                tokens = token_credit(o.src, o.tgt, o.alignment, o.steps, credit, a, "tbd" not in cfg.ablate)
-                crossings.append(dataclasses.replace(c, advantages=tokens))
-                done = {"tbd": bool((o.diagnosis.tbd > 0).any()), "ccm": o.diagnosis.reach is not None,
-                        "rsd": bool(recalibrated.any())}
-                repairs[k] = [t for t in TERMS if t not in cfg.ablate and done[t]]
+        crossings, crossed = self._cross(peers, offers, picks, q, share)
         lap("crossing")
 
         for k, (o, s) in enumerate(zip(offers, scores)):
-            level, crossed, reason = decisions[k]
+            level, what, reason = decisions[k]
+            reason += (" (predicted, diagnosis skipped)" if s is None else
+                       f" (the repair moved it from {LEVELS[admission_band(s.D, *thetas[o.source.policy.name])]})"
+                       if s.through_repair else "")
             if s is not None:
-                self.recent[(o.source.policy.name, q.name)] = 0.9 * self.recent[(o.source.policy.name, q.name)] \
-                    + 0.1 * s["D"]
-            records.append(offer_record(o, s, level, crossed, reason, repairs.get(k, []), thetas[o.source.policy.name],
+                pair = (o.source.policy.name, name)
+                ccm = s.terms["ccm"] if math.isfinite(s.terms["ccm"]) else 0.0
+                self.recent[pair] = tuple(0.9 * old + 0.1 * new for old, new in zip(self.recent[pair], (s.D, ccm)))
+            records.append(offer_record(o, s, level, what, reason, crossed.get(k), thetas[o.source.policy.name],
                                         int(predicted[k]), prob[k].item(), skipped[k]))
         for r in records:
-            r.update(iteration=iteration, receiver=q.name)
+            r.update(iteration=iteration, receiver=name)
         metrics = {**sharing.crossing_metrics(crossings, share.ratio_cap),
-                   **fidelity_metrics(records, thetas, self.predictor),
+                   **fidelity_metrics(records, thetas, self.predictor.accuracy(name) if self.predictor else None),
                    **{f"fidelity/time_s/{phase}": t for phase, t in timer.items()},
                    "fidelity/time_s/curation": sum(timer.values())}
         return sharing.Received(advantages, crossings, metrics), records
 
+    def _cross(self, peers: list[sharing.Experience], offers: list[Offer], picks: dict[int, tuple[Offer, float]],
+               receiver: policies.Policy, share: sharing.ShareConfig
+               ) -> tuple[list[sharing.Crossing], dict[int, dict]]:
+        """The picked offers as the receiver trains on them, with their repaired per-token credit; and per offer
+        position, what the repairs did to it (`credit_record`)."""
+        crossings, crossed = [], {}
+        for peer in peers:
+            mine = {o.index: (k, a) for k, (o, a) in picks.items() if o.source is peer}
+            for c in sharing.cross(peer, [(i, a) for i, (_, a) in sorted(mine.items())], receiver, share):
+                k, a = mine[c.index]
+                o = offers[k]
+                credit, recalibrated = step_credit(a, o.process, o.diagnosis, self.stats[receiver.name], self.cfg)
+                tokens = token_credit(o.src, o.tgt, o.alignment, o.steps, credit, "tbd" not in self.cfg.ablate)
+                crossings.append(dataclasses.replace(c, advantages=tokens))
+                done = {"tbd": bool((o.diagnosis.tbd > 0).any()), "ccm": o.diagnosis.reach is not None,
+                        "rsd": bool(recalibrated.any())}
+                crossed[k] = credit_record(o, a, credit, tokens,
+                                           [t for t in TERMS if t not in self.cfg.ablate and done[t]])
+        return crossings, crossed
 
 
-def offer_record(offer: Offer, scored: dict | None, level: str, crossed: str, reason: str, repairs: list[str],
+def credit_record(offer: Offer, advantage: float, credit: torch.Tensor, tokens: torch.Tensor, repairs: list[str]
+                  ) -> dict:
+    """Where the repairs acted on a crossing: the advantage it carries, each step's repaired credit, the credit of
+    the receiver's tokens outside every step (separators and EOS, which close the step before them), and the
+    proposal's phantom advantage P = mean_k |A| (1 - R_k) of the credit carried (None without R)."""
+    outside = [t for t, (s, e) in enumerate(offer.tgt.offsets) if not any(s < b and e > a for a, b in offer.steps)]
+    reach = offer.diagnosis.reach
+    return {"repairs": repairs, "carried": advantage, "step_credit": credit.tolist(),
+            "outside_credit": [tokens[t].item() for t in outside],
+            "phantom": None if reach is None else abs(advantage) * (1 - reach).mean().item()}
+
+
+def offer_record(offer: Offer, scored: Score | None, level: str, crossed: str, reason: str, credit: dict | None,
                  theta: tuple[float, float], predicted: int, prob: float, skipped: bool) -> dict:
-    """One line of fidelity.jsonl: the decision with its reasons, the terms before and after repair, and each step
-    with its values and the terms it is a hotspot of."""
+    """One line of fidelity.jsonl: the decision with its reasons, the terms before and after repair, where the
+    repairs acted on a crossing (`credit_record`), and each step with its values and the terms it is a hotspot
+    of."""
     d = offer.diagnosis
     hot = hotspot_steps(d)
     text = offer.src.data.decode("utf-8", errors="replace")
@@ -587,10 +684,11 @@ def offer_record(offer: Offer, scored: dict | None, level: str, crossed: str, re
               "rsd": None if math.isnan(d.rsd[k].item()) else d.rsd[k].item(),
               "hot": [t for t in TERMS if k in hot[t]]} for k, (a, b) in enumerate(offer.steps)]
     return {"source": offer.source.policy.name, "index": offer.index, "prompt": offer.prompt, "reward": offer.reward,
-            "advantage": offer.advantage, "level": level, "crossed": crossed, "reason": reason,
-            "repairs": repairs, "theta": list(theta), "predicted": LEVELS[predicted] if predicted >= 0 else None,
-            "predicted_prob": prob, "skipped": skipped, "tbd_jaccard": offer.jaccard, **(scored or {}),
-            "text": text, "steps": steps, "tbd_bytes": tbd_bytes(offer)}
+            "advantage": offer.advantage, "level": level, "crossed": crossed, "reason": reason, "repairs": [],
+            **(credit or {}), "theta": list(theta), "predicted": LEVELS[predicted] if predicted >= 0 else None,
+            "predicted_prob": prob, "skipped": skipped, "tbd_jaccard": offer.jaccard,
+            **(dataclasses.asdict(scored) if scored else {}), "text": text, "steps": steps,
+            "tbd_bytes": tbd_bytes(offer)}
 
 
 def tbd_bytes(offer: Offer) -> list[tuple[int, int]]:
@@ -604,8 +702,8 @@ def tbd_bytes(offer: Offer) -> list[tuple[int, int]]:
     return sorted(spans)
 
 
-def fidelity_metrics(records: list[dict], thetas: dict[str, tuple[float, float]],
-                     predictor: coevolution.FidelityPredictor | None) -> dict[str, float]:
+def fidelity_metrics(records: list[dict], thetas: dict[str, tuple[float, float]], predictor_accuracy: float | None
+                     ) -> dict[str, float]:
     """One receiver's iteration under fidelity/: admission shares, mean D and terms (fully diagnosed
     trajectories), repairs, step-level co-occurrence of hotspots, the predictor, the thresholds per source."""
     n = max(len(records), 1)
@@ -626,8 +724,8 @@ def fidelity_metrics(records: list[dict], thetas: dict[str, tuple[float, float]]
     if steps:
         out["fidelity/hotspot_cooccurrence"] = sum(len(s["hot"]) >= 2 for s in steps) / len(steps)
     out["fidelity/predictor_skips"] = float(sum(r.get("skipped", False) for r in records))
-    if predictor is not None:
-        out["fidelity/predictor_accuracy"] = predictor.accuracy
+    if predictor_accuracy is not None:
+        out["fidelity/predictor_accuracy"] = predictor_accuracy
     for source, (t1, t2) in thetas.items():
         out[f"fidelity/theta1/{source}"], out[f"fidelity/theta2/{source}"] = t1, t2
     return out

@@ -207,7 +207,7 @@ def fidelity_report(run_dir: Path, worst: int = 5, windows: int = 4) -> str:
     last = max((r["iteration"] for r in records), default=0)
     edges = sorted({round(last * i / windows) for i in range(windows + 1)})
     out += ["\nAdmission shares over time (all offered trajectories):\n",
-            "| source -> receiver | iterations | " + " | ".join(LEVELS) + " | through repair | skipped by predictor |",
+            "| source -> receiver | iterations | " + " | ".join(LEVELS) + " | moved finer by the repair | skipped by predictor |",
             "|---|---|" + "---|" * (len(LEVELS) + 2)]
     for src, rcv in pairs:
         for lo, hi in zip(edges, edges[1:]):
@@ -217,6 +217,20 @@ def fidelity_report(run_dir: Path, worst: int = 5, windows: int = 4) -> str:
                            + " | ".join(f"{sum(r['level'] == lv for r in mine) / len(mine):.0%}" for lv in LEVELS)
                            + f" | {sum(bool(r.get('through_repair')) for r in mine) / len(mine):.0%}"
                            + f" | {sum(bool(r.get('skipped')) for r in mine) / len(mine):.0%} |")
+    crossed = [r for r in records if "carried" in r and r["carried"] != 0]
+    if crossed:
+        out += ["\nWhere the repairs acted on what crossed as tokens (credit per unit of the carried advantage A; "
+                "separators and EOS close the step before them):\n",
+                "| source -> receiver | crossed | steps' credit / A | separators' and EOS credit / A "
+                "| phantom advantage mean_k abs(A) (1 - R_k) |", "|---|---|---|---|---|"]
+        for src, rcv in pairs:
+            mine = [r for r in crossed if (r["source"], r["receiver"]) == (src, rcv)]
+            steps = [c / r["carried"] for r in mine for c in r["step_credit"]]
+            outside = [c / r["carried"] for r in mine for c in r["outside_credit"]]
+            phantom = [r["phantom"] for r in mine if r["phantom"] is not None]
+            if mine:
+                out.append(f"| {src} -> {rcv} | {len(mine)} | {quantiles(steps)} | {quantiles(outside)} "
+                           f"| {quantiles(phantom)} |")
     out.append(f"\nThe {worst} most degraded distinct trajectories ([[...]]: TBD hotspot tokens; a group's "
                "repeated samples shown once):\n")
     distinct = {(r["iteration"], r["source"], r["receiver"], r["prompt"], r["text"]): r for r in scored}

@@ -167,10 +167,14 @@ def build_batch(prompts: list[list[int]], completions: list[list[int]], token_ad
 
 def grpo_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: TrainBatch, cfg: LossConfig,
               epochs: int = 1, micro_batch: int = 64, max_grad_norm: float = 1.0,
-              ref_model: torch.nn.Module | None = None, temperature: float = 1.0) -> dict[str, float]:
+              ref_model: torch.nn.Module | None = None, temperature: float = 1.0, measure_kl: bool = False
+              ) -> dict[str, float]:
     """`epochs` clipped updates on one batch; pi_old is the model before the first (so the first has ratio 1).
 
-    Raises FloatingPointError, before touching the parameters, if a loss or gradient is not finite.
+    measure_kl: one more forward after the update gives losses/update_kl, the k3 estimate of KL(pi_old || pi_new)
+    per completion token of the batch, how far the update moved the policy (the KL penalty's losses/kl is 0
+    whenever beta is). Raises FloatingPointError, before touching the parameters, if a loss or gradient is not
+    finite.
     """
     device = next(model.parameters()).device
     tensors = {k: v.to(device) if v is not None else None for k, v in vars(batch).items()}
@@ -214,10 +218,19 @@ def grpo_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: T
         optimizer.step()
         totals["grad_norm"] += grad_norm.item() / epochs
     seen = num_tokens * epochs
-    return {"losses/policy_loss": totals["loss"], "losses/clip_ratio": totals["clipped_tokens"] / seen,
-            "losses/kl": totals["kl_sum"] / seen, "losses/entropy": totals["entropy_sum"] / seen,
-            "losses/grad_norm": totals["grad_norm"],
-            "charts/completion_len": tensors["mask"].sum(1).float().mean().item()}
+    out = {"losses/policy_loss": totals["loss"], "losses/clip_ratio": totals["clipped_tokens"] / seen,
+           "losses/kl": totals["kl_sum"] / seen, "losses/entropy": totals["entropy_sum"] / seen,
+           "losses/grad_norm": totals["grad_norm"], "charts/completion_len": tensors["mask"].sum(1).float().mean().item()}
+    if measure_kl:
+        moved = 0.0
+        with torch.no_grad():
+            for j, (rows, start, end) in enumerate(chunks):
+                logp = logprobs_and_entropy_from(model, tensors["input_ids"][rows, :end],
+                                                 tensors["attention_mask"][rows, :end], start, temperature)[0]
+                delta = logp - old_logp[j]                                        # log pi_new / pi_old
+                moved += ((torch.exp(delta) - delta - 1) * cut("mask", rows, start, end)).sum().item()
+        out["losses/update_kl"] = moved / num_tokens
+    return out
 
 
 if __name__ == "__main__":

@@ -25,9 +25,17 @@ Decisions relied on (DESIGN.md §4.8):
     every row's j-th step loss, gives each row exactly the gradient of its own j-th step. B trajectories of at
     most J steps cost one forward and one backward batched over J cotangents, where one trajectory at a time
     cost B of each (benchmarks/reachability_bench.py times both).
-  - alpha is calibrated from the target's own on-policy step norms: R = 1/2 at the q-quantile of the norms of
-    its own steps. A step within the target's own range (merely unfamiliar) keeps R >= 1/2; one far beyond it
-    (out of reach) goes to 0. This is the proposal's challenge 2: unfamiliar is told apart from unreachable.
+  - The scale is calibrated on the target's own on-policy step norms, drawn across the iteration's prompts:
+        R_k = exp(-alpha * max(0, g_k - g_0)),
+    with the zero point g_0 at the median of its own norms and R = 1/2 at their q-quantile. So the target's own
+    typical steps score R = 1 (no degradation), a step within its own range (merely unfamiliar) keeps R >= 1/2,
+    and one far beyond it (out of reach) goes to 0: the proposal's challenge 2, unfamiliar told apart from
+    unreachable. The proposal's R = exp(-alpha g) has no zero point: every step, the target's own included,
+    would carry CCM degradation.
+  - After the repair A_k R_k^beta, step k keeps the phantom share R_k^beta (1 - R_k) of its credit. That share
+    falls again as R_k -> 0, because the repair has then removed the credit rather than corrected it; a score
+    built on it would call the least reachable steps the best repaired. `phantom_left` is therefore the
+    smallest bound on it that never falls as R falls: max over r >= R_k of r^beta (1 - r).
 """
 
 from __future__ import annotations
@@ -253,19 +261,36 @@ def step_grad_norms_loop(model: torch.nn.Module, input_ids: torch.Tensor, attent
     return (torch.tensor(norms, dtype=torch.float64) * sizes.double().sqrt()).float()
 
 
-def calibrate_alpha(own_norms: torch.Tensor, quantile: float = 0.9) -> float:
-    """alpha such that R = 1/2 at the `quantile` of the target's own step norms."""
+class Calibration(NamedTuple):
+    """The target's own scale of step norms: R = 1 up to `zero`, R = exp(-alpha (g - zero)) beyond."""
+    zero: float
+    alpha: float
+
+
+def calibrate(own_norms: torch.Tensor, quantile: float = 0.9, zero_quantile: float = 0.5) -> Calibration:
+    """The zero point at the `zero_quantile` of the target's own step norms, and alpha such that R = 1/2 at their
+    `quantile`. Where the two quantiles coincide (a handful of equal norms) the scale is 1/1000 of the norm."""
     if own_norms.numel() == 0 or not torch.isfinite(own_norms).all():
         raise ValueError("calibration needs finite step norms of the target's own rollouts")
-    reference = torch.quantile(own_norms.double(), quantile).item()
+    if not 0 <= zero_quantile < quantile <= 1:
+        raise ValueError(f"need 0 <= zero_quantile < quantile <= 1, got {zero_quantile}, {quantile}")
+    zero, reference = torch.quantile(own_norms.double(), torch.tensor([zero_quantile, quantile],
+                                                                      dtype=torch.float64)).tolist()
     if reference <= 0:
         raise ValueError("the target's own step norms are all zero; nothing to calibrate against")
-    return math.log(2.0) / reference
+    return Calibration(zero, math.log(2.0) / max(reference - zero, 1e-3 * reference))
 
 
-def reachability(norms: torch.Tensor, alpha: float) -> torch.Tensor:
-    """[K] R_k = exp(-alpha g_k), in (0, 1]."""
-    return torch.exp(-alpha * norms)
+def reachability(norms: torch.Tensor, calibration: Calibration) -> torch.Tensor:
+    """[K] R_k = exp(-alpha max(0, g_k - g_0)), in (0, 1]."""
+    return torch.exp(-calibration.alpha * (norms - calibration.zero).clamp(min=0))
+
+
+def phantom_left(reach: torch.Tensor, beta: float = 1.0) -> torch.Tensor:
+    """[K] the CCM degradation a step keeps after its repair: max over r >= R_k of r^beta (1 - r), the phantom
+    share of the repaired credit, held at its peak r* = beta / (1 + beta) below it (module docstring)."""
+    peak = beta / (1 + beta)
+    return torch.clamp(reach, min=peak).pow(beta) * (1 - torch.clamp(reach, min=peak))
 
 
 def phantom_advantage(advantages: torch.Tensor, reach: torch.Tensor) -> torch.Tensor:
@@ -345,14 +370,14 @@ if __name__ == "__main__":
     params = parameter_subset(weak.model, args.subset)
     own = solution_steps(weak, weak, tasks.generate_problems(32, "train", 5, cfg))
     own_norms = step_grad_norms(weak.model, *batch_inputs(own, weak.tokenizer.pad_token_id), params)
-    alpha = calibrate_alpha(own_norms)
-    print(f"calibration on {len(own_norms)} of {weak.name}'s own steps: median g = {own_norms.median():.2f}, "
-          f"90% quantile = {torch.quantile(own_norms, 0.9):.2f}, alpha = {alpha:.4f}")
+    calibration = calibrate(own_norms)
+    print(f"calibration on {len(own_norms)} of {weak.name}'s own steps: zero point (median) g = "
+          f"{calibration.zero:.2f}, 90% quantile = {torch.quantile(own_norms, 0.9):.2f}, alpha = {calibration.alpha:.4f}")
     solutions = strong.rollout([tasks.prompt_text(q) for q in heldout[:4]], 1, 40, greedy=True).texts
     for q, text, (prompt_ids, ids, ranges) in zip(heldout[:4], solutions, solution_steps(weak, strong, heldout[:4])):
         norms = step_grad_norms(weak.model, *batch_inputs([(prompt_ids, ids, ranges)], weak.tokenizer.pad_token_id),
                                 params)
-        reach = reachability(norms, alpha)
+        reach = reachability(norms, calibration)
         phantom = phantom_advantage(torch.ones_like(reach), reach)
         print(f"\n{q.question}\n{strong.name}'s solution, reward {tasks.answer_reward(text, q):.0f}, under {weak.name}:")
         for (a, b), g, r, p in zip(ranges, norms, reach, phantom):

@@ -8,7 +8,9 @@ verifiable process signal (VPR-style) where a step can be checked, else with an 
 
 Decisions relied on (DESIGN.md §4.9):
   - "similar steps" are steps of the same type, a small documented key (`step_type`): for arithmetic the
-    operation, the digit count of the larger operand and whether a carry (or borrow) is needed, e.g. "+2c".
+    operation, the digit count of the larger operand and whether a carry (or borrow) is needed, e.g. "+2c"; for
+    a GSM8K line its first calculator annotation, the operators in order and the digits of the largest
+    operand's integer part, e.g. "<<48/2=24>>" is "/2". So GSM8K's annotations are the VPR signal too.
   - p(r | type) is a Bernoulli step-success rate from each policy's own rollouts over a window of recent
     iterations, smoothed by a Beta(1, 1) prior, so unseen types and zero counts give finite, small drifts.
   - steps that cannot be checked are marked None and never scored 0.
@@ -21,6 +23,7 @@ norm of the teacher-forced NLL (reachability.py), rank-normalized within the gro
 from __future__ import annotations
 
 import math
+import re
 from collections import Counter, deque
 from dataclasses import dataclass
 
@@ -40,14 +43,24 @@ class StepReward:
 
 
 def step_type(line: str) -> str | None:
-    """The type key of an arithmetic step, e.g. "+2c": operation, digits of the larger operand, carry/borrow."""
+    """The type key of a step: "+2c" for an arithmetic line `a op b = c` (operation, digits of the larger operand,
+    carry/borrow), "/2" for a line whose first annotation is `<<48/2=24>>` (its operators, digits of its largest
+    operand); None for a line that is neither."""
     m = tasks.STEP_RE.match(line)
-    if m is None:
+    if m is not None:
+        a, op, b = abs(int(m.group(1))), m.group(2), abs(int(m.group(3)))
+        digits = len(str(max(a, b)))
+        carry = (op == "+" and a % 10 + b % 10 >= 10) or (op == "-" and a % 10 < b % 10)
+        return f"{op}{digits}{'c' if carry else ''}"
+    annotation = tasks.ANNOTATION_RE.search(line)
+    if annotation is None:
         return None
-    a, op, b = abs(int(m.group(1))), m.group(2), abs(int(m.group(3)))
-    digits = len(str(max(a, b)))
-    carry = (op == "+" and a % 10 + b % 10 >= 10) or (op == "-" and a % 10 < b % 10)
-    return f"{op}{digits}{'c' if carry else ''}"
+    expression = annotation.group(1)
+    operators = "".join(re.findall(r"(?<=[\d.)\s])\s*([-+*/])", expression))   # binary ones: a "-3" operand is no "-"
+    operands = re.findall(r"\d[\d,]*", expression)
+    if not operators or not operands:
+        return None
+    return f"{operators}{max(len(n.replace(',', '')) for n in operands)}"
 
 
 def process_rewards(completion: str, problem: tasks.Problem) -> list[StepReward]:

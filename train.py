@@ -58,11 +58,10 @@ class Args:
     fidelity_lambdas: tuple[float, float, float] = (1 / 3, 1 / 3, 1 / 3)
     """cross-fidelity: weights of the TBD, CCM and RSD terms in the degradation D (summing to 1)"""
     theta1: float = 0.1
-    """cross-fidelity: D below it admits a trajectory to PRP (the starting value with --thresholds adaptive). 0.1
-    and 0.15 were chosen on the tiny pair's D under the earlier warm-up so that each level was used; under the
-    current one most repaired D lands just below 0.1 (README)"""
+    """cross-fidelity: a repaired degradation D_repaired below it admits a trajectory to PRP (the starting value
+    with --thresholds adaptive)"""
     theta2: float = 0.15
-    """cross-fidelity: D at or above it leaves only SGT; in between, XGRPO"""
+    """cross-fidelity: D_repaired at or above it leaves only SGT; in between, XGRPO"""
     ccm_beta: float = 1.0
     """cross-fidelity: the CCM repair's exponent, A_k <- A_k R_k^beta"""
     ablate: tuple[Literal["tbd", "ccm", "rsd"], ...] = ()
@@ -303,6 +302,7 @@ def main(args: Args) -> Path:
     share_cfg = sharing.ShareConfig(args.share, args.ratio_cap, scale_by_std=args.scale_by_std,
                                     temperature=args.temperature, micro_batch=args.micro_batch)
     loss_cfg = grpo.LossConfig(args.clip_eps_low, args.clip_eps_high, args.beta, args.aggregation)
+    guarded = curation is not None and curation.bandit is not None   # the stability guard needs losses/update_kl
     bar = tqdm(range(start, args.iterations), initial=start, total=args.iterations, desc="train")
     for it in bar:
         sampler = seed_iteration(args.seed, it)
@@ -319,6 +319,8 @@ def main(args: Args) -> Path:
                    for name, r in rollouts.items()}
         experiences = [sharing.Experience(p, prompts, rollouts[p.name], rewards[p.name],
                                           grpo.group_advantages(rewards[p.name], args.scale_by_std)) for p in pols]
+        verdicts = {name: curation.judge(name, grpo.rewards_stats(r)["charts/reward_std"])
+                    for name, r in rewards.items()} if curation is not None else {}
         if curation is not None:
             received, decisions = curation.exchange(experiences, task, problems, share_cfg, it + 1)
             for record in decisions:
@@ -330,14 +332,16 @@ def main(args: Args) -> Path:
             batch = training_batch(p, rollouts[p.name], received[p.name])
             with hardware.measured(p.device) as perf:
                 stats = grpo.grpo_step(p.model, optimizers[i], batch, loss_cfg, args.epochs, args.micro_batch,
-                                       args.max_grad_norm, references[i], args.temperature)
+                                       args.max_grad_norm, references[i], args.temperature, measure_kl=guarded)
             return {**stats, **sampled[p.name][1],
                     **hardware.perf_metrics("update", batch.mask.sum().item() * args.epochs, perf)}
         for p, stats in zip(pols, hardware.per_policy(update, list(range(len(pols))), parallel)):
             stats.update(grpo.rewards_stats(rewards[p.name]))
             stats.update(received[p.name].metrics)
             if curation is not None:
-                stats["fidelity/guard_tripped"] = float(bool(curation.observe(p.name, stats)))
+                curation.updated(p.name, stats)
+            if verdicts.get(p.name) is not None:   # the guard's verdict on the previous cycle
+                stats["fidelity/guard_tripped"] = float(bool(verdicts[p.name]))
             stats["charts/finished"] = sum(rollouts[p.name].finished) / len(rollouts[p.name].finished)
             log(metrics_path, {"iteration": it + 1, "policy": p.name, "time_s": time.time() - started, **stats})
         done = it + 1

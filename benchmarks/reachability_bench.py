@@ -96,9 +96,9 @@ def main() -> None:
     foreign = reachability.step_grad_norms(model, *packed(reachability.solution_steps(policy, untrained, problems)),
                                            params)
     count = min(len(own), len(foreign))
-    alpha = reachability.calibrate_alpha(own)
-    own_r, foreign_r = (reachability.reachability(x[:count], alpha) for x in (own, foreign))
-    print(f"\n{count} steps each; alpha = {alpha:.4f}")
+    calibration = reachability.calibrate(own)
+    own_r, foreign_r = (reachability.reachability(x[:count], calibration) for x in (own, foreign))
+    print(f"\n{count} steps each; zero point g = {calibration.zero:.2f}, alpha = {calibration.alpha:.4f}")
     print(f"own greedy steps:      mean g = {own[:count].mean():.2f}, mean R = {own_r.mean():.3f}")
     print(f"never-trained policy:  mean g = {foreign[:count].mean():.2f}, mean R = {foreign_r.mean():.3f}")
 

@@ -38,14 +38,15 @@ def test_admission_boundaries_on_hand_made_degradations():
         curator.admission_band(float("nan"), 0.2, 0.35)
 
 
-def test_degradation_by_hand_and_ablated_weights_renormalize():
+def test_degradation_by_hand_and_an_ablated_term_keeps_the_other_weights():
     cfg = curator.CuratorConfig(lambdas=(0.5, 0.3, 0.2))
     assert curator.degradation(torch.tensor([0.2, 0.5, 1.0], dtype=torch.float64), cfg.weights) == pytest.approx(
         0.5 * 0.2 + 0.3 * 0.5 + 0.2 * 1.0)
     ablated = curator.CuratorConfig(lambdas=(0.5, 0.3, 0.2), ablate=("ccm",))
-    torch.testing.assert_close(ablated.weights, torch.tensor([5 / 7, 0.0, 2 / 7], dtype=torch.float64))
+    torch.testing.assert_close(ablated.weights, torch.tensor([0.5, 0.0, 0.2], dtype=torch.float64))
     for bad in (dict(lambdas=(0.5, 0.5, 0.5)), dict(ablate=("tbd", "ccm", "rsd")), dict(ablate=("kl",)),
-                dict(theta1=0.5, theta2=0.4), dict(process_signal="oracle")):
+                dict(theta1=0.5, theta2=0.4), dict(process_signal="oracle"),
+                dict(process_signal="intrinsic", ablate=("ccm",))):
         with pytest.raises(ValueError):
             curator.CuratorConfig(**bad)
 
@@ -95,10 +96,27 @@ def test_token_credit_splits_a_straddling_token_by_bytes_and_conserves_credit():
     target = encoding(data, [4, 7])                                          # "1+1=", "2\n2", "+2=4"
     alignment = tokalign.align(source, target)
     credit = torch.tensor([1.0, -1.0], dtype=torch.float64)
-    tokens = curator.token_credit(source, target, alignment, steps, credit, 0.25, redistribute=True)
-    torch.testing.assert_close(tokens, torch.tensor([1.0, (1.0 + 0.25 - 1.0) / 3, -1.0]))
-    naive = curator.token_credit(source, target, alignment, steps, credit, 0.25, redistribute=False)
+    tokens = curator.token_credit(source, target, alignment, steps, credit, redistribute=True)
+    # "2\n2": "2" and its newline close step 0 (credit 1), the second "2" opens step 1 (credit -1)
+    torch.testing.assert_close(tokens, torch.tensor([1.0, (1.0 + 1.0 - 1.0) / 3, -1.0]))
+    naive = curator.token_credit(source, target, alignment, steps, credit, redistribute=False)
     torch.testing.assert_close(naive, torch.tensor([1.0, 1.0, -1.0]))    # the first byte's step takes it all
+
+
+def test_separators_and_eos_carry_the_credit_of_the_step_they_close():
+    # "12\n3\n" then EOS: steps "12" and "3"; the newlines and the EOS lie outside both. The sequence advantage
+    # would be 1; each step's repaired credit is set by hand, and no token may keep the unrepaired 1.
+    data = b"12\n3\n"
+    steps = [(0, 2), (3, 4)]
+    source = tokalign.Encoding([0, 1, 2, 3, 4, 9], [(0, 1), (1, 2), (2, 3), (3, 4), (4, 5), (5, 5)], data)
+    target = tokalign.Encoding([0, 1, 2, 3, 9], [(0, 2), (2, 3), (3, 4), (4, 5), (5, 5)], data)  # "12" one token
+    alignment = tokalign.align(source, target)
+    credit = torch.tensor([0.25, -0.5], dtype=torch.float64)
+    for redistribute in (True, False):
+        tokens = curator.token_credit(source, target, alignment, steps, credit, redistribute)
+        torch.testing.assert_close(tokens, torch.tensor([0.25, 0.25, -0.5, -0.5, -0.5]))
+    assert curator.credit_spans(steps, len(data)) == [(0, 3), (3, 5)]
+    assert curator.credit_spans([(2, 4)], 9) == [(0, 9)]                     # leading bytes: the first step's
 
 
 diagnoses = st.integers(1, 6).flatmap(lambda k: st.tuples(
@@ -120,58 +138,63 @@ class FakeOffer:
         self.diagnosis = diagnosis
 
 
-@settings(max_examples=100, deadline=None)
-@given(diagnoses, st.floats(0.1, 4), st.floats(0, 1), st.sampled_from([(), ("tbd",), ("ccm",), ("rsd",)]))
-def test_a_repair_never_raises_the_degradation_it_repairs(values, beta, mix, ablate):
-    cfg = curator.CuratorConfig(ccm_beta=beta, credit_mix=mix, ablate=ablate)
-    d = make_diagnosis(values)
-    before, after = d.terms(cfg), d.terms(cfg, repaired=True)
-    assert (torch.nan_to_num(after) <= torch.nan_to_num(before) + 1e-12).all()
-    scored = curator.score(FakeOffer(d), cfg, (0.2, 0.35))
-    assert scored["D_repaired"] <= scored["D"] + 1e-12
+def worse(values, rng: random.Random, term: str):
+    """The same diagnosis made worse on one term, step by step (each step's value moved toward degradation)."""
+    tbd, left, rsd, reach = (list(v) for v in values)
+    for k in range(len(tbd)):
+        u = rng.random()
+        if term == "tbd":
+            tbd[k] += u * (1 - tbd[k])
+            left[k] += rng.random() * (1 - left[k])
+        elif term == "ccm":
+            reach[k] = max(reach[k] * (1 - u), 1e-3)
+        elif rsd[k] is not None:
+            rsd[k] += u * (0.999 - rsd[k])
+    return tbd, left, rsd, reach
+
+
+@settings(max_examples=200, deadline=None)
+@given(diagnoses, st.sampled_from(curator.TERMS), st.integers(0, 2 ** 20), st.floats(0.2, 4), st.floats(0, 1),
+       st.floats(0.0, 0.4), st.floats(0.0, 0.4), st.sampled_from([(), ("tbd",), ("ccm",), ("rsd",)]))
+def test_a_trajectory_worse_on_any_term_never_gets_a_finer_level(values, term, seed, beta, mix, theta1, width,
+                                                                 ablate):
+    cfg = curator.CuratorConfig(ccm_beta=beta, credit_mix=mix, ablate=ablate, theta1=theta1, theta2=theta1 + width)
+    theta = (cfg.theta1, cfg.theta2)
+    better = curator.score(FakeOffer(make_diagnosis(values)), cfg, theta)
+    degraded = curator.score(FakeOffer(make_diagnosis(worse(values, random.Random(seed), term))), cfg, theta)
+    assert degraded.band >= better.band
+    assert degraded.D >= better.D - 1e-12 and degraded.D_repaired >= better.D_repaired - 1e-12
+
+
+def test_the_audits_reachability_table_lands_monotone_by_hand():
+    # one step, TBD 0, RSD 0.15 (repaired by the VPR mix 1/2 to 0.075), the default weights 1/3 and thresholds
+    # (0.1, 0.15); the repaired CCM is r (1 - r) for r >= 1/2 and 1/4 below. The old closed form R (1 - R) put
+    # R = 0.2 and R = 0.01 at PRP (D_repaired 0.078 and 0.028), below the far more reachable R = 0.5.
+    cfg = curator.CuratorConfig()
+    expected = {0.9: (0.25 / 3, (0.09 + 0.075) / 3, 0), 0.5: (0.65 / 3, (0.25 + 0.075) / 3, 1),
+                0.2: (0.95 / 3, (0.25 + 0.075) / 3, 1), 0.01: (1.14 / 3, (0.25 + 0.075) / 3, 1)}
+    for reach, (d, d_repaired, band) in expected.items():
+        scored = curator.score(FakeOffer(make_diagnosis(([0.0], [0.0], [0.15], [reach]))), cfg, (0.1, 0.15))
+        assert (scored.D, scored.D_repaired, scored.band) == (pytest.approx(d), pytest.approx(d_repaired), band)
 
 
 @settings(max_examples=100, deadline=None)
-@given(diagnoses, diagnoses, st.sampled_from(curator.TERMS))
-def test_an_ablated_term_changes_no_decision(values, other, term):
-    cfg = curator.CuratorConfig(ablate=(term,))
-    i = curator.TERMS.index(term)
-    mixed = list(values)
-    k = len(values[0])
-    if term == "tbd":
-        mixed[0], mixed[1] = (other[0] * k)[:k], (other[1] * k)[:k]
-    elif term == "ccm":
-        mixed[3] = (other[3] * k)[:k]
-    else:
-        mixed[2] = (other[2] * k)[:k]
-    a, b = (curator.score(FakeOffer(make_diagnosis(v)), cfg, (0.2, 0.35)) for v in (values, mixed))
-    assert a["band"] == b["band"] and a["D"] == pytest.approx(b["D"]) and math.isnan(a["terms"][term])
-    assert i == curator.TERMS.index(term)
-
-
-@settings(max_examples=100, deadline=None)
-@given(diagnoses, st.sampled_from(curator.TERMS), st.floats(0.01, 0.5), st.floats(0.0, 0.5), st.floats(0.2, 3))
-def test_with_all_weight_on_one_term_admission_follows_that_term_alone(values, term, theta1, width, beta):
-    lambdas = tuple(1.0 if t == term else 0.0 for t in curator.TERMS)
-    cfg = curator.CuratorConfig(lambdas=lambdas, theta1=theta1, theta2=theta1 + width, ccm_beta=beta)
+@given(diagnoses, st.sampled_from([(), ("ccm",), ("rsd",)]), st.floats(0.0, 0.4), st.floats(0.0, 0.4))
+def test_dropping_a_term_that_is_always_zero_changes_no_decision(values, other, theta1, width):
     tbd, left, rsd, reach = values
-    typed = [r for r in rsd if r is not None]
-    # the term alone, and what its own repair leaves of it, computed here from the definitions
-    alone = {"tbd": (sum(tbd) / len(tbd), sum(min(a, b) for a, b in zip(tbd, left)) / len(tbd)),
-             "ccm": (sum(1 - r for r in reach) / len(reach), sum(r ** beta * (1 - r) for r in reach) / len(reach)),
-             "rsd": (sum(typed) / len(typed) if typed else 0.0,
-                     (1 - cfg.credit_mix) * sum(typed) / len(typed) if typed else 0.0)}[term]
-    expected = curator.admission_band(alone[0], cfg.theta1, cfg.theta2)
-    if expected > 0 and alone[1] < alone[0] - 1e-12:
-        expected = curator.admission_band(alone[1], cfg.theta1, cfg.theta2)
-    assert curator.score(FakeOffer(make_diagnosis(values)), cfg, (cfg.theta1, cfg.theta2))["band"] == expected
+    zero = ([0.0] * len(tbd), [0.0] * len(tbd), rsd, reach)                  # TBD 0 on every step, as on line steps
+    theta = (theta1, theta1 + width)
+    kept = curator.score(FakeOffer(make_diagnosis(zero)), curator.CuratorConfig(ablate=other), theta)
+    dropped = curator.score(FakeOffer(make_diagnosis(zero)), curator.CuratorConfig(ablate=("tbd", *other)), theta)
+    assert (dropped.band, dropped.D, dropped.D_repaired) == (kept.band, pytest.approx(kept.D),
+                                                             pytest.approx(kept.D_repaired))
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # Threshold co-evolution and the predictor
 # ---------------------------------------------------------------------------------------------------------------
 
-STABLE = {"charts/reward_std": 0.4, "losses/kl": 0.0, "losses/grad_norm": 1.0}
+STABLE = {"losses/update_kl": 1e-3, "losses/grad_norm": 1.0}
 
 
 def test_the_bandit_raises_thresholds_over_stable_cycles_and_backs_off_after_an_unstable_one():
@@ -179,51 +202,59 @@ def test_the_bandit_raises_thresholds_over_stable_cycles_and_backs_off_after_an_
     played = []
     for cycle in range(6):
         played.append(bandit.choose("qwen", "llama", gap=0.0))
-        stats = dict(STABLE, **{"charts/reward_std": 0.4 + 0.01 * (cycle % 2)})
-        assert bandit.observe("llama", stats) == []
+        bandit.updated("llama", STABLE)
+        assert bandit.judge("llama", reward_std=0.4 + 0.01 * (cycle % 2)) == []
     assert [round(t1, 6) for t1, _ in played] == [0.25, 0.3, 0.35, 0.4, 0.45, 0.5]
     tried = bandit.choose("qwen", "llama", gap=0.0)
-    assert bandit.observe("llama", dict(STABLE, **{"losses/grad_norm": 50.0})) == ["losses/grad_norm"]
+    bandit.updated("llama", dict(STABLE, **{"losses/grad_norm": 50.0}))
+    assert bandit.judge("llama", reward_std=0.4) == ["losses/grad_norm"]
     bandit.cfg = coevolution.BanditConfig(step=0.05, epsilon=0.0)             # exploit: the level it kept
     assert bandit.choose("qwen", "llama", gap=0.0)[0] == pytest.approx(tried[0] - 0.05)
     assert bandit.choose("qwen", "llama", gap=0.5) == pytest.approx((0.2, 0.35))   # another context starts low
 
 
+def test_the_guard_judges_a_cycle_on_its_update_kl_and_on_the_rollouts_that_update_produced():
+    bandit = coevolution.ThresholdBandit(0.2, 0.35, coevolution.BanditConfig(step=0.05, epsilon=0.0), seed=0)
+    assert bandit.judge("llama", reward_std=0.4) is None                     # no update yet: nothing to judge
+    for cycle in range(5):
+        bandit.choose("qwen", "llama", gap=0.0)
+        bandit.updated("llama", dict(STABLE, **{"losses/update_kl": 1e-3 * (1 + 0.1 * (cycle % 2))}))
+        assert bandit.judge("llama", reward_std=0.4 + 0.01 * (cycle % 2)) == []
+    bandit.choose("qwen", "llama", gap=0.0)
+    bandit.updated("llama", dict(STABLE, **{"losses/update_kl": 0.05}))     # with beta = 0 the KL penalty reads 0
+    assert bandit.judge("llama", reward_std=0.4) == ["losses/update_kl"]
+    bandit.choose("qwen", "llama", gap=0.0)
+    bandit.updated("llama", STABLE)
+    assert bandit.judge("llama", reward_std=0.9) == ["charts/reward_std"]   # what the cycle's update did to sampling
+    with pytest.raises(ValueError, match="update_kl"):
+        coevolution.StabilityGuard(10, 3.0).check({"charts/reward_std": 0.4, "losses/grad_norm": 1.0})
+
+
 def test_the_stability_guard_trips_only_outside_a_signals_own_range():
     guard = coevolution.StabilityGuard(window=10, z=3.0)
+    steady = {"charts/reward_std": 0.4, "losses/update_kl": 1e-3}
     for value in (1.0, 1.1, 0.9, 1.05):
-        assert guard.check({"losses/grad_norm": value}) == []
-    assert guard.check({"losses/grad_norm": 1.2}) == []
-    assert guard.check({"losses/grad_norm": 5.0}) == ["losses/grad_norm"]
-    assert guard.check({"losses/grad_norm": float("nan")}) == ["losses/grad_norm"]
+        assert guard.check({**steady, "losses/grad_norm": value}) == []
+    assert guard.check({**steady, "losses/grad_norm": 1.2}) == []
+    assert guard.check({**steady, "losses/grad_norm": 5.0}) == ["losses/grad_norm"]
+    assert guard.check({**steady, "losses/grad_norm": float("nan")}) == ["losses/grad_norm"]
 
 
-def test_the_predictors_skip_never_changes_a_decision_it_was_sure_of_on_a_replayed_log():
-    # a log of fully diagnosed trajectories whose band is a threshold function of two features, with a grey zone
-    rng = random.Random(0)
-    log = []
-    for _ in range(600):
-        x = torch.tensor([rng.random(), rng.random(), rng.random()], dtype=torch.float64)
-        d = 0.6 * x[0].item() + 0.4 * x[1].item()
-        log.append((x, curator.admission_band(d, 0.3, 0.6)))
-    predictor = coevolution.FidelityPredictor(3, coevolution.PredictorConfig(min_history=64, audit=0.2), seed=0)
-    skipped = 0
-    for start in range(0, len(log), 40):                                        # replay in cycles of 40
-        batch = log[start:start + 40]
-        xs = torch.stack([x for x, _ in batch])
-        bands, probs = predictor.predict(xs)
-        full = []
-        for (x, band), guess, p in zip(batch, bands.tolist(), probs.tolist()):
-            sure, skip = predictor.may_skip(p)
-            if skip:
-                skipped += 1
-                assert guess == band, "a skipped trajectory got another decision than its full diagnosis"
-            else:
-                full.append((x, band))
-                if sure:
-                    predictor.audited(guess == band)
-        predictor.learn(torch.stack([x for x, _ in full]), torch.tensor([b for _, b in full]))
-    assert skipped > 100 and predictor.accuracy >= 0.95
+def test_the_predictor_skips_nothing_for_a_receiver_it_was_not_audited_on():
+    cfg = coevolution.PredictorConfig(min_history=4, min_audits=3, confidence=0.0, trust=0.5, audit=0.0)
+    predictor = coevolution.FidelityPredictor(2, cfg, seed=0)
+    predictor.learn(torch.rand(8, 2, dtype=torch.float64), torch.tensor([0, 1] * 4))
+    assert predictor.may_skip("llama", 0.99) == (True, False)                # history, but no audit yet
+    for correct in (True, True):
+        predictor.audited("llama", correct)
+    assert predictor.may_skip("llama", 0.99) == (True, False)                # 2 audits of the 3 it needs
+    predictor.audited("llama", True)
+    assert predictor.may_skip("llama", 0.99) == (True, True)
+    assert predictor.may_skip("qwen", 0.99) == (True, False)                 # trust is per receiver
+    for correct in (False, False, False, False):
+        predictor.audited("llama", correct)
+    assert predictor.may_skip("llama", 0.99) == (True, False)                # 3 of 7 right: below trust 1/2
+    assert predictor.accuracy("llama") == pytest.approx(3 / 7) and math.isnan(predictor.accuracy("qwen"))
 
 
 def test_the_predictor_refuses_nan_features():
@@ -242,33 +273,33 @@ def fidelity_records(run_dir):
 
 
 @pytest.mark.parametrize("pair", ["qwen-llama", "trio"])
-def test_a_cross_fidelity_run_exercises_every_level_and_repair(tmp_path, cache_dir, pair):
-    args = tiny_args(tmp_path, cache_dir, pair=pair, share="cross-fidelity", iterations=2, theta1=0.08, theta2=0.12,
-                     thresholds="adaptive")
+def test_a_cross_fidelity_run_logs_decisions_that_follow_its_own_rules(tmp_path, cache_dir, pair):
+    # what holds on every path, whichever levels a seeded run happens to use on this machine
+    args = tiny_args(tmp_path, cache_dir, pair=pair, share="cross-fidelity", iterations=2, thresholds="adaptive")
     run_dir = train.main(args)
     records = fidelity_records(run_dir)
     logged = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     updates = [r for r in logged if "losses/policy_loss" in r]
-    assert all(math.isfinite(r["losses/policy_loss"]) and "fidelity/admitted_prp" in r for r in updates)
-    levels = {r["level"] for r in records}
-    assert levels >= {"prp", "xgrpo", "sgt", "rejected"}, levels
-    repaired = {t for r in records for t in r["repairs"]}
-    assert repaired >= {"ccm", "rsd"}, repaired
-    assert any(r.get("through_repair") for r in records)
-    for r in records:
-        assert r["receiver"] != r["source"] and r["iteration"] in (1, 2)
-        if "D" in r:
-            assert 0 <= r["D_repaired"] <= r["D"] + 1e-9 <= 1 + 1e-9
-            assert {"tbd", "ccm", "rsd"} <= set(r["terms"])
-    report = (run_dir / "report.md").read_text()
-    assert "Fidelity" in report
+    assert all(math.isfinite(r["losses/policy_loss"]) and "fidelity/admitted_prp" in r and r["losses/update_kl"] >= 0
+               for r in updates)
+    assert all("fidelity/guard_tripped" in r for r in updates if r["iteration"] == 2)   # iteration 1 judged then
+    assert records and all(r["receiver"] != r["source"] and r["iteration"] in (1, 2) for r in records)
+    for r in (r for r in records if "D" in r):
+        assert 0 <= r["D_repaired"] <= r["D"] + 1e-9 <= 1 + 1e-9 and {"tbd", "ccm", "rsd"} <= set(r["terms"])
+        band = curator.admission_band(r["D_repaired"], *r["theta"])
+        assert r["level"] == curator.LEVELS[band] or (band == 2 and r["level"] == "rejected")
+        assert r["through_repair"] == (band < curator.admission_band(r["D"], *r["theta"]))
+    for r in (r for r in records if "tokens" in r["crossed"]):   # separators and EOS carry only step credit
+        low, high = min(r["step_credit"]) - 1e-6, max(r["step_credit"]) + 1e-6
+        assert all(low <= c <= high for c in r["outside_credit"])
+    assert "Fidelity" in (run_dir / "report.md").read_text()
 
 
 def test_admission_routes_each_band_by_hand():
     from types import SimpleNamespace as Offer
     own = torch.tensor([[0.0, 0.0], [1.0, 0.0]])
     receiver = Offer(rewards=own, advantages=grpo.group_advantages(own))
-    offers = [Offer(advantage=0.5, reward=1.0, prompt=0), Offer(advantage=0.0, reward=1.0, prompt=1),
+    offers = [Offer(advantage=0.5, reward=1.0, prompt=1), Offer(advantage=0.0, reward=1.0, prompt=1),
               Offer(advantage=0.3, reward=1.0, prompt=1), Offer(advantage=0.0, reward=1.0, prompt=0),
               Offer(advantage=0.7, reward=1.0, prompt=0), Offer(advantage=-0.2, reward=0.0, prompt=0),
               Offer(advantage=0.4, reward=1.0, prompt=1)]
@@ -282,29 +313,118 @@ def test_admission_routes_each_band_by_hand():
     torch.testing.assert_close(advantages, torch.tensor([[0.0, 0.0], [(1 / 3) / (s + EPS), (-2 / 3) / (s + EPS)]]))
 
 
-def test_an_exchange_between_untrained_policies_admits_repairs_and_logs_every_offer():
-    from test_sharing import PROMPTS, TEXTS, experience
-    from test_train import TASK
+@pytest.mark.parametrize("band", [0, 1, 2])
+def test_a_verified_rescue_crosses_at_every_band_even_with_a_zero_advantage(band):
+    # its own group all succeeded (A = 0); the receiver's whole group failed the prompt
+    from types import SimpleNamespace as Offer
+    own = torch.tensor([[0.0, 0.0, 0.0]])
+    receiver = Offer(rewards=own, advantages=grpo.group_advantages(own))
+    decisions, picks, advantages = curator.admit([Offer(advantage=0.0, reward=1.0, prompt=0)], [band], receiver,
+                                                 sharing.ShareConfig("cross-fidelity"))
+    assert decisions[0][0] == curator.LEVELS[band] and "tokens" in decisions[0][1]
+    assert picks[0][1] == pytest.approx(0.75 / (math.sqrt(3) / 4 + EPS))   # pooled [0, 0, 0, 1]: mean 1/4
+    if band == 1:                                                           # its reward joins the baseline too
+        torch.testing.assert_close(advantages, torch.full((1, 3), -0.25 / (math.sqrt(3) / 4 + EPS)))
+
+
+def untrained_pair():
     pols = {}
     for family in ("qwen2", "llama"):
         tok = policies.tiny_tokenizer(family)
         pols[family] = policies.Policy(family, policies.tiny_model(family, policies.TinyShape(32, 2, 4, 0), len(tok),
                                                                    seed=0), tok, use_chat_template=False)
+    return pols
+
+
+def hand_exchange(cfg: curator.CuratorConfig, predictor=None, iterations: int = 1):
+    """A curated exchange between two untrained policies on hand-made rollouts; returns what llama received and
+    every record."""
+    from test_sharing import PROMPTS, TEXTS, experience
+    from test_train import TASK
+    pols = untrained_pair()
     task = tasks.load_task("arith", 0, 0, 0, TASK)
     problems = tasks.generate_problems(3, "train", seed=0, cfg=TASK)
     peer = experience(pols["qwen2"], PROMPTS, TEXTS, [[1.0, 0.0], [1.0, 1.0], [0.0, 1.0]])
     receiver = experience(pols["llama"], PROMPTS, TEXTS, [[0.0, 0.0], [1.0, 0.0], [0.0, 0.0]])
-    cur = curator.Curator(curator.CuratorConfig(theta1=0.9, theta2=0.95), ["qwen2", "llama"], 0, None, None)
-    received, records = cur.exchange([receiver, peer], task, problems, sharing.ShareConfig("cross-fidelity"), 1)
-    assert len(records) == 12 and all(r["level"] == "prp" for r in records)        # D < 0.9: all PRP
+    cur = curator.Curator(cfg, ["qwen2", "llama"], 0, None, predictor)
+    records = []
+    for it in range(iterations):
+        received, mine = cur.exchange([receiver, peer], task, problems, sharing.ShareConfig("cross-fidelity"), it + 1)
+        records += mine
+    return peer, received, records
+
+
+def test_an_exchange_between_untrained_policies_admits_repairs_and_logs_every_offer():
+    peer, received, records = hand_exchange(curator.CuratorConfig(theta1=0.9, theta2=0.95))
+    assert len(records) == 12 and all(r["level"] == "prp" for r in records)        # D_repaired < 0.9: all PRP
     llama = received["llama"]
-    assert sorted(c.index for c in llama.crossings) == [0, 1, 4, 5]                 # the peer's non-zero advantages
+    assert sorted(c.index for c in llama.crossings) == [0, 1, 4, 5]     # non-zero advantages; 0 and 5 are rescues
     for c in llama.crossings:
         assert len(c.advantages) == len(c.completion_ids) and torch.isfinite(c.advantages).all()
         sign = peer.advantages.flatten()[c.index].sign()
         assert ((c.advantages * sign) >= -1e-6).all()      # repairs rescale the credit, never flip its sign here
     assert {t for r in records for t in r["repairs"]} == {"ccm", "rsd"}
     assert llama.metrics["fidelity/admitted_prp"] == 1.0 and llama.metrics["sharing/received"] == 4
+
+
+@pytest.mark.parametrize("theta, levels", [((1.0, 1.0), {"prp"}), ((0.0, 1.0), {"xgrpo"}),
+                                           ((0.0, 0.0), {"sgt", "rejected"})])
+def test_thresholds_force_each_level_and_rescues_cross_at_all_of_them(theta, levels):
+    peer, received, records = hand_exchange(curator.CuratorConfig(theta1=theta[0], theta2=theta[1]))
+    into_llama = [r for r in records if r["receiver"] == "llama"]
+    assert {r["level"] for r in into_llama} == levels
+    rescued = {r["index"] for r in into_llama if "tokens" in r["crossed"] and "rescue" in r["reason"]}
+    assert rescued == {0, 5}                                  # the peer's successes on the prompts llama failed
+    assert {c.index for c in received["llama"].crossings} >= rescued
+
+
+def test_an_ablated_ccm_computes_no_gradient_norms(monkeypatch):
+    import reachability
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("gradient norms computed with CCM ablated")
+    monkeypatch.setattr(reachability, "step_grad_norms", refuse)
+    peer, received, records = hand_exchange(curator.CuratorConfig(theta1=0.9, theta2=0.95, ablate=("ccm",)))
+    assert all(math.isnan(r["terms"]["ccm"]) for r in records if "terms" in r)
+    assert {t for r in records for t in r["repairs"]} == {"rsd"}
+
+
+def test_the_predictor_skips_nothing_before_it_was_audited_on_that_receiver():
+    # confidence 0 and trust 0: every prediction is sure, and the only gate left is the per-receiver audit count.
+    # Iteration 1: llama receives first with no history (nothing sure); qwen2 then has history but no audit of
+    # its own. Iteration 2: only qwen2 has been audited, so only qwen2's offers may skip, and all of them do
+    # but those whose tokens would cross.
+    cfg = coevolution.PredictorConfig(min_history=4, min_audits=3, confidence=0.0, trust=0.0, audit=0.0)
+    _, _, records = hand_exchange(curator.CuratorConfig(theta1=0.9, theta2=0.95), cfg, iterations=2)
+    skipped = [r for r in records if r["skipped"]]
+    assert all(r["iteration"] == 2 and r["receiver"] == "qwen2" for r in skipped)
+    assert skipped and all("tokens" not in r["crossed"] for r in skipped)
+
+
+def test_offer_features_carry_the_ccm_proxies_by_hand():
+    from types import SimpleNamespace as Fake
+    rollouts = Fake(logprobs=[torch.tensor([-0.5, -1.5]), torch.tensor([-2.0])])
+    diagnosis = curator.Diagnosis(torch.tensor([0.2, 0.0]), torch.zeros(2), torch.tensor([0.3, math.nan]), None,
+                                  None)
+    offer = Fake(diagnosis=diagnosis, alignment=Fake(modes=["1:1", "1:n", "1:1", "1:1"]), tgt=Fake(ids=[0] * 25),
+                 steps=[(0, 1), (2, 3)], reward=1.0, advantage=-0.5, source=Fake(rollouts=rollouts), index=0)
+    features = curator.offer_features(offer, curator.CuratorConfig(), recent=(0.12, 0.3), gap=0.25)
+    expected = [0.5, 0.25, 0.4, 1.0, 0.5, 0.1, 0.3, 0.12, 0.3, 0.25, -1.0]
+    assert len(expected) == len(curator.FEATURES)
+    torch.testing.assert_close(features, torch.tensor(expected, dtype=torch.float64))
+
+
+def test_calibration_steps_come_from_every_prompt():
+    from test_sharing import PROMPTS, TEXTS, experience
+    from test_train import TASK
+    pols = untrained_pair()
+    own = experience(pols["llama"], PROMPTS, TEXTS, [[0.0, 0.0], [1.0, 0.0], [0.0, 0.0]])
+    task = tasks.load_task("arith", 0, 0, 0, TASK)
+    items = curator.own_steps(pols["llama"], own, task, 3)
+    prompts = {tuple(p) for p, _, _ in items}
+    assert len(items) == 3 and len(prompts) == 3                # one rollout of each of the 3 prompts, not one group
+    texts = [pols["llama"].decode(c) for _, c, _ in items]
+    assert texts[0].startswith(TEXTS[0][0][:9]) and texts[1].startswith(TEXTS[1][1][:10])   # sample b mod G
 
 
 def test_repeated_samples_are_measured_once_and_get_the_norms_of_a_lone_measurement(monkeypatch):

@@ -139,6 +139,25 @@ def test_grpo_step_moves_probability_towards_positive_advantages():
     assert stats["losses/clip_ratio"] == 0.0 and stats["charts/completion_len"] == 1.0
 
 
+def test_update_kl_is_the_k3_kl_between_the_policy_before_and_after_the_update():
+    # reference: the bigram's next-token distributions before and after, the k3 estimate on the batch's tokens
+    batch = grpo.build_batch([[0], [3]], [[1, 2], [4]], [torch.tensor([1.0, 1.0]), torch.tensor([-1.0])], pad_id=0)
+    model = Bigram()
+    before = torch.log_softmax(model.table.detach().clone(), -1)
+    stats = grpo.grpo_step(model, torch.optim.SGD(model.parameters(), lr=0.5), batch, grpo.LossConfig(),
+                           micro_batch=1, measure_kl=True)
+    after = torch.log_softmax(model.table.detach(), -1)
+    pairs = [(0, 1), (1, 2), (3, 4)]                                      # (context token, sampled token)
+    k3 = [math.exp(after[a, b] - before[a, b]) - (after[a, b] - before[a, b]).item() - 1 for a, b in pairs]
+    assert stats["losses/update_kl"] == pytest.approx(sum(k3) / 3, rel=1e-5) and stats["losses/update_kl"] > 0
+    assert stats["losses/kl"] == 0.0                                      # the penalty's KL, with beta = 0
+    still = grpo.grpo_step(Bigram(), torch.optim.SGD(Bigram().parameters(), lr=0.5), batch, grpo.LossConfig(),
+                           measure_kl=True)                               # the optimizer moves another model
+    assert still["losses/update_kl"] == 0.0
+    assert "losses/update_kl" not in grpo.grpo_step(Bigram(), torch.optim.SGD(Bigram().parameters(), lr=0.5),
+                                                    batch, grpo.LossConfig())
+
+
 def test_micro_batches_give_the_gradient_of_the_whole_batch():
     batch = grpo.build_batch([[0], [1, 2], [3]], [[1, 2, 3], [4], [5, 0]],
                              [torch.tensor([1.0, 1.0, 1.0]), torch.tensor([-2.0]), torch.tensor([0.5, 0.5])], pad_id=0)

@@ -125,18 +125,37 @@ def test_parameter_subsets():
 
 def test_reachability_calibration_phantom_and_repair_by_hand():
     own = torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0])
-    alpha = reachability.calibrate_alpha(own, quantile=0.5)          # median 3 -> R = 1/2 there
-    assert alpha == pytest.approx(math.log(2) / 3)
-    reach = reachability.reachability(torch.tensor([0.0, 3.0, 30.0]), alpha)
-    assert reach.tolist() == pytest.approx([1.0, 0.5, 2 ** -10])
-    advantages = torch.tensor([2.0, 2.0, -1.0])
+    calibration = reachability.calibrate(own, quantile=0.75, zero_quantile=0.5)   # zero at 3, R = 1/2 at 4
+    assert calibration.zero == pytest.approx(3.0) and calibration.alpha == pytest.approx(math.log(2))
+    reach = reachability.reachability(torch.tensor([0.0, 3.0, 4.0, 13.0]), calibration)
+    assert reach.tolist() == pytest.approx([1.0, 1.0, 0.5, 2 ** -10])             # own typical steps: R = 1
+    advantages = torch.tensor([2.0, 2.0, 2.0, -1.0])
     phantom = reachability.phantom_advantage(advantages, reach)
-    assert phantom.tolist() == pytest.approx([0.0, 1.0, -(1 - 2 ** -10)])
-    assert reachability.ccm_hotspots(phantom, threshold=0.5) == [1]
-    assert reachability.repair(advantages, reach, beta=2.0).tolist() == pytest.approx([2.0, 0.5, -(2 ** -20)])
+    assert phantom.tolist() == pytest.approx([0.0, 0.0, 1.0, -(1 - 2 ** -10)])
+    assert reachability.ccm_hotspots(phantom, threshold=0.5) == [2]
+    assert reachability.repair(advantages, reach, beta=2.0).tolist() == pytest.approx([2.0, 2.0, 0.5, -(2 ** -20)])
+    equal = reachability.calibrate(torch.full((4,), 2.0))                          # no spread: a scale of 2/1000
+    assert equal.zero == pytest.approx(2.0) and equal.alpha == pytest.approx(math.log(2) / 2e-3)
     for bad in (torch.tensor([]), torch.tensor([float("nan")]), torch.zeros(3)):
         with pytest.raises(ValueError):
-            reachability.calibrate_alpha(bad)
+            reachability.calibrate(bad)
+    with pytest.raises(ValueError, match="zero_quantile"):
+        reachability.calibrate(own, quantile=0.5, zero_quantile=0.5)
+
+
+def test_the_phantom_left_after_repair_never_falls_as_reachability_falls():
+    # by hand at beta = 1: r (1 - r) for r >= 1/2, its peak 1/4 below; a naive loop over a fine grid as reference
+    reach = torch.tensor([1.0, 0.9, 0.5, 0.2, 0.01], dtype=torch.float64)
+    torch.testing.assert_close(reachability.phantom_left(reach, 1.0),
+                               torch.tensor([0.0, 0.09, 0.25, 0.25, 0.25], dtype=torch.float64))
+    grid = [i / 400 for i in range(401)]
+    for beta in (0.3, 1.0, 2.5):
+        left = reachability.phantom_left(torch.tensor(grid, dtype=torch.float64), beta)
+        naive = torch.tensor([max(r ** beta * (1 - r) for r in grid[i:]) for i in range(len(grid))],
+                             dtype=torch.float64)
+        torch.testing.assert_close(left, naive, atol=1e-4, rtol=0)   # the grid misses the exact peak by < 1e-5
+        assert (left[1:] <= left[:-1] + 1e-12).all()          # less reachable: never less degraded after repair
+        assert (left <= 1 - torch.tensor(grid, dtype=torch.float64) + 1e-12).all()               # and never more than before it
 
 
 def test_step_token_ranges_and_bad_steps():
@@ -162,7 +181,7 @@ def test_own_steps_are_more_reachable_than_those_of_a_policy_that_never_saw_the_
     foreign_norms = reachability.step_grad_norms(trained.model, *reachability.batch_inputs(foreign, pad), params)
     count = min(len(own_norms), len(foreign_norms))
     assert count >= 10
-    alpha = reachability.calibrate_alpha(own_norms)
-    own_reach = reachability.reachability(own_norms[:count], alpha).mean()
-    foreign_reach = reachability.reachability(foreign_norms[:count], alpha).mean()
+    calibration = reachability.calibrate(own_norms)
+    own_reach = reachability.reachability(own_norms[:count], calibration).mean()
+    foreign_reach = reachability.reachability(foreign_norms[:count], calibration).mean()
     assert own_reach > foreign_reach + 0.1

@@ -23,6 +23,28 @@ def test_step_types(line, kind):
     assert reward_drift.step_type(line) == kind
 
 
+@pytest.mark.parametrize("line, kind", [("Half of 48 is <<48/2=24>>24.", "/2"), ("<<3*1,200+5=3605>>3605", "*+4"),
+                                        ("<<-3+5=2>>2", "+1"), ("<<(4+2)*3=18>>18", "+*1"), ("<<12=12>>", None),
+                                        ("She has 12 apples.", None)])
+def test_gsm8k_annotations_have_step_types(line, kind):
+    assert reward_drift.step_type(line) == kind
+
+
+def test_gsm8k_annotations_carry_drift_and_verified_credit():
+    # two policies' records of "/2" annotations; a shared GSM8K solution's annotated line then has a finite drift
+    # and a verified credit, and its prose line neither
+    completion = "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\nSo she sold many.\n#### 72"
+    steps = [reward_drift.StepReward(span, reward_drift.step_type(completion[span[0]:span[1]]),
+                                     None if ok is None else float(ok))
+             for span, ok in zip(tasks.line_spans(completion), tasks.gsm8k_step_verdicts(completion))]
+    assert [(s.type, s.reward) for s in steps] == [("/2", 1.0), (None, None), (None, None)]
+    src, tgt = stats_from({"/2": (9, 10)}), stats_from({"/2": (2, 10)})
+    drift = reward_drift.step_drift(src, tgt, steps[0].type)
+    assert drift == pytest.approx(reward_drift.bernoulli_kl(10 / 12, 3 / 12))
+    credit = reward_drift.verified_credit(1.0, steps, tgt, mix=0.5)
+    assert credit[0] == pytest.approx(0.5 + 0.5 * (1 - 3 / 12)) and credit[1:] == [None, None]
+
+
 def test_process_rewards_on_hand_labelled_steps():
     completion = "17 + 5 = 22\n22 - 3 = 18\n22 - 3 = 19\nwell\n9 + 9 = 18\nAnswer: 19"
     steps = reward_drift.process_rewards(completion, problem())
