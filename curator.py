@@ -19,7 +19,7 @@ The three terms, each a mean over the trajectory's K steps (lines, DESIGN.md §4
        split changes a step's meaning or credit, and per-token credit changes only where a token holds bytes
        of two steps (its credit then mixes them) or where the receiver cannot reproduce the bytes. So step k's
        value is max(its byte share in inexact groups, 1/2 per boundary with a neighbour step that exactly one
-       side straddles, tokalign.boundary_hotspots). It is 0 for a pure 1:n digit split. The Jaccard S_TBD is
+       side straddles, tokalign.tbd_steps). It is 0 for a pure 1:n digit split. The Jaccard S_TBD is
        logged beside it (`tbd_jaccard`) to show the difference.
   CCM  mean_k (1 - R_k), R_k calibrated on the receiver's own steps so that its typical ones score 0
        (reachability.py): the share of the trajectory's credit that sits on steps the receiver cannot reach.
@@ -28,7 +28,7 @@ The three terms, each a mean over the trajectory's K steps (lines, DESIGN.md §4
        own-group A at PRP, its rescue credit at SGT, none at XGRPO), so P would depend on the decision it is
        meant to inform; and |A| reaches sqrt(G - 1) under std-normalized advantages, so P has no fixed scale
        on which thresholds mean anything. P with the credit actually carried is logged per crossing (`phantom`).
-  RSD  per typed step, sqrt(1 - exp(-KL(p_src || p_tgt))): the Bretagnolle-Huber bound on the total variation
+  RSD  per typed step, sqrt(1 - exp(-KL(p_src || p_tgt))) (reward_drift.rsd_steps): the Bretagnolle-Huber bound on the total variation
        between the two policies' step-success distributions, a probability in [0, 1), 0 exactly when they
        agree; the trajectory term is the mean over typed steps (0 without any, as reward_drift does).
 An ablated term (--ablate) is not computed, and its repair is off. It contributes 0 to D and the other weights
@@ -44,7 +44,7 @@ advantage A the trajectory carries (its own-group advantage for PRP, its rescue 
   2. CCM: c_k <- c_k R_k^beta, after RSD so that the additive recalibration cannot hand credit back to a step
      the receiver cannot reach;
   3. TBD: source tokens carry their step's credit and the credit moves to the receiver's tokens by byte overlap
-     (tokalign.redistribute), last because it is the transport of whatever credit the steps hold; ablated, each
+     (tokalign.token_credit), last because it is the transport of whatever credit the steps hold; ablated, each
      receiver token takes the credit of the step its first byte is in. A separator after a step (its newline)
      and the EOS close that step and carry its credit; bytes before the first step carry the first step's. So
      no token keeps the unrepaired A, and the tokens that decide when a solution stops are repaired with the
@@ -60,7 +60,6 @@ diagnosed term, so that a trajectory worse on any term never gets a finer level,
 
 from __future__ import annotations
 
-import bisect
 import dataclasses
 import math
 import time
@@ -136,43 +135,6 @@ class CuratorConfig:
 # One trajectory's diagnosis
 # ---------------------------------------------------------------------------------------------------------------
 
-def step_byte_spans(data: bytes, spans_of) -> list[tuple[int, int]]:
-    """The steps (`spans_of(text)`, character spans) of a completion as byte spans of `data`, exactly, even where
-    `data` is not valid UTF-8 (each invalid byte counts as one character: surrogateescape)."""
-    text = data.decode("utf-8", errors="surrogateescape")
-    starts = [0]
-    for ch in text:
-        starts.append(starts[-1] + len(ch.encode("utf-8", errors="surrogateescape")))
-    return [(starts[a], starts[b]) for a, b in spans_of(text)]
-
-
-def tbd_steps(alignment: tokalign.Alignment, source: tokalign.Encoding, target: tokalign.Encoding,
-              steps: list[tuple[int, int]]) -> tuple[torch.Tensor, torch.Tensor]:
-    """[K] the TBD value of each step, and [K] what the repair leaves of it (its inexact byte share)."""
-    inexact = torch.zeros(len(steps), dtype=torch.float64)
-    for (g0, g1), ok in zip(alignment.span, alignment.exact):
-        if not ok:
-            for k, (a, b) in enumerate(steps):
-                inexact[k] += max(0, min(b, g1) - max(a, g0)) / max(b - a, 1)
-    straddled = torch.zeros(len(steps), dtype=torch.float64)
-    for k, _ in tokalign.boundary_hotspots(source, target, steps):
-        straddled[k] += 0.5
-        straddled[k + 1] += 0.5
-    return torch.maximum(inexact.clamp(max=1.0), straddled), inexact.clamp(max=1.0)
-
-
-def drift_bound(kl: torch.Tensor) -> torch.Tensor:
-    """sqrt(1 - exp(-KL)), the Bretagnolle-Huber bound on total variation: [0, inf) -> [0, 1)."""
-    return torch.sqrt(-torch.expm1(-kl.clamp(min=0)))
-
-
-def rsd_steps(source: reward_drift.StepStats, target: reward_drift.StepStats,
-              process: list[reward_drift.StepReward]) -> torch.Tensor:
-    """[K] the normalized drift of each step; NaN for a line that is not a typed step."""
-    drifts = [reward_drift.step_drift(source, target, s.type) for s in process]
-    return drift_bound(torch.tensor([math.nan if d is None else d for d in drifts], dtype=torch.float64))
-
-
 def mean_or_zero(values: torch.Tensor) -> float:
     """Mean over the finite entries, 0 if there are none."""
     finite = values[torch.isfinite(values)]
@@ -242,32 +204,6 @@ def step_credit(advantage: float, process: list[reward_drift.StepReward], diagno
     return credit, recalibrated
 
 
-def credit_spans(steps: list[tuple[int, int]], length: int) -> list[tuple[int, int]]:
-    """The byte spans whose tokens carry each step's credit: step k from its first byte (the first step from 0) up
-    to the next step's first byte (the last step to the end), so a separator or the EOS carries the step it
-    closes."""
-    starts = [0, *(a for a, _ in steps[1:])]
-    return list(zip(starts, [*starts[1:], length]))
-
-
-def token_credit(source: tokalign.Encoding, target: tokalign.Encoding, alignment: tokalign.Alignment,
-                 steps: list[tuple[int, int]], credit: torch.Tensor, redistribute: bool) -> torch.Tensor:
-    """[m] the receiver's per-token advantages from per-step credit [K] (K >= 1), every token carrying the step of
-    its `credit_spans` span; a zero-width token (EOS) at byte e carries the step of byte e - 1.
-
-    redistribute (the TBD repair): source tokens take their step's credit, moved by byte overlap; off: each
-    receiver token takes the credit of the step its first byte lies in.
-    """
-    bounds = [b for _, b in credit_spans(steps, len(source.data))][:-1]
-
-    def per_token(offsets: list[tuple[int, int]]) -> torch.Tensor:
-        first_bytes = [s if e > s else max(s - 1, 0) for s, e in offsets]
-        return credit[torch.tensor([bisect.bisect_right(bounds, b) for b in first_bytes], dtype=torch.long)]
-    if redistribute:
-        return tokalign.redistribute(alignment, source, target, per_token(source.offsets)).float()
-    return per_token(target.offsets).float()
-
-
 def hotspot_steps(diagnosis: Diagnosis) -> dict[str, list[int]]:
     """Steps flagged per term: a straddled or unreproduced step (TBD > 0), R_k < 1/2 (beyond the receiver's own
     calibration quantile), a drift bound above 1/2."""
@@ -313,30 +249,22 @@ class Offer:
         return self.source.advantages.flatten()[self.index].item()
 
 
-def process_steps(task: tasks.Task, example, text: str) -> list[reward_drift.StepReward]:
-    """The task's verdict and the step type of every step (line) of a completion (VPR-style signal)."""
-    spans = task.step_spans(text)
-    verdicts = task.step_verdicts(example, text)
-    return [reward_drift.StepReward(span, reward_drift.step_type(text[span[0]:span[1]]),
-                                    None if v is None else float(v)) for span, v in zip(spans, verdicts)]
-
-
 def make_offer(source: sharing.Experience, index: int, receiver: policies.Policy, task: tasks.Task, example,
                stats: dict[str, reward_drift.StepStats], cfg: CuratorConfig) -> Offer | None:
     """The cheap diagnosis (TBD, RSD) of one rollout for one receiver; None when no step of it reaches the
     receiver's tokens (an empty completion, a lone cut byte)."""
     src = tokalign.Encoding.from_ids(source.rollouts.completion_ids[index].tolist(), source.policy.token_bytes)
     tgt = tokalign.retokenize(src, receiver.tokenizer, receiver.token_bytes)
-    steps = step_byte_spans(src.data, task.step_spans)
-    process = process_steps(task, example, source.rollouts.texts[index])
+    steps = tokalign.step_byte_spans(src.data, task.step_spans)
+    process = reward_drift.process_rewards(task, example, source.rollouts.texts[index])
     kept = [(span, reachability.step_token_ranges(tgt.offsets, [span]), p) for span, p in zip(steps, process)]
     kept = [(span, ranges[0], p) for span, ranges, p in kept if ranges]
     if not kept:
         return None
     steps, ranges, process = (list(x) for x in zip(*kept))
     alignment = tokalign.align(src, tgt)
-    tbd, tbd_left = tbd_steps(alignment, src, tgt, steps)
-    rsd = rsd_steps(stats[source.policy.name], stats[receiver.name], process)
+    tbd, tbd_left = tokalign.tbd_steps(alignment, src, tgt, steps)
+    rsd = reward_drift.rsd_steps(stats[source.policy.name], stats[receiver.name], process)
     jaccard = 1 - mean_or_zero(tokalign.step_consistency(alignment, tokalign.boundary_similarity(alignment), steps))
     return Offer(source, index, src, tgt, alignment, steps, ranges, process, Diagnosis(tbd, tbd_left, rsd, None, None),
                  jaccard)
@@ -352,40 +280,6 @@ def offer_features(offer: Offer, cfg: CuratorConfig, recent: tuple[float, float]
     return torch.tensor([len(offer.tgt.ids) / 50, sum(m != "1:1" for m in modes) / max(len(modes), 1),
                          len(offer.steps) / 5, offer.reward, abs(offer.advantage), terms[0].item(), terms[2].item(),
                          *recent, gap, logprobs.float().mean().item() if len(logprobs) else 0.0], dtype=torch.float64)
-
-
-def own_steps(policy: policies.Policy, experience: sharing.Experience, task: tasks.Task, count: int
-              ) -> list[tuple[list[int], list[int], list[tuple[int, int]]]]:
-    """Up to `count` of a policy's own rollouts as (prompt ids, completion ids, step token ranges): the steps its
-    reachability is calibrated on. One rollout per prompt in turn (prompt b's sample b mod G first), so that the
-    calibration spans the iteration's prompts rather than one prompt's group."""
-    rollouts, group = experience.rollouts, experience.rollouts.group_size
-    prompts = len(rollouts.completion_ids) // group
-    order = [b * group + (b + j) % group for j in range(group) for b in range(prompts)]
-    items = []
-    for i in order:
-        encoding = tokalign.Encoding.from_ids(rollouts.completion_ids[i].tolist(), policy.token_bytes)
-        ranges = reachability.step_token_ranges(encoding.offsets, step_byte_spans(encoding.data, task.step_spans))
-        if ranges:
-            items.append((rollouts.prompt_ids[i].tolist(), rollouts.completion_ids[i].tolist(), ranges))
-        if len(items) == count:
-            break
-    return items
-
-
-def step_norms(policy: policies.Policy, items: list[tuple[list[int], list[int], list[tuple[int, int]]]],
-               params: list[torch.nn.Parameter]) -> list[torch.Tensor]:
-    """Per item, [K] its steps' gradient norms under `policy` (reachability.step_grad_norms, exact). A group's
-    samples often repeat one another, and equal items have equal norms: each distinct item is measured once."""
-    if not items:
-        return []
-    keys = [(tuple(p), tuple(c), tuple(r)) for p, c, r in items]
-    distinct = dict(zip(keys, items))
-    input_ids, attention, steps = reachability.batch_inputs(list(distinct.values()), policy.tokenizer.pad_token_id)
-    flat = reachability.step_grad_norms(policy.model, input_ids.to(policy.device), attention.to(policy.device),
-                                        steps, params)
-    norms = dict(zip(distinct, flat.split([len(s) for s in steps])))
-    return [norms[k] for k in keys]
 
 
 def rescue_candidate(offer: Offer, own_rewards: torch.Tensor, success: float) -> bool:
@@ -515,7 +409,7 @@ class Curator:
         for e in experiences:
             group = e.rollouts.group_size
             self.stats[e.policy.name].add_iteration([s for i, text in enumerate(e.rollouts.texts)
-                                                     for s in process_steps(task, examples[i // group], text)])
+                                                     for s in reward_drift.process_rewards(task, examples[i // group], text)])
         stats_s = time.perf_counter() - started
         out, records = {}, []
         for receiver in experiences:
@@ -536,8 +430,9 @@ class Curator:
             return
         params = reachability.parameter_subset(q.model, cfg.reach_subset)
         prompt_ids = {b: q.encode_prompt(receiver.prompts[b]) for b in {o.prompt for o in offers}}
-        norms = step_norms(q, [(prompt_ids[o.prompt], o.tgt.ids, o.ranges) for o in offers], params)
-        own = step_norms(q, own_steps(q, receiver, task, cfg.calibration_rollouts), params)
+        norms = reachability.step_norms(q, [(prompt_ids[o.prompt], o.tgt.ids, o.ranges) for o in offers], params)
+        own = reachability.step_norms(q, reachability.own_steps(q, receiver.rollouts, task.step_spans,
+                                                                 cfg.calibration_rollouts), params)
         if own:
             self.calibration[q.name] = reachability.calibrate(torch.cat(own), cfg.reach_quantile,
                                                               cfg.reach_zero_quantile)
@@ -650,7 +545,7 @@ class Curator:
                 k, a = mine[c.index]
                 o = offers[k]
                 credit, recalibrated = step_credit(a, o.process, o.diagnosis, self.stats[receiver.name], self.cfg)
-                tokens = token_credit(o.src, o.tgt, o.alignment, o.steps, credit, "tbd" not in self.cfg.ablate)
+                tokens = tokalign.token_credit(o.src, o.tgt, o.alignment, o.steps, credit, "tbd" not in self.cfg.ablate)
                 crossings.append(dataclasses.replace(c, advantages=tokens))
                 done = {"tbd": bool((o.diagnosis.tbd > 0).any()), "ccm": o.diagnosis.reach is not None,
                         "rsd": bool(recalibrated.any())}

@@ -332,20 +332,55 @@ def batch_inputs(trajectories: list[tuple[list[int], list[int], list[tuple[int, 
     return input_ids, attention, steps
 
 
-def solution_steps(target, writer, problems: list, max_new_tokens: int = 40
-                   ) -> list[tuple[list[int], list[int], list[tuple[int, int]]]]:
-    """`writer`'s greedy solutions to `problems`, as `target` would score them: (target prompt ids, target
-    completion ids, each solution line's token range), retokenized through tokalign. Solutions with no line
-    are left out."""
-    out = writer.rollout([tasks.prompt_text(q) for q in problems], 1, max_new_tokens, greedy=True)
+Item = tuple[list[int], list[int], list[tuple[int, int]]]   # (prompt ids, completion ids, step token ranges)
+
+
+def step_item(prompt_ids: list[int], encoding: tokalign.Encoding, step_spans) -> Item | None:
+    """One completion (an encoding in the scoring policy's tokens) as `batch_inputs` takes it, its steps from
+    `step_spans` (character spans of its text); None where no token covers a step."""
+    ranges = step_token_ranges(encoding.offsets, tokalign.step_byte_spans(encoding.data, step_spans))
+    return (list(prompt_ids), list(encoding.ids), ranges) if ranges else None
+
+
+def own_steps(policy, rollouts, step_spans, count: int) -> list[Item]:
+    """Up to `count` of a policy's own rollouts (policies.Rollouts) with steps: what its reachability is calibrated
+    on. One rollout per prompt in turn (prompt b's sample b mod G first), so that the calibration spans the
+    iteration's prompts rather than one prompt's group."""
+    group = rollouts.group_size
+    prompts = len(rollouts.completion_ids) // group
     items = []
-    for q, ids, text in zip(problems, out.completion_ids, out.texts):
-        source = tokalign.Encoding.from_ids(ids.tolist(), writer.token_bytes)
-        encoded = tokalign.retokenize(source, target.tokenizer, target.token_bytes)
-        ranges = step_token_ranges(encoded.offsets, tokalign.char_to_byte_spans(text, tasks.line_spans(text)))
-        if ranges:
-            items.append((target.encode_prompt(tasks.prompt_text(q)), encoded.ids, ranges))
+    for i in (b * group + (b + j) % group for j in range(group) for b in range(prompts)):
+        item = step_item(rollouts.prompt_ids[i].tolist(),
+                         tokalign.Encoding.from_ids(rollouts.completion_ids[i].tolist(), policy.token_bytes), step_spans)
+        if item:
+            items.append(item)
+        if len(items) == count:
+            break
     return items
+
+
+def solution_steps(target, writer, problems: list, max_new_tokens: int = 40) -> list[Item]:
+    """`writer`'s greedy solutions to `problems`, as `target` would score them, retokenized through tokalign, each
+    solution line a step. Solutions with no line are left out."""
+    out = writer.rollout([tasks.prompt_text(q) for q in problems], 1, max_new_tokens, greedy=True)
+    items = [step_item(target.encode_prompt(tasks.prompt_text(q)),
+                       tokalign.retokenize(tokalign.Encoding.from_ids(ids.tolist(), writer.token_bytes),
+                                           target.tokenizer, target.token_bytes), tasks.line_spans)
+             for q, ids in zip(problems, out.completion_ids)]
+    return [item for item in items if item]
+
+
+def step_norms(policy, items: list[Item], params: list[torch.nn.Parameter]) -> list[torch.Tensor]:
+    """Per item, [K] its steps' gradient norms under `policy` (step_grad_norms, exact). A group's samples often
+    repeat one another, and equal items have equal norms: each distinct item is measured once."""
+    if not items:
+        return []
+    keys = [(tuple(p), tuple(c), tuple(r)) for p, c, r in items]
+    distinct = dict(zip(keys, items))
+    input_ids, attention, steps = batch_inputs(list(distinct.values()), policy.tokenizer.pad_token_id)
+    flat = step_grad_norms(policy.model, input_ids.to(policy.device), attention.to(policy.device), steps, params)
+    norms = dict(zip(distinct, flat.split([len(s) for s in steps])))
+    return [norms[k] for k in keys]
 
 
 if __name__ == "__main__":

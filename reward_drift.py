@@ -14,6 +14,8 @@ Decisions relied on (DESIGN.md §4.9):
   - p(r | type) is a Bernoulli step-success rate from each policy's own rollouts over a window of recent
     iterations, smoothed by a Beta(1, 1) prior, so unseen types and zero counts give finite, small drifts.
   - steps that cannot be checked are marked None and never scored 0.
+The curator's RSD term per typed step is `drift_bound`(KL) = sqrt(1 - exp(-KL)), the Bretagnolle-Huber bound on
+the total variation between the two success distributions: a probability in [0, 1), 0 exactly when they agree.
 RSD repair: a step's credit becomes a mix of the outcome advantage and its process advantage under the target,
 r_k - p_tgt(success | type_k): a verified step of a type the target usually fails earns more, a routine one
 little. Where no step can be checked, the intrinsic reward stands in: the negative sqrt(|k|)-scaled gradient
@@ -63,10 +65,12 @@ def step_type(line: str) -> str | None:
     return f"{operators}{max(len(n.replace(',', '')) for n in operands)}"
 
 
-def process_rewards(completion: str, problem: tasks.Problem) -> list[StepReward]:
-    """The VPR-style signal: one reward per line from the task's step verifier, None where not checkable."""
-    return [StepReward(span, step_type(completion[span[0]:span[1]]), None if ok is None else float(ok))
-            for span, ok in tasks.step_verdicts(completion, problem)]
+def process_rewards(task: tasks.Task, example, completion: str) -> list[StepReward]:
+    """The VPR-style signal of a completion: each step (`task.step_spans`) with its type and the task's verdict,
+    None where it cannot be checked."""
+    spans = task.step_spans(completion)
+    return [StepReward(span, step_type(completion[span[0]:span[1]]), None if v is None else float(v))
+            for span, v in zip(spans, task.step_verdicts(example, completion))]
 
 
 class StepStats:
@@ -116,6 +120,18 @@ def trajectory_drift(source: StepStats, target: StepStats, steps: list[StepRewar
     return sum(drifts) / len(drifts) if drifts else 0.0
 
 
+def drift_bound(kl: torch.Tensor) -> torch.Tensor:
+    """sqrt(1 - exp(-KL)), the Bretagnolle-Huber bound on total variation: [0, inf) -> [0, 1)."""
+    return torch.sqrt(-torch.expm1(-kl.clamp(min=0)))
+
+
+def rsd_steps(source: StepStats, target: StepStats,
+              process: list[StepReward]) -> torch.Tensor:
+    """[K] the normalized drift of each step; NaN for a line that is not a typed step."""
+    drifts = [step_drift(source, target, s.type) for s in process]
+    return drift_bound(torch.tensor([math.nan if d is None else d for d in drifts], dtype=torch.float64))
+
+
 def verified_credit(advantage: float, steps: list[StepReward], target: StepStats, mix: float = 0.5
                     ) -> list[float | None]:
     """Per-step recalibrated credit (1 - mix) A + mix (r_k - p_tgt(type_k)); None where a step is not checkable."""
@@ -148,11 +164,12 @@ if __name__ == "__main__":
     cfg = tasks.TaskConfig()
     pols = policies.load_policies("qwen-llama", "tiny", torch.device("cpu"), cfg, 1, warmup_scale=args.warmup_scale)
     problems = tasks.generate_problems(args.problems, "heldout", 2, cfg)
+    task = tasks.load_task("arith", 2, 0, 0, cfg)
     stats, rewards = {}, {}
     torch.manual_seed(0)
     for p in pols:
         out = p.rollout([tasks.prompt_text(q) for q in problems], 4, 40, temperature=0.7)
-        rewards[p.name] = [process_rewards(t, q) for t, q in zip(out.texts, (q for q in problems for _ in range(4)))]
+        rewards[p.name] = [process_rewards(task, q, t) for t, q in zip(out.texts, (q for q in problems for _ in range(4)))]
         stats[p.name] = StepStats(window=1)
         stats[p.name].add_iteration([s for r in rewards[p.name] for s in r])
     a, b = (p.name for p in pols)

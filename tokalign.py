@@ -17,6 +17,13 @@ Decisions relied on (DESIGN.md §4):
        "light mapping network" alternative: a least-squares linear map from source to target hidden states,
        fitted on the exact 1:1 groups, then cosine similarity of the groups' mean states.
 
+The curator's TBD term per step (`tbd_steps`, DESIGN.md §4.7): tokens change a step's credit only where one holds
+bytes of two steps, or where the receiver cannot reproduce the bytes; so step k's value is max(its byte share
+in inexact groups, 1/2 per boundary with a neighbour step that exactly one side straddles, `boundary_hotspots`),
+0 for a pure 1:n digit split, and what the repair leaves of it is its inexact share. The credit of each step
+reaches the receiver's tokens through `token_credit`: separators and the EOS carry the step they close
+(`credit_spans`), and the TBD repair moves it by byte overlap (`redistribute`).
+
 Where the target cannot reproduce the source's bytes (Qwen normalizes to NFC, a completion cut inside a
 multi-byte character), the layer trims the incomplete tail, aligns what differs as inexact groups around the
 longest matching byte blocks (difflib, only on this rare path), and reports the residual: the share of source
@@ -224,11 +231,19 @@ def segment_mean(values: torch.Tensor, segment: torch.Tensor, count: int) -> tor
 
 
 def char_to_byte_spans(text: str, spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    """Character spans of `text` as UTF-8 byte spans."""
+    """Character spans of `text` as UTF-8 byte spans; a lone surrogate (an invalid byte decoded with
+    surrogateescape) counts as its one byte."""
     starts = [0]
     for ch in text:
-        starts.append(starts[-1] + len(ch.encode("utf-8")))
+        starts.append(starts[-1] + len(ch.encode("utf-8", errors="surrogateescape")))
     return [(starts[a], starts[b]) for a, b in spans]
+
+
+def step_byte_spans(data: bytes, spans_of) -> list[tuple[int, int]]:
+    """The steps (`spans_of(text)`, character spans) of a completion as byte spans of `data`, exactly, even where
+    `data` is not valid UTF-8."""
+    text = data.decode("utf-8", errors="surrogateescape")
+    return char_to_byte_spans(text, spans_of(text))
 
 
 def step_consistency(alignment: Alignment, similarity: torch.Tensor, step_spans: list[tuple[int, int]]
@@ -318,6 +333,47 @@ def redistribute(alignment: Alignment, source: Encoding, target: Encoding, src_v
         total.index_add_(0, rows_t, w * src_values[torch.tensor(cols)])
         mass.index_add_(0, rows_t, w)
     return total / mass.clamp(min=1e-12)
+
+
+def tbd_steps(alignment: Alignment, source: Encoding, target: Encoding,
+              steps: list[tuple[int, int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """[K] the TBD value of each step, and [K] what the repair leaves of it (its inexact byte share)."""
+    inexact = torch.zeros(len(steps), dtype=torch.float64)
+    for (g0, g1), ok in zip(alignment.span, alignment.exact):
+        if not ok:
+            for k, (a, b) in enumerate(steps):
+                inexact[k] += max(0, min(b, g1) - max(a, g0)) / max(b - a, 1)
+    straddled = torch.zeros(len(steps), dtype=torch.float64)
+    for k, _ in boundary_hotspots(source, target, steps):
+        straddled[k] += 0.5
+        straddled[k + 1] += 0.5
+    return torch.maximum(inexact.clamp(max=1.0), straddled), inexact.clamp(max=1.0)
+
+
+def credit_spans(steps: list[tuple[int, int]], length: int) -> list[tuple[int, int]]:
+    """The byte spans whose tokens carry each step's credit: step k from its first byte (the first step from 0) up
+    to the next step's first byte (the last step to the end), so a separator or the EOS carries the step it
+    closes."""
+    starts = [0, *(a for a, _ in steps[1:])]
+    return list(zip(starts, [*starts[1:], length]))
+
+
+def token_credit(source: Encoding, target: Encoding, alignment: Alignment,
+                 steps: list[tuple[int, int]], credit: torch.Tensor, by_bytes: bool) -> torch.Tensor:
+    """[m] the receiver's per-token advantages from per-step credit [K] (K >= 1), every token carrying the step of
+    its `credit_spans` span; a zero-width token (EOS) at byte e carries the step of byte e - 1.
+
+    by_bytes (the TBD repair): source tokens take their step's credit, moved by byte overlap (`redistribute`);
+    off: each receiver token takes the credit of the step its first byte lies in.
+    """
+    bounds = [b for _, b in credit_spans(steps, len(source.data))][:-1]
+
+    def per_token(offsets: list[tuple[int, int]]) -> torch.Tensor:
+        first_bytes = [s if e > s else max(s - 1, 0) for s, e in offsets]
+        return credit[torch.tensor([bisect.bisect_right(bounds, b) for b in first_bytes], dtype=torch.long)]
+    if by_bytes:
+        return redistribute(alignment, source, target, per_token(source.offsets)).float()
+    return per_token(target.offsets).float()
 
 
 def group_log_ratio(alignment: Alignment, src_logprobs: torch.Tensor, tgt_logprobs: torch.Tensor) -> torch.Tensor:

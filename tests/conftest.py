@@ -1,3 +1,4 @@
+import os
 import sys
 from pathlib import Path
 
@@ -5,7 +6,7 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-torch.set_num_threads(2)
+torch.set_num_threads(int(os.environ.get("TEST_THREADS", "2")))   # TEST_THREADS=1: check a seeded test at one thread
 
 
 @pytest.fixture(scope="session")

@@ -12,22 +12,16 @@ from hypothesis import strategies as st
 
 import coevolution
 import curator
+import reachability
 import grpo
 import policies
 import reward_drift
 import sharing
 import tasks
-import tokalign
 import train
 from test_train import tiny_args
 
 EPS = 1e-4  # grpo.group_advantages' default
-
-
-def encoding(data: bytes, cuts: list[int]) -> tokalign.Encoding:
-    """A hand-made tokenization of `data` with token boundaries at `cuts` (ids are positions)."""
-    bounds = [0, *cuts, len(data)]
-    return tokalign.Encoding(list(range(len(bounds) - 1)), list(zip(bounds, bounds[1:])), data)
 
 
 def test_admission_boundaries_on_hand_made_degradations():
@@ -51,28 +45,6 @@ def test_degradation_by_hand_and_an_ablated_term_keeps_the_other_weights():
             curator.CuratorConfig(**bad)
 
 
-def test_drift_bound_by_hand():
-    values = curator.drift_bound(torch.tensor([0.0, math.log(2), 50.0], dtype=torch.float64))
-    torch.testing.assert_close(values, torch.tensor([0.0, math.sqrt(0.5), 1.0], dtype=torch.float64))
-
-
-def test_tbd_counts_a_straddled_step_boundary_not_a_digit_split():
-    data = b"123+4=127\n1+2=3"
-    steps = [(0, 9), (10, 15)]
-    qwen_like = encoding(data, list(range(1, len(data))))                   # one byte per token
-    llama_like = encoding(data, [3, 4, 5, 6, 9, 10, 11, 12, 13, 14])        # "123" one token: a 3:1 group
-    alignment = tokalign.align(qwen_like, llama_like)
-    tbd, left = curator.tbd_steps(alignment, qwen_like, llama_like, steps)
-    torch.testing.assert_close(tbd, torch.zeros(2, dtype=torch.float64))  # the 1:n split changes no step's credit
-    jaccard = tokalign.step_consistency(alignment, tokalign.boundary_similarity(alignment), steps)
-    assert jaccard[0] < 1                                                   # while the byte-boundary sim calls it drift
-    straddling = encoding(data, [3, 4, 5, 6, 8, 11, 12, 13, 14])            # one token "7\n1" holds bytes of both steps
-    alignment = tokalign.align(qwen_like, straddling)
-    tbd, left = curator.tbd_steps(alignment, qwen_like, straddling, steps)
-    torch.testing.assert_close(tbd, torch.tensor([0.5, 0.5], dtype=torch.float64))
-    torch.testing.assert_close(left, torch.zeros(2, dtype=torch.float64))  # redistribution resolves it all
-
-
 def test_step_credit_applies_rsd_then_ccm_by_hand():
     target = reward_drift.StepStats()
     target.add_iteration([reward_drift.StepReward((0, 1), "+1", 1.0)] * 2 + [reward_drift.StepReward((0, 1), "+1", 0.0)] * 2)
@@ -87,36 +59,6 @@ def test_step_credit_applies_rsd_then_ccm_by_hand():
     assert recalibrated.tolist() == [True, True]
     off, _ = curator.step_credit(1.0, process, diagnosis, target, curator.CuratorConfig(ablate=("rsd", "tbd")))
     torch.testing.assert_close(off, torch.tensor([0.5, 0.8], dtype=torch.float64))
-
-
-def test_token_credit_splits_a_straddling_token_by_bytes_and_conserves_credit():
-    data = b"1+1=2\n2+2=4"
-    steps = [(0, 5), (6, 11)]
-    source = encoding(data, list(range(1, len(data))))
-    target = encoding(data, [4, 7])                                          # "1+1=", "2\n2", "+2=4"
-    alignment = tokalign.align(source, target)
-    credit = torch.tensor([1.0, -1.0], dtype=torch.float64)
-    tokens = curator.token_credit(source, target, alignment, steps, credit, redistribute=True)
-    # "2\n2": "2" and its newline close step 0 (credit 1), the second "2" opens step 1 (credit -1)
-    torch.testing.assert_close(tokens, torch.tensor([1.0, (1.0 + 1.0 - 1.0) / 3, -1.0]))
-    naive = curator.token_credit(source, target, alignment, steps, credit, redistribute=False)
-    torch.testing.assert_close(naive, torch.tensor([1.0, 1.0, -1.0]))    # the first byte's step takes it all
-
-
-def test_separators_and_eos_carry_the_credit_of_the_step_they_close():
-    # "12\n3\n" then EOS: steps "12" and "3"; the newlines and the EOS lie outside both. The sequence advantage
-    # would be 1; each step's repaired credit is set by hand, and no token may keep the unrepaired 1.
-    data = b"12\n3\n"
-    steps = [(0, 2), (3, 4)]
-    source = tokalign.Encoding([0, 1, 2, 3, 4, 9], [(0, 1), (1, 2), (2, 3), (3, 4), (4, 5), (5, 5)], data)
-    target = tokalign.Encoding([0, 1, 2, 3, 9], [(0, 2), (2, 3), (3, 4), (4, 5), (5, 5)], data)  # "12" one token
-    alignment = tokalign.align(source, target)
-    credit = torch.tensor([0.25, -0.5], dtype=torch.float64)
-    for redistribute in (True, False):
-        tokens = curator.token_credit(source, target, alignment, steps, credit, redistribute)
-        torch.testing.assert_close(tokens, torch.tensor([0.25, 0.25, -0.5, -0.5, -0.5]))
-    assert curator.credit_spans(steps, len(data)) == [(0, 3), (3, 5)]
-    assert curator.credit_spans([(2, 4)], 9) == [(0, 9)]                     # leading bytes: the first step's
 
 
 diagnoses = st.integers(1, 6).flatmap(lambda k: st.tuples(
@@ -379,8 +321,6 @@ def test_thresholds_force_each_level_and_rescues_cross_at_all_of_them(theta, lev
 
 
 def test_an_ablated_ccm_computes_no_gradient_norms(monkeypatch):
-    import reachability
-
     def refuse(*args, **kwargs):
         raise AssertionError("gradient norms computed with CCM ablated")
     monkeypatch.setattr(reachability, "step_grad_norms", refuse)
@@ -420,33 +360,8 @@ def test_calibration_steps_come_from_every_prompt():
     pols = untrained_pair()
     own = experience(pols["llama"], PROMPTS, TEXTS, [[0.0, 0.0], [1.0, 0.0], [0.0, 0.0]])
     task = tasks.load_task("arith", 0, 0, 0, TASK)
-    items = curator.own_steps(pols["llama"], own, task, 3)
+    items = reachability.own_steps(pols["llama"], own.rollouts, task.step_spans, 3)
     prompts = {tuple(p) for p, _, _ in items}
     assert len(items) == 3 and len(prompts) == 3                # one rollout of each of the 3 prompts, not one group
     texts = [pols["llama"].decode(c) for _, c, _ in items]
     assert texts[0].startswith(TEXTS[0][0][:9]) and texts[1].startswith(TEXTS[1][1][:10])   # sample b mod G
-
-
-def test_repeated_samples_are_measured_once_and_get_the_norms_of_a_lone_measurement(monkeypatch):
-    import reachability
-    tok = policies.tiny_tokenizer("llama")
-    policy = policies.Policy("llama", policies.tiny_model("llama", policies.TinyShape(32, 2, 4, 0), len(tok), seed=0),
-                             tok, use_chat_template=False)
-    gen = torch.Generator().manual_seed(0)
-
-    def item(prompt_len: int):
-        ids = torch.randint(5, len(tok), (prompt_len + 8,), generator=gen).tolist()
-        return ids[:prompt_len], ids[prompt_len:], [(0, 3), (3, 8)]
-    a, b = item(4), item(6)
-    params = reachability.parameter_subset(policy.model, "all")
-    measure, rows = reachability.step_grad_norms, []
-
-    def counted(model, input_ids, *rest, **kw):
-        rows.append(len(input_ids))
-        return measure(model, input_ids, *rest, **kw)
-    monkeypatch.setattr(reachability, "step_grad_norms", counted)
-    norms = curator.step_norms(policy, [a, b, a, a], params)
-    assert rows == [2]
-    for one, got in zip([a, b, a, a], norms):
-        alone = measure(policy.model, *reachability.batch_inputs([one], tok.pad_token_id), params)
-        torch.testing.assert_close(got, alone, rtol=1e-4, atol=0)

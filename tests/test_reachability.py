@@ -185,3 +185,27 @@ def test_own_steps_are_more_reachable_than_those_of_a_policy_that_never_saw_the_
     own_reach = reachability.reachability(own_norms[:count], calibration).mean()
     foreign_reach = reachability.reachability(foreign_norms[:count], calibration).mean()
     assert own_reach > foreign_reach + 0.1
+
+
+def test_repeated_samples_are_measured_once_and_get_the_norms_of_a_lone_measurement(monkeypatch):
+    tok = policies.tiny_tokenizer("llama")
+    policy = policies.Policy("llama", policies.tiny_model("llama", policies.TinyShape(32, 2, 4, 0), len(tok), seed=0),
+                             tok, use_chat_template=False)
+    gen = torch.Generator().manual_seed(0)
+
+    def item(prompt_len: int):
+        ids = torch.randint(5, len(tok), (prompt_len + 8,), generator=gen).tolist()
+        return ids[:prompt_len], ids[prompt_len:], [(0, 3), (3, 8)]
+    a, b = item(4), item(6)
+    params = reachability.parameter_subset(policy.model, "all")
+    measure, rows = reachability.step_grad_norms, []
+
+    def counted(model, input_ids, *rest, **kw):
+        rows.append(len(input_ids))
+        return measure(model, input_ids, *rest, **kw)
+    monkeypatch.setattr(reachability, "step_grad_norms", counted)
+    norms = reachability.step_norms(policy, [a, b, a, a], params)
+    assert rows == [2]
+    for one, got in zip([a, b, a, a], norms):
+        alone = measure(policy.model, *reachability.batch_inputs([one], tok.pad_token_id), params)
+        torch.testing.assert_close(got, alone, rtol=1e-4, atol=0)

@@ -34,9 +34,8 @@ def test_gsm8k_annotations_carry_drift_and_verified_credit():
     # two policies' records of "/2" annotations; a shared GSM8K solution's annotated line then has a finite drift
     # and a verified credit, and its prose line neither
     completion = "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\nSo she sold many.\n#### 72"
-    steps = [reward_drift.StepReward(span, reward_drift.step_type(completion[span[0]:span[1]]),
-                                     None if ok is None else float(ok))
-             for span, ok in zip(tasks.line_spans(completion), tasks.gsm8k_step_verdicts(completion))]
+    gsm8k = tasks.Task("gsm8k", [], [], str, tasks.gsm8k_reward, lambda example, text: tasks.gsm8k_step_verdicts(text))
+    steps = reward_drift.process_rewards(gsm8k, None, completion)
     assert [(s.type, s.reward) for s in steps] == [("/2", 1.0), (None, None), (None, None)]
     src, tgt = stats_from({"/2": (9, 10)}), stats_from({"/2": (2, 10)})
     drift = reward_drift.step_drift(src, tgt, steps[0].type)
@@ -45,14 +44,17 @@ def test_gsm8k_annotations_carry_drift_and_verified_credit():
     assert credit[0] == pytest.approx(0.5 + 0.5 * (1 - 3 / 12)) and credit[1:] == [None, None]
 
 
+ARITH = tasks.load_task("arith", 0, 0, 0)
+
+
 def test_process_rewards_on_hand_labelled_steps():
     completion = "17 + 5 = 22\n22 - 3 = 18\n22 - 3 = 19\nwell\n9 + 9 = 18\nAnswer: 19"
-    steps = reward_drift.process_rewards(completion, problem())
+    steps = reward_drift.process_rewards(ARITH, problem(), completion)
     assert [(s.type, s.reward) for s in steps] == [("+2c", 1.0), ("-2c", 0.0), ("-2c", 1.0), (None, None),
                                                   ("+1c", 0.0), (None, None)]   # 9 appears nowhere: wrong
     assert [completion[a:b] for (a, b) in (s.span for s in steps)][3] == "well"
-    assert reward_drift.process_rewards("", problem()) == []
-    garbage = reward_drift.process_rewards("\x00 = = +\n1 + = 2", problem())
+    assert reward_drift.process_rewards(ARITH, problem(), "") == []
+    garbage = reward_drift.process_rewards(ARITH, problem(), "\x00 = = +\n1 + = 2")
     assert all(s.reward is None for s in garbage)
 
 
@@ -124,3 +126,8 @@ def test_intrinsic_rewards_rank_normalize_negative_norms():
 def test_a_step_with_a_number_past_the_int_string_limit_has_no_type():
     assert reward_drift.step_type(f"{'9' * 5000} + 1 = 2") is None
     assert reward_drift.step_type("19 + 5 = 24") == "+2c"
+
+
+def test_drift_bound_by_hand():
+    values = reward_drift.drift_bound(torch.tensor([0.0, math.log(2), 50.0], dtype=torch.float64))
+    torch.testing.assert_close(values, torch.tensor([0.0, math.sqrt(0.5), 1.0], dtype=torch.float64))

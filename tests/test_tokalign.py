@@ -244,3 +244,56 @@ def test_a_literal_metaspace_character_survives_a_mistral_side(real, pair):
     target = tokalign.retokenize(source, *real[pair[1]])
     assert target.data == text.encode()
     assert tokalign.align(source, target).residual == 0.0
+
+
+def encoding(data: bytes, cuts: list[int]) -> tokalign.Encoding:
+    """A hand-made tokenization of `data` with token boundaries at `cuts` (ids are positions)."""
+    bounds = [0, *cuts, len(data)]
+    return tokalign.Encoding(list(range(len(bounds) - 1)), list(zip(bounds, bounds[1:])), data)
+
+
+def test_tbd_counts_a_straddled_step_boundary_not_a_digit_split():
+    data = b"123+4=127\n1+2=3"
+    steps = [(0, 9), (10, 15)]
+    qwen_like = encoding(data, list(range(1, len(data))))                   # one byte per token
+    llama_like = encoding(data, [3, 4, 5, 6, 9, 10, 11, 12, 13, 14])        # "123" one token: a 3:1 group
+    alignment = tokalign.align(qwen_like, llama_like)
+    tbd, left = tokalign.tbd_steps(alignment, qwen_like, llama_like, steps)
+    torch.testing.assert_close(tbd, torch.zeros(2, dtype=torch.float64))  # the 1:n split changes no step's credit
+    jaccard = tokalign.step_consistency(alignment, tokalign.boundary_similarity(alignment), steps)
+    assert jaccard[0] < 1                                                   # while the byte-boundary sim calls it drift
+    straddling = encoding(data, [3, 4, 5, 6, 8, 11, 12, 13, 14])            # one token "7\n1" holds bytes of both steps
+    alignment = tokalign.align(qwen_like, straddling)
+    tbd, left = tokalign.tbd_steps(alignment, qwen_like, straddling, steps)
+    torch.testing.assert_close(tbd, torch.tensor([0.5, 0.5], dtype=torch.float64))
+    torch.testing.assert_close(left, torch.zeros(2, dtype=torch.float64))  # redistribution resolves it all
+
+
+def test_token_credit_splits_a_straddling_token_by_bytes_and_conserves_credit():
+    data = b"1+1=2\n2+2=4"
+    steps = [(0, 5), (6, 11)]
+    source = encoding(data, list(range(1, len(data))))
+    target = encoding(data, [4, 7])                                          # "1+1=", "2\n2", "+2=4"
+    alignment = tokalign.align(source, target)
+    credit = torch.tensor([1.0, -1.0], dtype=torch.float64)
+    tokens = tokalign.token_credit(source, target, alignment, steps, credit, by_bytes=True)
+    # "2\n2": "2" and its newline close step 0 (credit 1), the second "2" opens step 1 (credit -1)
+    torch.testing.assert_close(tokens, torch.tensor([1.0, (1.0 + 1.0 - 1.0) / 3, -1.0]))
+    naive = tokalign.token_credit(source, target, alignment, steps, credit, by_bytes=False)
+    torch.testing.assert_close(naive, torch.tensor([1.0, 1.0, -1.0]))    # the first byte's step takes it all
+
+
+def test_separators_and_eos_carry_the_credit_of_the_step_they_close():
+    # "12\n3\n" then EOS: steps "12" and "3"; the newlines and the EOS lie outside both. The sequence advantage
+    # would be 1; each step's repaired credit is set by hand, and no token may keep the unrepaired 1.
+    data = b"12\n3\n"
+    steps = [(0, 2), (3, 4)]
+    source = tokalign.Encoding([0, 1, 2, 3, 4, 9], [(0, 1), (1, 2), (2, 3), (3, 4), (4, 5), (5, 5)], data)
+    target = tokalign.Encoding([0, 1, 2, 3, 9], [(0, 2), (2, 3), (3, 4), (4, 5), (5, 5)], data)  # "12" one token
+    alignment = tokalign.align(source, target)
+    credit = torch.tensor([0.25, -0.5], dtype=torch.float64)
+    for by_bytes in (True, False):
+        tokens = tokalign.token_credit(source, target, alignment, steps, credit, by_bytes)
+        torch.testing.assert_close(tokens, torch.tensor([0.25, 0.25, -0.5, -0.5, -0.5]))
+    assert tokalign.credit_spans(steps, len(data)) == [(0, 3), (3, 5)]
+    assert tokalign.credit_spans([(2, 4)], 9) == [(0, 9)]                     # leading bytes: the first step's
