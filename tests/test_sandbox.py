@@ -3,6 +3,7 @@ touching anything outside their sandbox. Each attack is a small program judged t
 HumanEval/0 (or sandbox.judge where its output is inspected), then checked from the outside: reward 0, no file
 changed outside the sandbox, no process of a sandbox uid left, the trainer alive with its limits intact."""
 
+import ctypes
 import math
 import os
 import resource
@@ -10,14 +11,17 @@ import site
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from concurrent.futures import ThreadPoolExecutor
 
+import pyseccomp
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+import inside_sandbox
 import sandbox
 import tasks
 
@@ -132,12 +136,13 @@ def typed(value):
 @given(plain)
 @example(complex(0.0, math.inf))  # repr writes `infj`, which is no literal
 @example(complex(-0.0, -math.inf))
+@example([10 ** 5000, -(10 ** 5000)])  # past the 4300 digits of Python's int-str limit
 def test_plain_literals_cross_unchanged(value):
-    assert typed(sandbox.from_literal(sandbox.to_literal(value))) == typed(value)
+    assert typed(inside_sandbox.from_literal(inside_sandbox.to_literal(value))) == typed(value)
 
 
 def test_non_finite_floats_cross():
-    back = sandbox.from_literal(sandbox.to_literal([math.inf, -math.inf, math.nan]))
+    back = inside_sandbox.from_literal(inside_sandbox.to_literal([math.inf, -math.inf, math.nan]))
     assert back[:2] == [math.inf, -math.inf] and math.isnan(back[2])
 
 
@@ -155,16 +160,16 @@ class LyingInt(int):
                                    range(3), iter([1])])
 def test_anything_but_a_plain_literal_is_refused(value):
     with pytest.raises(TypeError):
-        sandbox.to_literal(value)
+        inside_sandbox.to_literal(value)
 
 
 @pytest.mark.parametrize("text", ["__import__('os').system('id')", "open('/etc/passwd')", "x", "a.b", "f()",
                                   "[x for x in range(3)]", "lambda: 1", "{**a}", "1 + 1", "-'a'", "set([[]])",
                                   "(" * 5000 + ")" * 5000, "[" * 150 + "]" * 150, "1" * 5000, "...",
-                                  "'a' 'b' +", "x" * (sandbox.MAX_MESSAGE_BYTES + 1)])
+                                  "'a' 'b' +", "x" * (inside_sandbox.MAX_MESSAGE_BYTES + 1)])
 def test_text_that_is_not_a_plain_literal_is_refused(text):
     with pytest.raises(ValueError):
-        sandbox.from_literal(text)
+        inside_sandbox.from_literal(text)
 
 
 # ---- correct programs pass -------------------------------------------------------------------------------------
@@ -192,12 +197,51 @@ def test_the_program_can_use_its_own_folder_and_the_standard_library():
     assert sandbox.judge(program, "assert f() == ([4, 3], 'x' * 10)", ["f"]).passed
 
 
-def test_a_call_that_raises_or_returns_a_non_literal_fails_the_tests_but_tests_may_expect_it():
-    program = "def f(x):\n    return 1 / x\n\ndef g():\n    return object()\n"
+def test_a_call_that_raises_fails_the_tests_but_tests_may_expect_it():
+    program = "def f(x):\n    return 1 / x\n"
     assert not sandbox.judge(program, "assert f(0) == 0", ["f"]).passed
-    assert not sandbox.judge(program, "g()", ["g"]).passed
     expecting = "try:\n    f(0)\n    raise AssertionError('no error')\nexcept Exception:\n    pass\nassert f(2) == 0.5"
     assert sandbox.judge(program, expecting, ["f"]).passed
+
+
+def test_the_programs_objects_cross_as_handles_that_the_judge_can_only_pass_back():
+    program = ("class Box:\n    def __init__(self, v):\n        self.v = v\n"
+               "    def __eq__(self, other):\n        return True\n    def __bool__(self):\n        return True\n"
+               "def unbox(boxes, by_name):\n    return [b.v for b in boxes] + [by_name['b'].v]\n")
+    passed_back = sandbox.judge(program, "assert unbox((Box(1), Box(2)), {'b': Box(3)}) == [1, 2, 3]", ["Box", "unbox"])
+    assert passed_back.passed, passed_back
+    for test in ("assert Box(1) == Box(1)", "assert Box(1)", "assert Box(1) != 2", "assert Box(1) == 1",
+                 "assert Box(1) is not None and Box(1) + 1"):
+        verdict = sandbox.judge(program, test, ["Box", "unbox"])
+        assert not verdict.passed and "TypeError" in verdict.reason, (test, verdict)
+
+
+def test_the_test_setup_runs_after_the_program_and_its_names_reach_the_tests_as_handles():
+    program = ("class Node:\n    def __init__(self, data):\n        self.data, self.left = data, None\n"
+               "def depth(node):\n    return 0 if node is None else 1 + depth(node.left)\n")
+    setup = "import math\nroot = Node(1)\nroot.left = Node(2)\nlimit = math.floor(2.5)\n"
+    assert sandbox.setup_names(setup) == ["root", "limit"]
+    good = sandbox.judge(program, "assert depth(root) == 2 == math.floor(2.5)", ["depth"], "import math\n", setup)
+    assert good.passed, good
+    # a value the setup computed is the program's to report: the judge never compares with it
+    assert not sandbox.judge(program, "assert depth(root) == limit", ["depth"], "import math\n", setup).passed
+    wrong = "def depth(node):\n    return 1\n"  # the program must define what the setup uses
+    assert sandbox.judge(wrong, "assert depth(root) == 2", ["depth"], "", setup).reason.startswith(
+        "the program failed to load: NameError")
+
+
+def test_setup_names_are_the_names_bound_outside_imports_and_inner_scopes():
+    setup = ("import os\nfrom math import pi\nroot = Node(1)\nroot.left = Node(2)\nfor i in range(2):\n    pass\n"
+             "def helper():\n    inner = 1\nsquares = [j * j for j in range(3)]\na, (b, c) = 1, (2, 3)\nroot = 0\n")
+    assert sandbox.setup_names(setup) == ["root", "i", "helper", "squares", "a", "b", "c"]
+    with pytest.raises(ValueError, match="test setup is not Python"):
+        sandbox.judge("def f():\n    return 1\n", "assert f() == 1", ["f"], test_setup="root = (")
+
+
+def test_an_answer_of_more_than_4300_digits_crosses():
+    # Python writes and reads no decimal past 4300 digits; such ints cross in hex
+    program = "import math\ndef f(n):\n    return math.factorial(n)\n"
+    assert sandbox.judge(program, "assert f(2000) == math.factorial(2000)", ["f"], "import math\n").passed
 
 
 def test_the_trusted_prefix_runs_in_the_judge_not_from_the_program():
@@ -232,6 +276,94 @@ def test_bad_arguments_are_refused():
     for entry_points in ([], ["not a name"], ["f; import os"]):
         with pytest.raises(ValueError, match="entry_points"):
             sandbox.judge("pass", "pass", entry_points)
+
+
+def test_the_filter_leaves_pure_python_working():
+    program = """import asyncio, os, shutil, signal, subprocess, sys, tempfile, threading
+from concurrent.futures import ThreadPoolExecutor
+import numpy as np
+
+def everything():
+    with ThreadPoolExecutor(4) as pool:
+        squares = sum(pool.map(lambda x: x * x, range(10)))
+    pid = os.fork()
+    if pid == 0:
+        os._exit(7)
+    forked = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+    child = subprocess.run([sys.executable, "-c", "print(6 * 7)"], capture_output=True, text=True).stdout.strip()
+    with tempfile.TemporaryDirectory() as folder:
+        open(os.path.join(folder, "a"), "w").write("x")
+        shutil.copy2(os.path.join(folder, "a"), os.path.join(folder, "b"))
+        copied = open(os.path.join(folder, "b")).read()
+    signal.signal(signal.SIGALRM, lambda *_: None)
+    signal.alarm(10)
+    signal.alarm(0)
+    return squares, forked, child, copied, asyncio.run(asyncio.sleep(0, 5)), float(np.linalg.det(np.eye(2) * 2))
+"""
+    verdict = sandbox.judge(program, "assert everything() == (285, 7, '42', 'x', 5, 4.0)", ["everything"])
+    assert verdict.passed, verdict
+
+
+def test_output_leaves_through_a_capped_pipe_whose_tail_is_kept():
+    program = ("import os, stat\ndef kinds():\n    print('hello from the program', flush=True)\n"
+               "    return [stat.S_ISFIFO(os.fstat(fd).st_mode) for fd in (1, 2)]\n")
+    verdict = sandbox.judge(program, "assert kinds() == [True, True]", ["kinds"])
+    assert verdict.passed and "hello from the program" in verdict.output, verdict
+    flood = sandbox.judge("def f():\n    while True:\n        print('x' * 10000)\n", "f()", ["f"],
+                          output_limit_bytes=1 << 16)
+    assert not flood.passed and flood.reason.startswith("output limit"), flood
+
+
+def lowest_free_descriptor() -> int:
+    fd = os.dup(0)
+    os.close(fd)
+    return fd
+
+
+def test_a_judgement_the_host_cannot_make_now_is_a_failed_verdict_with_its_reason(caplog):
+    sandbox.probe()  # made before the descriptors run out: what is tested is the judgement
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (lowest_free_descriptor(), hard))  # EMFILE at the next one
+    try:
+        verdict = sandbox.judge("def f():\n    return 1\n", "assert f() == 1", ["f"])
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert not verdict.passed and verdict.reason.startswith("not judged") and "Too many open files" in verdict.reason
+    assert [r.getMessage() for r in caplog.records if "could not be made" in r.getMessage()] == [
+        f"code judgement {i} of {sandbox.ATTEMPTS} could not be made: {verdict.reason}" for i in (1, 2)]
+    assert sandbox.judge("def f():\n    return 1\n", "assert f() == 1", ["f"]).passed
+
+
+@pytest.mark.parametrize("role, reason", [("candidate", "not judged: the candidate's sandbox did not start"),
+                                          ("judge", "not judged: the judge's sandbox stopped without a verdict")])
+def test_a_sandbox_that_did_not_start_is_judged_again(role, reason, tmp_path, monkeypatch, caplog):
+    real, failed = sandbox.bwrap_path(), tmp_path / "failed once"
+    flaky = tmp_path / "bwrap"  # fails the first start of `role`'s sandbox as bwrap does, then is bwrap
+    flaky.write_text(f"#!/bin/sh\ncase \"$*\" in *' {role} '*)\n    if mkdir '{failed}' 2>/dev/null; then\n"
+                     f"        echo 'bwrap: Creating new namespace failed: Resource temporarily unavailable' >&2\n"
+                     f"        exit 1\n    fi;;\nesac\nexec '{real}' \"$@\"\n")
+    flaky.chmod(0o755)
+    sandbox.probe()
+    monkeypatch.setattr(sandbox, "bwrap_path", lambda: str(flaky))
+    verdict = sandbox.judge("def f():\n    return 1\n", "assert f() == 1", ["f"])
+    assert verdict.passed and failed.is_dir(), verdict
+    assert [r.getMessage() for r in caplog.records if "could not be made" in r.getMessage()][0].startswith(
+        f"code judgement 1 of {sandbox.ATTEMPTS} could not be made: {reason}")
+
+
+def test_where_no_system_call_filter_can_be_built_no_program_runs(monkeypatch):
+    import syscall_filter
+
+    def missing():
+        raise syscall_filter.FilterUnavailable("no libseccomp: Unable to find libseccomp")
+
+    sandbox.probe.cache_clear()
+    monkeypatch.setattr(syscall_filter, "bpf_program", missing)
+    try:
+        with pytest.raises(sandbox.SandboxUnavailable, match="no system-call filter can be built here"):
+            sandbox.judge("def f():\n    return 1\n", "assert f() == 1", ["f"])
+    finally:
+        sandbox.probe.cache_clear()
 
 
 def test_where_bwrap_cannot_build_a_sandbox_the_error_names_the_reason(monkeypatch):
@@ -425,3 +557,291 @@ def test_no_connection_reaches_a_listener_on_the_host():
 def test_the_judge_uses_this_interpreter():
     program = "import sys\ndef version():\n    return tuple(sys.version_info[:2])\n"
     assert sandbox.judge(program, f"assert version() == {tuple(sys.version_info[:2])}", ["version"]).passed
+
+
+# ---- through the kernel ----------------------------------------------------------------------------------------
+# Each attack is a completion of HumanEval/0 that answers right exactly when its attack worked, so a reward of 1
+# would mean the kernel let it through; the probes' programs print what worked, for the failure message.
+
+def syscall_numbers(*names: str) -> dict[str, int]:
+    return {name: pyseccomp.resolve_syscall(pyseccomp.Arch.NATIVE, name) for name in names}
+
+
+PRELUDE = f"""import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+NR = {syscall_numbers("add_key", "keyctl", "unshare", "io_uring_setup", "userfaultfd", "perf_event_open", "bpf",
+                      "ptrace", "process_vm_readv", "fanotify_init", "mincore", "fallocate", "clone")!r}
+
+def call(name, *args):
+    return libc.syscall(NR[name], *(ctypes.c_long(a) if type(a) is int else a for a in args))
+
+def in_child(attempt):
+    pid = os.fork()
+    if pid == 0:
+        try:
+            worked = attempt()
+        except BaseException:
+            worked = False
+        os._exit(0 if worked else 1)
+    return os.waitpid(pid, 0)[1] == 0
+
+def own_namespaces(flags):
+    uid, gid = os.getuid(), os.getgid()
+    libc.prctl(4, 1, 0, 0, 0)  # PR_SET_DUMPABLE: after a change of uid, /proc/self is root's until then
+    if call("unshare", 0x10000000 | flags) != 0:  # CLONE_NEWUSER
+        return False
+    for name, text in (("setgroups", "deny"), ("uid_map", f"0 {{uid}} 1"), ("gid_map", f"0 {{gid}} 1")):
+        with open(f"/proc/self/{{name}}", "w") as f:
+            f.write(text)
+    return True
+
+def attempts(probes):
+    worked = []
+    for name, probe in probes.items():
+        try:
+            if probe():
+                worked.append(name)
+        except Exception:
+            pass
+    print("worked:", worked)
+    return worked
+"""
+
+
+def solves_if(condition: str, top_level: str) -> str:
+    """A completion of HumanEval/0 that is right exactly when `condition` holds once `top_level` has run."""
+    right = "any(abs(a - b) < threshold for i, a in enumerate(numbers) for b in numbers[i + 1:])"
+    return after_the_prompt(PRELUDE + top_level, f"    if not ({condition}):\n        return None\n    return {right}")
+
+
+def visible_keys(description: str) -> list[str]:
+    with open("/proc/keys") as f:
+        return [line for line in f if description in line]
+
+
+@pytest.fixture
+def host_kernel_state():
+    """What an attack through the kernel could leave on the host: keys, SysV objects, the sandboxes' cgroups."""
+    def state():
+        ipc = {name: Path(f"/proc/sysvipc/{name}").read_text() for name in ("shm", "msg", "sem")}
+        hierarchy = sandbox_cgroups()
+        return ipc, hierarchy
+    before = state()
+    yield
+    assert state() == before
+
+
+def sandbox_cgroups() -> list[str]:
+    import memory_cgroup
+    where = memory_cgroup.hierarchy()
+    return sorted(name for name in os.listdir(where.parent) if name.startswith("sandbox-")) if where else []
+
+
+def test_the_kernel_keyring_carries_nothing_from_one_judgement_to_the_next(has_close_elements, host_kernel_state):
+    # the red team's oracle: a guesser records what the judge told it in a world-readable user key, which no
+    # namespace isolates and which outlives the sandbox; a later judgement (another uid) reads it in /proc/keys
+    description = f"cf-oracle-{os.getpid()}-{time.monotonic_ns()}"
+    program = solves_if("SEEN", f"""
+DESC = {description!r}
+SEEN = any(DESC in line for line in open("/proc/keys"))
+if not SEEN:
+    key = call("add_key", b"user", DESC.encode(), b"1", 1, -4)  # KEY_SPEC_USER_KEYRING
+    if key > 0:
+        call("keyctl", 5, key, 0x3f3f3f3f)  # KEYCTL_SETPERM: everything to everyone
+""")
+    try:
+        assert [reward(has_close_elements, program) for _ in range(3)] == [0.0] * 3
+        assert visible_keys(description) == []
+    finally:
+        for line in visible_keys(description):  # where the filter failed: do not leave the key behind
+            ctypes.CDLL(None).syscall(syscall_numbers("keyctl")["keyctl"], 21, int(line.split()[0], 16))
+
+
+HELD = 256 << 20  # twice the sandboxes' memory below
+MEMORY_ATTACKS = {
+    "detached SysV shared memory": f"""
+libc.shmat.restype = ctypes.c_void_p
+held = 0
+for _ in range({HELD} // (32 << 20)):
+    segment = libc.shmget(0, ctypes.c_size_t(32 << 20), 0o1600)  # IPC_PRIVATE, IPC_CREAT
+    address = libc.shmat(segment, None, 0) if segment >= 0 else None
+    if address in (None, ctypes.c_void_p(-1).value):
+        break
+    ctypes.memset(address, 1, 32 << 20)
+    libc.shmdt(ctypes.c_void_p(address))  # detached, never removed: held outside the address space
+    held += 32 << 20
+""",
+    "SysV message queues": f"""
+message = (ctypes.c_uint8 * (8 + 8192))()
+message[0] = 1  # the message type
+held = 0
+while held < {HELD}:
+    queue = libc.msgget(0, 0o1600)
+    if queue < 0 or libc.msgsnd(queue, message, 8192, 0o4000) or libc.msgsnd(queue, message, 8192, 0o4000):
+        break
+    held += 16384
+""",
+    "tmpfs mounted in a nested user namespace": f"""
+def fill():
+    os.mkdir("/tmp/big")
+    if not own_namespaces(0x20000) or libc.mount(b"none", b"/tmp/big", b"tmpfs", 0, b"size=1g"):  # CLONE_NEWNS
+        return False
+    for i in range({HELD} // (512 << 10)):
+        with open(f"/tmp/big/{{i}}", "wb") as f:
+            f.write(b"x" * (512 << 10))
+    return True
+held = {HELD} if in_child(fill) else 0
+""",
+    "disk reserved past the output cap on stdout": f"""
+reserved = call("fallocate", 1, 1, 0, {HELD}) == 0  # FALLOC_FL_KEEP_SIZE
+held = os.fstat(1).st_blocks * 512 if reserved else 0
+""",
+}
+
+
+@pytest.mark.parametrize("name", MEMORY_ATTACKS)
+def test_memory_held_outside_the_address_space_is_refused(name, has_close_elements, host_kernel_state):
+    example = has_close_elements
+    verdict = sandbox.judge(example.code_prefix + solves_if(f"held >= {HELD}", MEMORY_ATTACKS[name]), example.tests,
+                            example.entry_points, example.code_prefix, timeout_s=10.0, memory_mb=HELD >> 21)
+    assert not verdict.passed, verdict.output
+
+
+def allow_everything() -> bytes:
+    rules = pyseccomp.SyscallFilter(pyseccomp.ALLOW)
+    with open(os.memfd_create("allow"), "w+b") as program:
+        rules.export_bpf(program)
+        program.seek(0)
+        return program.read()
+
+
+@pytest.mark.parametrize("name", [name for name in MEMORY_ATTACKS if "SysV" in name or "tmpfs" in name])
+def test_the_memory_cgroup_alone_holds_the_kernel_memory_of_a_sandbox(name, has_close_elements, monkeypatch,
+                                                                     host_kernel_state):
+    # the second line of defence: with a filter that allows every call, the kernel charges the memory to the
+    # sandbox's cgroup and kills the program at its cap
+    import memory_cgroup
+    if memory_cgroup.hierarchy() is None:
+        pytest.skip("this host gives the trainer no memory cgroup (not root, no delegated cgroup v2 subtree)")
+    monkeypatch.setattr(sandbox, "_filter_program", allow_everything)
+    example = has_close_elements
+    verdict = sandbox.judge(example.code_prefix + solves_if(f"held >= {HELD}", MEMORY_ATTACKS[name]), example.tests,
+                            example.entry_points, example.code_prefix, timeout_s=10.0, memory_mb=HELD >> 21)
+    assert not verdict.passed and verdict.reason.endswith("(the candidate's sandbox ran out of memory)"), verdict
+
+
+CHANNELS = """
+import fcntl, mmap, signal, socket, struct
+signal.signal(signal.SIGIO, signal.SIG_IGN)  # F_NOTIFY's signal would end the program at the first access
+shared = open(os.__file__, "rb")  # a standard-library file every sandbox reads
+folder = os.open(os.path.dirname(os.__file__), os.O_RDONLY)
+libc.mmap.restype = ctypes.c_void_p
+def page_cache_residency():
+    address = ctypes.c_void_p(libc.mmap(None, 4096, mmap.PROT_READ, mmap.MAP_SHARED, shared.fileno(), 0))
+    return call("mincore", address, 4096, ctypes.create_string_buffer(1)) == 0
+def bound_unix_socket():
+    socket.socket(socket.AF_UNIX).bind("/tmp/socket")
+    return True
+WORKED = attempts({
+    "flock": lambda: fcntl.flock(shared, fcntl.LOCK_SH | fcntl.LOCK_NB) is None,
+    "POSIX record lock": lambda: fcntl.lockf(shared, fcntl.LOCK_SH | fcntl.LOCK_NB) is None,
+    "open file description lock": lambda: fcntl.fcntl(shared, 37, struct.pack("hh4xqqi4x", 0, 0, 0, 0, 0)) is not None,
+    "F_NOTIFY": lambda: fcntl.fcntl(folder, fcntl.F_NOTIFY, fcntl.DN_ACCESS | fcntl.DN_MULTISHOT) == 0,
+    "inotify": lambda: libc.inotify_add_watch(libc.inotify_init1(0), os.path.dirname(os.__file__).encode(), 0x21) >= 0,
+    "fanotify": lambda: call("fanotify_init", 0x200, 0) >= 0,  # FAN_REPORT_FID: allowed unprivileged
+    "mincore": page_cache_residency,
+    "unix socket bound to a path": bound_unix_socket,
+})
+"""
+
+KERNEL_SURFACE = """
+import socket
+def ptrace_me():
+    return call("ptrace", 0, 0, 0, 0) == 0  # PTRACE_TRACEME
+def read_own_memory():
+    buffer = ctypes.create_string_buffer(8)
+    local = (ctypes.c_void_p * 2)(ctypes.addressof(buffer), 8)
+    remote = (ctypes.c_void_p * 2)(ctypes.addressof(buffer), 8)
+    return call("process_vm_readv", os.getpid(), local, 1, remote, 1, 0) == 8
+def perf_events():
+    attributes = (ctypes.c_uint8 * 128)()
+    attributes[4] = 128  # size; type 1 (software) below, config 0 (cpu clock), exclude_kernel and exclude_hv
+    attributes[0] = 1
+    attributes[40] = 0x60
+    return call("perf_event_open", attributes, 0, -1, -1, 0) >= 0
+def load_bpf():
+    program = ctypes.create_string_buffer(bytes.fromhex("b700000000000000" "9500000000000000"))
+    license = ctypes.create_string_buffer(b"GPL")
+    attributes = (ctypes.c_uint8 * 128)()
+    struct_fields = (ctypes.c_uint32 * 2).from_buffer(attributes)
+    struct_fields[0], struct_fields[1] = 1, 2  # BPF_PROG_TYPE_SOCKET_FILTER, two instructions
+    ctypes.c_uint64.from_buffer(attributes, 8).value = ctypes.addressof(program)
+    ctypes.c_uint64.from_buffer(attributes, 16).value = ctypes.addressof(license)
+    return call("bpf", 5, attributes, 128) >= 0  # BPF_PROG_LOAD
+def in_own_network(family, kind, protocol):
+    return in_child(lambda: own_namespaces(0x40000000) and socket.socket(family, kind, protocol).fileno() >= 0)
+def clone_into_new_user_namespace():
+    pid = call("clone", 0x10000000 | 17, 0, 0, 0, 0)  # CLONE_NEWUSER | SIGCHLD
+    if pid == 0:
+        os._exit(0)
+    return pid > 0 and os.waitpid(pid, 0)[1] == 0
+def mount_tmpfs():
+    os.makedirs("/tmp/mnt", exist_ok=True)
+    return own_namespaces(0x20000) and libc.mount(b"none", b"/tmp/mnt", b"tmpfs", 0, None) == 0
+WORKED = attempts({
+    "io_uring": lambda: call("io_uring_setup", 1, ctypes.create_string_buffer(120)) >= 0,
+    "userfaultfd": lambda: call("userfaultfd", 0o2000000 | 1) >= 0,  # O_CLOEXEC | UFFD_USER_MODE_ONLY
+    "perf_event_open": perf_events,
+    "keyring": lambda: call("keyctl", 0, -5, 1) >= 0,  # KEYCTL_GET_KEYRING_ID of the user session keyring
+    "ptrace": lambda: in_child(ptrace_me),
+    "process_vm_readv": read_own_memory,
+    "bpf": load_bpf,
+    "user namespace with network admin": lambda: in_child(lambda: own_namespaces(0x40000000)),
+    "raw packets": lambda: in_own_network(socket.AF_PACKET, socket.SOCK_RAW, 0x0300),
+    "netlink (nf_tables)": lambda: in_own_network(socket.AF_NETLINK, socket.SOCK_RAW, 12),
+    "mount": lambda: in_child(mount_tmpfs),
+    "inet socket": lambda: socket.socket().fileno() >= 0,
+    "clone into a new user namespace": clone_into_new_user_namespace,
+})
+"""
+
+
+@pytest.mark.parametrize("probes", [CHANNELS, KERNEL_SURFACE], ids=["channels between sandboxes", "kernel surface"])
+def test_kernel_surface_and_channels_between_sandboxes_are_closed(probes, has_close_elements, host_kernel_state):
+    example = has_close_elements
+    verdict = sandbox.judge(example.code_prefix + solves_if("WORKED", probes), example.tests, example.entry_points,
+                            example.code_prefix, tail_chars=10_000)
+    assert not verdict.passed and "worked: []" in verdict.output, verdict.output
+
+
+def test_a_huge_integer_written_ahead_on_the_channel_is_a_verdict_not_a_crash(has_close_elements):
+    example = has_close_elements
+    program = example.code_prefix + after_the_prompt(
+        "import os\nfor fd in range(3, 64):\n    try:\n        os.write(fd, b'0x' + b'f' * 5000 + b'\\n')\n"
+        "    except OSError:\n        pass")
+    verdict = sandbox.judge(program, example.tests, example.entry_points, example.code_prefix)
+    judge_output = verdict.output.partition("--- judge ---")[2]
+    assert not verdict.passed and verdict.reason.startswith("the candidate broke the channel")
+    assert "Traceback" not in judge_output, judge_output
+
+
+def test_the_judge_survives_a_full_temporary_disk(has_close_elements, tmp_path, monkeypatch):
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root")
+    full = tmp_path / "full"
+    full.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k,nr_inodes=2", "tmpfs", str(full)]).returncode != 0:
+        pytest.skip("this host does not let root mount a tmpfs")
+    try:
+        with open(full / "filler", "wb", buffering=0) as f, pytest.raises(OSError):
+            while True:
+                f.write(b"x" * 4096)
+        monkeypatch.setenv("TMPDIR", str(full))
+        monkeypatch.setattr(tempfile, "tempdir", str(full))
+        with pytest.raises(OSError):
+            tempfile.mkdtemp()
+        assert reward(has_close_elements, has_close_elements.reference) == 1.0
+        assert reward(has_close_elements, "    return None\n") == 0.0
+    finally:
+        subprocess.run(["umount", str(full)], check=True)
