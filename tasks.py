@@ -218,9 +218,13 @@ class Example:
     apart from the completion, calling it through `entry_points` (sandbox.py)"""
     code_prefix: str = ""
     """code: trusted code that both the completion and the tests come after (HumanEval's prompt with its helper
-    functions, MBPP's test setup), else empty"""
+    functions, the imports of MBPP's solution and test setup), else empty"""
     entry_points: tuple[str, ...] = ()
     """code: the completion's functions the tests call"""
+    test_setup: str = ""
+    """code: trusted code that builds the tests' inputs, run after the completion in its sandbox (MBPP's
+    test_setup_code, whose trees are of the program's own `Node` class); the tests see each name it binds as a
+    handle they can pass into the completion's functions (sandbox.py)"""
 
 
 @dataclass(frozen=True)
@@ -357,11 +361,13 @@ FENCE_RE = re.compile(r"```[\w+-]*\n(.*?)```", re.S)
 
 def code_reward(example: Example, completion: str, timeout_s: float = 5.0) -> float:
     """1.0 when the completion (the first fenced block if it has one) passes the example's tests: the completion
-    runs in one sandbox, the tests in another, and only plain literals cross between them (sandbox.py)."""
+    runs in one sandbox, the tests in another, and only plain literals and handles cross between them
+    (sandbox.py)."""
     fenced = FENCE_RE.search(completion)
     code = fenced.group(1) if fenced else completion
     return float(sandbox.judge(f"{example.code_prefix}{code}", example.tests, example.entry_points,
-                               trusted_prefix=example.code_prefix, timeout_s=timeout_s).passed)
+                               trusted_prefix=example.code_prefix, test_setup=example.test_setup,
+                               timeout_s=timeout_s).passed)
 
 
 # ---- data: a local copy, the Hugging Face cache, or the hub ---------------------------------------------------
@@ -526,22 +532,23 @@ def _defined_and_called(reference: str, tests: str) -> tuple[str, ...]:
     return tuple(name for name in defined if name in named)
 
 
-def _imports(reference: str) -> str:
-    """The top-level import statements of `reference`: MBPP's asserts use modules only its solutions import
-    (`math.isclose`), and the judge, apart from the solution, needs them too."""
-    return "".join(f"{ast.unparse(node)}\n" for node in ast.parse(reference).body
+def _imports(code: str) -> str:
+    """The top-level import statements of `code`: MBPP's asserts use modules only its solution or its test setup
+    imports (`math.isclose`), and the judge, apart from both, needs them too."""
+    return "".join(f"{ast.unparse(node)}\n" for node in ast.parse(code).body
                    if isinstance(node, (ast.Import, ast.ImportFrom)))
 
 
 def _mbpp_example(row: dict) -> Example:
-    # the full configuration states the task in `text` and prepares its tests with `test_setup_code`; the
-    # sanitized one (a hand-checked subset) states it in `prompt` and lists the imports its tests need instead
+    # the full configuration states the task in `text` and prepares its tests with `test_setup_code`, which may
+    # build objects of the solution's classes (trees of its `Node`s) and so runs after it; the sanitized one (a
+    # hand-checked subset) states it in `prompt` and lists the imports its tests need instead
     text = row["text"] if "text" in row else row["prompt"]
     setup = row.get("test_setup_code") or "\n".join(row.get("test_imports") or ())
     asserts = "\n".join(row["test_list"])
     return Example(str(row["task_id"]), f"{text}\nYour code should pass these tests:\n{asserts}",
-                   row["code"], tests=f"{asserts}\n", code_prefix=f"{_imports(row['code'])}{setup}\n",
-                   entry_points=_defined_and_called(row["code"], asserts))
+                   row["code"], tests=f"{asserts}\n", code_prefix=f"{_imports(row['code'])}{_imports(setup)}",
+                   entry_points=_defined_and_called(row["code"], asserts), test_setup=setup)
 
 
 def mbpp_split(row: dict) -> str:

@@ -1,3 +1,9 @@
+"""The arithmetic task and its verifiers; and where loading meets the code judge: MBPP tests that build objects of
+the program's classes."""
+
+import json
+from pathlib import Path
+
 import pytest
 
 import tasks
@@ -95,3 +101,69 @@ def test_numbers_past_the_int_string_limit_score_zero_and_are_not_steps():
     verdicts = tasks.step_verdicts(f"{huge} + 1 = 1{'0' * 5000}\n7 + {huge} = 12\n7 + 5 = 12\nAnswer: 9", p)
     assert [v for _, v in verdicts] == [None, None, True, None]
     assert tasks.answer_reward("7 + 5 = 12\n12 - 3 = 9\nAnswer: 9", p) == 1.0
+
+
+# ---- code tasks whose tests build objects ---------------------------------------------------------------------------
+
+def write_json_lines(path: Path, rows: list[dict]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+
+
+# Rows of MBPP's original mbpp.jsonl: task 601's tests build `Pair`s of the solution's class, task 927's
+# test_setup_code builds trees of its `Node`s; 17 stands in for the test split.
+MBPP_OBJECTS = [
+    {"task_id": 601, "text": "Write a function to find the longest chain which can be formed from the given set of "
+                             "pairs.",
+     "code": "class Pair(object): \r\n\tdef __init__(self, a, b): \r\n\t\tself.a = a \r\n\t\tself.b = b \r\n"
+             "def max_chain_length(arr, n): \r\n\tmax = 0\r\n\tmcl = [1 for i in range(n)] \r\n"
+             "\tfor i in range(1, n): \r\n\t\tfor j in range(0, i): \r\n\t\t\tif (arr[i].a > arr[j].b and\r\n"
+             "\t\t\t\tmcl[i] < mcl[j] + 1): \r\n\t\t\t\tmcl[i] = mcl[j] + 1\r\n\tfor i in range(n): \r\n"
+             "\t\tif (max < mcl[i]): \r\n\t\t\tmax = mcl[i] \r\n\treturn max",
+     "test_list": ["assert max_chain_length([Pair(5, 24), Pair(15, 25),Pair(27, 40), Pair(50, 60)], 4) == 3",
+                   "assert max_chain_length([Pair(1, 2), Pair(3, 4),Pair(5, 6), Pair(7, 8)], 4) == 4",
+                   "assert max_chain_length([Pair(19, 10), Pair(11, 12),Pair(13, 14), Pair(15, 16), Pair(31, 54)], 5) "
+                   "== 5"],
+     "test_setup_code": "", "challenge_test_list": []},
+    {"task_id": 927, "text": "Write a function to calculate the height of the given binary tree.",
+     "code": "class Node: \r\n\tdef __init__(self, data): \r\n\t\tself.data = data \r\n\t\tself.left = None\r\n"
+             "\t\tself.right = None\r\ndef max_height(node): \r\n\tif node is None: \r\n\t\treturn 0 ; \r\n"
+             "\telse : \r\n\t\tleft_height = max_height(node.left) \r\n\t\tright_height = max_height(node.right) \r\n"
+             "\t\tif (left_height > right_height): \r\n\t\t\treturn left_height+1\r\n\t\telse: \r\n"
+             "\t\t\treturn right_height+1",
+     "test_list": ["assert (max_height(root)) == 3", "assert (max_height(root1)) == 5 ",
+                   "assert (max_height(root2)) == 4"],
+     "test_setup_code": "root = Node(1) \r\nroot.left = Node(2) \r\nroot.right = Node(3) \r\n"
+                        "root.left.left = Node(4) \r\nroot.left.right = Node(5) \r\nroot1 = Node(1);  \r\n"
+                        "root1.left = Node(2);  \r\n"
+                        "root1.right = Node(3);  \r\nroot1.left.left = Node(4);  \r\nroot1.right.left = Node(5);  \r\n"
+                        "root1.right.right = Node(6);  \r\nroot1.right.right.right= Node(7);  \r\n"
+                        "root1.right.right.right.right = Node(8)\r\nroot2 = Node(1) \r\nroot2.left = Node(2) \r\n"
+                        "root2.right = Node(3) \r\nroot2.left.left = Node(4) \r\nroot2.left.right = Node(5)\r\n"
+                        "root2.left.left.left = Node(6)\r\nroot2.left.left.right = Node(7)",
+     "challenge_test_list": []},
+    {"task_id": 17, "text": "Write a function to find the perimeter of a square.",
+     "code": "def square_perimeter(a):\r\n  perimeter=4*a\r\n  return perimeter",
+     "test_list": ["assert square_perimeter(10)==40", "assert square_perimeter(5)==20"],
+     "test_setup_code": "", "challenge_test_list": []},
+]
+WRONG = {
+    "601": "class Pair:\n    def __init__(self, a, b):\n        self.a, self.b = a, b\n\n"
+           "def max_chain_length(arr, n):\n    return n\n",
+    "927": "class Node:\n    def __init__(self, data):\n        self.data, self.left, self.right = data, None, None\n\n"
+           "def max_height(node):\n    return 0 if node is None else 1 + max_height(node.left)\n",  # the left spine
+}
+
+
+def test_mbpp_tests_that_build_the_programs_objects_score_references_1_and_wrong_programs_0(tmp_path):
+    write_json_lines(tmp_path / "mbpp.jsonl", MBPP_OBJECTS)
+    task = tasks.load_task("mbpp", 0, 10, 10, data_dir=str(tmp_path))
+    examples = {example.id: example for example in task.train}
+    assert sorted(examples) == ["601", "927"] and [e.id for e in task.heldout] == ["17"]
+    assert examples["601"].entry_points == ("Pair", "max_chain_length")
+    assert examples["927"].entry_points == ("max_height",) and examples["927"].test_setup.startswith("root = Node(1)")
+    for example in task.train:
+        assert task.reward(example, example.reference) == 1.0, example.id
+        assert task.reward(example, WRONG[example.id]) == 0.0, example.id
+    no_node = "def max_height(node):\n    return 3\n"  # the setup builds the program's Nodes: without them, 0
+    assert task.reward(examples["927"], no_node) == 0.0
