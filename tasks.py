@@ -473,6 +473,13 @@ def _refuse_lfs_pointers(root: Path, source: HubSource, files: list[Path]) -> No
             f"--local-dir DIR`.")
 
 
+def _release_subject(root: Path, source: HubSource) -> str | None:
+    """The folder's name where `root` is one part of a release laid out by split first (MATH's original
+    MATH/train/algebra): chosen on its own, it is read in every split (MATH/test/algebra too); else None."""
+    splits = (source.train_split, source.heldout_split)
+    return root.name if root.name in source.parts and root.parent.name in splits else None
+
+
 def _refuse_missing_parts(root: Path, base: Path, source: HubSource, split: str, files: list[Path]) -> None:
     found = {part for p in files for part in p.relative_to(base).parts[:-1]} & set(source.parts)
     if found and found != set(source.parts):
@@ -480,14 +487,18 @@ def _refuse_missing_parts(root: Path, base: Path, source: HubSource, split: str,
         raise _missing(source, f"{root} holds the {split} split of {len(found)} of its {len(source.parts)} folders "
                                f"({', '.join(sorted(found))}) and lacks {missing} (a partial download or cache). To "
                                f"use one of them on purpose, pass that folder itself as data_dir (e.g. "
-                               f"{files[0].parent}); otherwise complete the copy")
+                               f"{files[0].parent}, which reads both of its splits); otherwise complete the copy")
 
 
 def _split_rows(root: Path, source: HubSource, split: str) -> list[dict]:
     """All rows of `split` under `root` (see `_split_files`), inside the configuration's folder when `root` has
-    one; else, where `root` holds one of `source.single_files`, its rows of that split."""
+    one, or in the same part's folder of that split where `root` is a part of a release laid out by split
+    (`_release_subject`); else, where `root` holds one of `source.single_files`, its rows of that split."""
     base = root / source.subdir if source.subdir and (root / source.subdir).is_dir() else root
-    files = _split_files(base, split)
+    chosen = _release_subject(root, source)
+    if chosen is not None:
+        base = root.parent.parent
+    files = [p for p in _split_files(base, split) if chosen is None or chosen in p.relative_to(base).parts[:-1]]
     single = next((root / name for name in source.single_files if (root / name).is_file()), None)
     if not files and single is None:
         expected = ", ".join([f"{split}.jsonl", f"{split}-*.parquet", *source.single_files])
@@ -499,7 +510,8 @@ def _split_rows(root: Path, source: HubSource, split: str) -> list[dict]:
         except (KeyError, TypeError) as error:
             raise ValueError(f"{source.title}: rows of {single} have no task_id to split them by: "
                              f"{type(error).__name__} {error}") from error
-    _refuse_missing_parts(root, base, source, split, files)
+    if chosen is None:
+        _refuse_missing_parts(root, base, source, split, files)
     return [row for path in files for row in _read_rows(path)]
 
 
@@ -650,7 +662,8 @@ def load_task(name: str, seed: int, train_size: int, eval_size: int, cfg: TaskCo
     math:      EleutherAI/hendrycks_math (all seven subjects), train / test; steps are not checked. The original
                release (MATH/{train,test}/<subject>/<n>.json) reads too. A copy with only some subject folders is
                refused, since a silent (or merely warned) subset changes the benchmark under the same name; one
-               subject is chosen on purpose by passing its folder (DIR/algebra) as `data_dir`.
+               subject is chosen on purpose by passing its folder as `data_dir`: DIR/algebra, or in the original
+               release MATH/train/algebra, whose test split is then read from MATH/test/algebra.
     mbpp:      google-research-datasets/mbpp (full), train (374) / test (500); tests run in sandbox.py. The
                sanitized configuration (columns prompt, test_imports) reads too, and so do the original single
                files mbpp.jsonl and sanitized-mbpp.json, split by task id (`mbpp_split`).

@@ -1,7 +1,8 @@
-"""The arithmetic task and its verifiers; and where loading meets the code judge: MBPP tests that build objects of
-the program's classes."""
+"""The arithmetic task and its verifiers; and where loading meets the code judge and MATH's layouts: MBPP tests that
+build objects of the program's classes, and a partial copy of MATH's original release refused with advice that works."""
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -103,7 +104,7 @@ def test_numbers_past_the_int_string_limit_score_zero_and_are_not_steps():
     assert tasks.answer_reward("7 + 5 = 12\n12 - 3 = 9\nAnswer: 9", p) == 1.0
 
 
-# ---- code tasks whose tests build objects ---------------------------------------------------------------------------
+# ---- code tasks whose tests build objects, and MATH's original layout -----------------------------------------------
 
 def write_json_lines(path: Path, rows: list[dict]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -167,3 +168,26 @@ def test_mbpp_tests_that_build_the_programs_objects_score_references_1_and_wrong
         assert task.reward(example, WRONG[example.id]) == 0.0, example.id
     no_node = "def max_height(node):\n    return 3\n"  # the setup builds the program's Nodes: without them, 0
     assert task.reward(examples["927"], no_node) == 0.0
+
+
+MATH_ROWS = {subject: {split: {"problem": f"In {subject} ({split}): what is $1 + {i}$?", "level": "Level 1",
+                               "type": subject.title(), "solution": f"It is $\\boxed{{{i + 1}}}$."}
+                       for i, split in enumerate(("train", "test"))}
+             for subject in ("algebra", "geometry")}
+
+
+def test_a_partial_math_release_is_refused_with_advice_that_works(tmp_path):
+    # MATH's original layout, MATH/{train,test}/<subject>/<n>.json, holding two of the seven subjects
+    for subject, splits in MATH_ROWS.items():
+        for split, row in splits.items():
+            path = tmp_path / f"MATH/{split}/{subject}/1.json"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(row))
+    with pytest.raises(tasks.DataUnavailable, match="2 of its 7 folders") as refusal:
+        tasks.load_task("math", 0, 10, 10, data_dir=str(tmp_path / "MATH"))
+    advised = re.search(r"pass that folder itself as data_dir \(e\.g\. (.+?), which", str(refusal.value)).group(1)
+    task = tasks.load_task("math", 0, 10, 10, data_dir=advised)
+    subject = Path(advised).name
+    assert [e.question for e in task.train] == [MATH_ROWS[subject]["train"]["problem"]]
+    assert [e.question for e in task.heldout] == [MATH_ROWS[subject]["test"]["problem"]]
+    assert task.reward(task.heldout[0], task.heldout[0].reference) == 1.0
