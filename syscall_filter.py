@@ -73,14 +73,30 @@ class FilterUnavailable(RuntimeError):
     """libseccomp or its bindings are missing, or cannot compile the filter for this machine."""
 
 
-@functools.cache
-def bpf_program() -> bytes:
-    """The filter as a BPF program, the form bwrap's --seccomp reads from a descriptor."""
+def _libseccomp():
     try:
-        import pyseccomp as seccomp  # loads the system's libseccomp.so.2 at import
+        import pyseccomp  # loads the system's libseccomp.so.2 at import
     except (ImportError, RuntimeError, OSError) as error:
         raise FilterUnavailable(f"no libseccomp: {error} (pip install -r requirements.txt; the library itself is "
                                 f"Debian's libseccomp2)") from None
+    return pyseccomp
+
+
+def _exported(rules) -> bytes:
+    read_fd = os.memfd_create("seccomp", os.MFD_CLOEXEC)
+    with open(read_fd, "w+b") as exported:
+        try:
+            rules.export_bpf(exported)
+        except OSError as error:
+            raise FilterUnavailable(f"libseccomp could not compile the filter: {error}") from None
+        exported.seek(0)
+        return exported.read()
+
+
+@functools.cache
+def bpf_program() -> bytes:
+    """The filter as a BPF program, the form bwrap's --seccomp reads from a descriptor."""
+    seccomp = _libseccomp()
     deny = seccomp.ERRNO(errno.EPERM)
     rules = seccomp.SyscallFilter(deny)
     rules.set_attr(seccomp.Attr.ACT_BADARCH, deny)
@@ -94,14 +110,14 @@ def bpf_program() -> bytes:
         rules.add_rule(seccomp.ALLOW, "fcntl", seccomp.Arg(1, seccomp.EQ, command))
     for request in IOCTL_REQUESTS:
         rules.add_rule(seccomp.ALLOW, "ioctl", seccomp.Arg(1, seccomp.EQ, request))
-    read_fd = os.memfd_create("seccomp", os.MFD_CLOEXEC)
-    with open(read_fd, "w+b") as exported:
-        try:
-            rules.export_bpf(exported)
-        except OSError as error:
-            raise FilterUnavailable(f"libseccomp could not compile the filter: {error}") from None
-        exported.seek(0)
-        return exported.read()
+    return _exported(rules)
+
+
+def allow_everything() -> bytes:
+    """A BPF program that allows every call: what the tests and the benchmark put in the filter's place to see
+    the other layers hold alone, and what the filter costs. sandbox.py never loads it."""
+    seccomp = _libseccomp()
+    return _exported(seccomp.SyscallFilter(seccomp.ALLOW))
 
 
 def _number(seccomp, name: str) -> int:

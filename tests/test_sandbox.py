@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 
 import inside_sandbox
 import sandbox
+import syscall_filter
 import tasks
 
 SLACK_S = 4.0  # the machine is shared: start-up and teardown may be slow, but never by the program's doing
@@ -352,8 +353,6 @@ def test_a_sandbox_that_did_not_start_is_judged_again(role, reason, tmp_path, mo
 
 
 def test_where_no_system_call_filter_can_be_built_no_program_runs(monkeypatch):
-    import syscall_filter
-
     def missing():
         raise syscall_filter.FilterUnavailable("no libseccomp: Unable to find libseccomp")
 
@@ -708,14 +707,6 @@ def test_memory_held_outside_the_address_space_is_refused(name, has_close_elemen
     assert not verdict.passed, verdict.output
 
 
-def allow_everything() -> bytes:
-    rules = pyseccomp.SyscallFilter(pyseccomp.ALLOW)
-    with open(os.memfd_create("allow"), "w+b") as program:
-        rules.export_bpf(program)
-        program.seek(0)
-        return program.read()
-
-
 @pytest.mark.parametrize("name", [name for name in MEMORY_ATTACKS if "SysV" in name or "tmpfs" in name])
 def test_the_memory_cgroup_alone_holds_the_kernel_memory_of_a_sandbox(name, has_close_elements, monkeypatch,
                                                                      host_kernel_state):
@@ -724,7 +715,7 @@ def test_the_memory_cgroup_alone_holds_the_kernel_memory_of_a_sandbox(name, has_
     import memory_cgroup
     if memory_cgroup.hierarchy() is None:
         pytest.skip("this host gives the trainer no memory cgroup (not root, no delegated cgroup v2 subtree)")
-    monkeypatch.setattr(sandbox, "_filter_program", allow_everything)
+    monkeypatch.setattr(sandbox, "_filter_program", syscall_filter.allow_everything)
     example = has_close_elements
     verdict = sandbox.judge(example.code_prefix + solves_if(f"held >= {HELD}", MEMORY_ATTACKS[name]), example.tests,
                             example.entry_points, example.code_prefix, timeout_s=10.0, memory_mb=HELD >> 21)
