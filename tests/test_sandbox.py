@@ -1,7 +1,9 @@
-"""The code judge: plain literals on the channel, correct programs pass, and hostile programs score 0 without
-touching anything outside their sandbox. Each attack is a small program judged through tasks.code_reward on
-HumanEval/0 (or sandbox.judge where its output is inspected), then checked from the outside: reward 0, no file
-changed outside the sandbox, no process of a sandbox uid left, the trainer alive with its limits intact."""
+"""The code judge: plain literals and handles on the channel, correct programs pass, and hostile programs score 0
+without touching anything outside their sandbox. Each attack is a small program judged through tasks.code_reward
+on HumanEval/0 (or sandbox.judge where its output is inspected), then checked from the outside: reward 0, no file
+changed outside the sandbox, no process of a sandbox uid left, the trainer alive with its limits intact; the
+attacks through the kernel leave no key, SysV object or cgroup behind. Failures of the host at the moment (no
+descriptor, a full disk, a sandbox that did not start) are verdicts, never exceptions."""
 
 import ctypes
 import math
