@@ -28,7 +28,8 @@ The three terms, each a mean over the trajectory's K steps (lines, DESIGN.md §4
        own-group A at PRP, its rescue credit at SGT, none at XGRPO), so P would depend on the decision it is
        meant to inform; and |A| reaches sqrt(G - 1) under std-normalized advantages, so P has no fixed scale
        on which thresholds mean anything. P with the credit actually carried is logged per crossing (`phantom`).
-  RSD  per typed step, sqrt(1 - exp(-KL(p_src || p_tgt))) (reward_drift.rsd_steps): the Bretagnolle-Huber bound on the total variation
+  RSD  per typed step, sqrt(1 - exp(-KL(p_src || p_tgt))) (reward_drift.rsd_steps): the Bretagnolle-Huber bound
+       on the total variation
        between the two policies' step-success distributions, a probability in [0, 1), 0 exactly when they
        agree; the trajectory term is the mean over typed steps (0 without any, as reward_drift does).
 An ablated term (--ablate) is not computed, and its repair is off. It contributes 0 to D and the other weights
@@ -69,6 +70,8 @@ from dataclasses import dataclass
 import torch
 
 import coevolution
+import diagnosis
+import fidelity_record
 import grpo
 import policies
 import reachability
@@ -76,9 +79,8 @@ import reward_drift
 import sharing
 import tasks
 import tokalign
-
-TERMS = ("tbd", "ccm", "rsd")
-LEVELS = ("prp", "xgrpo", "sgt")
+from diagnosis import TERMS, Offer
+from sharing import LEVELS
 
 
 @dataclass(frozen=True)
@@ -86,9 +88,9 @@ class CuratorConfig:
     lambdas: tuple[float, float, float] = (1 / 3, 1 / 3, 1 / 3)
     """weights of the TBD, CCM and RSD terms in D; they must sum to 1"""
     theta1: float = 0.1
-    """D below it: PRP (the starting value where thresholds adapt); train.Args explains the default"""
+    """D_repaired below it: PRP (the starting value where thresholds adapt)"""
     theta2: float = 0.15
-    """D at or above it: SGT; between theta1 and theta2: XGRPO"""
+    """D_repaired at or above it: SGT; between theta1 and theta2: XGRPO"""
     ccm_beta: float = 1.0
     """the CCM repair's exponent: A_k <- A_k R_k^beta"""
     ablate: tuple[str, ...] = ()
@@ -132,14 +134,8 @@ class CuratorConfig:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# One trajectory's diagnosis
+# Scoring and admission
 # ---------------------------------------------------------------------------------------------------------------
-
-def mean_or_zero(values: torch.Tensor) -> float:
-    """Mean over the finite entries, 0 if there are none."""
-    finite = values[torch.isfinite(values)]
-    return finite.mean().item() if finite.numel() else 0.0
-
 
 def degradation(terms: torch.Tensor, weights: torch.Tensor) -> float:
     """D = sum_i lambda_i term_i; terms [3] in [0, 1], NaN for an ablated term (its weight is 0)."""
@@ -153,138 +149,9 @@ def admission_band(d: float, theta1: float, theta2: float) -> int:
     return 0 if d < theta1 else 1 if d < theta2 else 2
 
 
-@dataclass
-class Diagnosis:
-    """A trajectory's per-step diagnosis, before and after repair; NaN where a term is ablated or not computed."""
-
-    tbd: torch.Tensor            # [K]
-    tbd_repaired: torch.Tensor   # [K]
-    rsd: torch.Tensor            # [K]  NaN on untyped lines
-    reach: torch.Tensor | None   # [K]  R_k, None when the gradient norms were skipped or CCM is ablated
-    norms: torch.Tensor | None   # [K]  the receiver's sqrt(|k|)-scaled step gradient norms
-
-    def terms(self, cfg: CuratorConfig, repaired: bool = False) -> torch.Tensor:
-        """[3] the trajectory's TBD, CCM and RSD terms (NaN where ablated or unknown)."""
-        tbd = mean_or_zero(self.tbd_repaired if repaired else self.tbd)
-        ccm = math.nan
-        if self.reach is not None:
-            ccm = (reachability.phantom_left(self.reach, cfg.ccm_beta) if repaired else 1 - self.reach).mean().item()
-        rsd = mean_or_zero(self.rsd * (1 - cfg.credit_mix) if repaired and self.rsd_repairable(cfg) else self.rsd)
-        out = torch.tensor([tbd, ccm, rsd], dtype=torch.float64)
-        return torch.where(torch.tensor([t in cfg.ablate for t in TERMS]), torch.full_like(out, math.nan), out)
-
-    def rsd_repairable(self, cfg: CuratorConfig) -> bool:
-        """VPR reaches every typed step; the intrinsic signal needs the gradient norms."""
-        return cfg.process_signal == "vpr" or self.norms is not None
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Repairs: per-step credit, then onto the receiver's tokens
-# ---------------------------------------------------------------------------------------------------------------
-
-def step_credit(advantage: float, process: list[reward_drift.StepReward], diagnosis: Diagnosis,
-                target: reward_drift.StepStats, cfg: CuratorConfig) -> tuple[torch.Tensor, torch.Tensor]:
-    """[K] each step's repaired credit: RSD recalibration, then CCM attenuation (the module docstring's order);
-    and [K] which steps the RSD recalibration reached."""
-    credit = torch.full((len(process),), float(advantage), dtype=torch.float64)
-    recalibrated = torch.zeros(len(process), dtype=torch.bool)
-    if "rsd" not in cfg.ablate:
-        verified = reward_drift.verified_credit(advantage, process, target, cfg.credit_mix) \
-            if cfg.process_signal == "vpr" else [None] * len(process)
-        intrinsic = (reward_drift.intrinsic_step_rewards(diagnosis.norms.double()) - 0.5
-                     if diagnosis.norms is not None else None)
-        for k, v in enumerate(verified):
-            if v is not None:
-                credit[k] = v
-            elif intrinsic is not None:
-                credit[k] = (1 - cfg.credit_mix) * advantage + cfg.credit_mix * intrinsic[k].item()
-            recalibrated[k] = v is not None or intrinsic is not None
-    if "ccm" not in cfg.ablate and diagnosis.reach is not None:
-        credit = reachability.repair(credit, diagnosis.reach.double(), cfg.ccm_beta)
-    return credit, recalibrated
-
-
-def hotspot_steps(diagnosis: Diagnosis) -> dict[str, list[int]]:
-    """Steps flagged per term: a straddled or unreproduced step (TBD > 0), R_k < 1/2 (beyond the receiver's own
-    calibration quantile), a drift bound above 1/2."""
-    out = {"tbd": (diagnosis.tbd > 0).nonzero().flatten().tolist(),
-           "rsd": (torch.nan_to_num(diagnosis.rsd) > 0.5).nonzero().flatten().tolist()}
-    out["ccm"] = (diagnosis.reach < 0.5).nonzero().flatten().tolist() if diagnosis.reach is not None else []
-    return out
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# One exchange: diagnose, predict, score, repair, admit, cross
-# ---------------------------------------------------------------------------------------------------------------
-
-FEATURES = ("tokens/50", "non-1:1 share", "steps/5", "reward", "|A|", "tbd", "rsd", "pair recent D",
-            "pair recent CCM", "capability gap", "source mean log-prob")
-
-
-@dataclass
-class Offer:
-    """One source rollout offered to one receiver, in the receiver's tokenization, with its diagnosis."""
-
-    source: sharing.Experience
-    index: int                               # flat index in the source's rollouts
-    src: tokalign.Encoding
-    tgt: tokalign.Encoding
-    alignment: tokalign.Alignment
-    steps: list[tuple[int, int]]             # K byte spans, each covered by receiver tokens
-    ranges: list[tuple[int, int]]            # K receiver token ranges of the steps
-    process: list[reward_drift.StepReward]   # K
-    diagnosis: Diagnosis
-    jaccard: float                           # 1 - tokalign's byte-boundary S_TBD, for comparison only
-
-    @property
-    def prompt(self) -> int:
-        return self.index // self.source.rollouts.group_size
-
-    @property
-    def reward(self) -> float:
-        return self.source.rewards.flatten()[self.index].item()
-
-    @property
-    def advantage(self) -> float:
-        return self.source.advantages.flatten()[self.index].item()
-
-
-def make_offer(source: sharing.Experience, index: int, receiver: policies.Policy, task: tasks.Task, example,
-               stats: dict[str, reward_drift.StepStats], cfg: CuratorConfig) -> Offer | None:
-    """The cheap diagnosis (TBD, RSD) of one rollout for one receiver; None when no step of it reaches the
-    receiver's tokens (an empty completion, a lone cut byte)."""
-    src = tokalign.Encoding.from_ids(source.rollouts.completion_ids[index].tolist(), source.policy.token_bytes)
-    tgt = tokalign.retokenize(src, receiver.tokenizer, receiver.token_bytes)
-    steps = tokalign.step_byte_spans(src.data, task.step_spans)
-    process = reward_drift.process_rewards(task, example, source.rollouts.texts[index])
-    kept = [(span, reachability.step_token_ranges(tgt.offsets, [span]), p) for span, p in zip(steps, process)]
-    kept = [(span, ranges[0], p) for span, ranges, p in kept if ranges]
-    if not kept:
-        return None
-    steps, ranges, process = (list(x) for x in zip(*kept))
-    alignment = tokalign.align(src, tgt)
-    tbd, tbd_left = tokalign.tbd_steps(alignment, src, tgt, steps)
-    rsd = reward_drift.rsd_steps(stats[source.policy.name], stats[receiver.name], process)
-    jaccard = 1 - mean_or_zero(tokalign.step_consistency(alignment, tokalign.boundary_similarity(alignment), steps))
-    return Offer(source, index, src, tgt, alignment, steps, ranges, process, Diagnosis(tbd, tbd_left, rsd, None, None),
-                 jaccard)
-
-
-def offer_features(offer: Offer, cfg: CuratorConfig, recent: tuple[float, float], gap: float) -> torch.Tensor:
-    """[F] the cheap features of FEATURES (ablated terms read 0). CCM, the term that most often dominates D,
-    needs the gradient norms; what stands in for it is the pair's recent CCM, the capability gap (the source's
-    mean reward minus the receiver's) and how sure the source was of its own tokens."""
-    terms = torch.nan_to_num(offer.diagnosis.terms(cfg))
-    modes = offer.alignment.modes
-    logprobs = offer.source.rollouts.logprobs[offer.index]
-    return torch.tensor([len(offer.tgt.ids) / 50, sum(m != "1:1" for m in modes) / max(len(modes), 1),
-                         len(offer.steps) / 5, offer.reward, abs(offer.advantage), terms[0].item(), terms[2].item(),
-                         *recent, gap, logprobs.float().mean().item() if len(logprobs) else 0.0], dtype=torch.float64)
-
-
 def rescue_candidate(offer: Offer, own_rewards: torch.Tensor, success: float) -> bool:
     """A verified success on a prompt where the receiver's whole group (own_rewards [B, G]) failed (SGT)."""
-    return offer.reward >= success and bool((own_rewards[offer.prompt] < success).all())
+    return offer.reward >= success and bool((own_rewards[offer.prompt_index] < success).all())
 
 
 def crosses_tokens(band: int, offer: Offer, own_rewards: torch.Tensor, success: float) -> bool:
@@ -340,7 +207,7 @@ def admit(offers: list[Offer], bands: list[int], receiver: sharing.Experience, s
     decisions = []
     for k, (o, band) in enumerate(zip(offers, bands)):
         if band == 1:
-            pooled[o.prompt].append(o.reward)
+            pooled[o.prompt_index].append(o.reward)
         level = LEVELS[band] if band < 2 or rescue[k] else "rejected"
         rule = ("D_repaired < theta1", "theta1 <= D_repaired < theta2", "D_repaired >= theta2")[band]
         if rescue[k]:
@@ -357,7 +224,7 @@ def admit(offers: list[Offer], bands: list[int], receiver: sharing.Experience, s
     members: dict[int, list[int]] = defaultdict(list)
     for k, o in enumerate(offers):
         if rescue[k]:
-            members[o.prompt].append(k)
+            members[o.prompt_index].append(k)
     for b, ks in members.items():
         credit = sharing.rescue_advantages(receiver.rewards[b], torch.tensor([offers[k].reward for k in ks]),
                                            share.scale_by_std)
@@ -382,7 +249,7 @@ class Curator:
         self.recent = {pair: (0.0, 0.0) for pair in self.pairs}     # EMA of D and CCM per pair: predictor features
         self.calibration: dict[str, reachability.Calibration] = {}   # each receiver's last calibration
         self.bandit = coevolution.ThresholdBandit(cfg.theta1, cfg.theta2, bandit, seed) if bandit else None
-        self.predictor = (coevolution.FidelityPredictor(len(FEATURES) + len(self.pairs), predictor, seed)
+        self.predictor = (coevolution.FidelityPredictor(len(diagnosis.FEATURES) + len(self.pairs), predictor, seed)
                           if predictor else None)
 
     def thresholds(self, source: str, receiver: str, gap: float) -> tuple[float, float]:
@@ -408,8 +275,9 @@ class Curator:
         started = time.perf_counter()
         for e in experiences:
             group = e.rollouts.group_size
-            self.stats[e.policy.name].add_iteration([s for i, text in enumerate(e.rollouts.texts)
-                                                     for s in reward_drift.process_rewards(task, examples[i // group], text)])
+            self.stats[e.policy.name].add_iteration(
+                [s for i, text in enumerate(e.rollouts.texts)
+                 for s in reward_drift.process_rewards(task, examples[i // group], text)])
         stats_s = time.perf_counter() - started
         out, records = {}, []
         for receiver in experiences:
@@ -429,8 +297,9 @@ class Curator:
         if not offers or "ccm" in cfg.ablate:
             return
         params = reachability.parameter_subset(q.model, cfg.reach_subset)
-        prompt_ids = {b: q.encode_prompt(receiver.prompts[b]) for b in {o.prompt for o in offers}}
-        norms = reachability.step_norms(q, [(prompt_ids[o.prompt], o.tgt.ids, o.ranges) for o in offers], params)
+        prompt_ids = {b: q.encode_prompt(receiver.prompts[b]) for b in {o.prompt_index for o in offers}}
+        items = [(prompt_ids[o.prompt_index], o.tgt.ids, o.ranges) for o in offers]
+        norms = reachability.step_norms(q, items, params)
         own = reachability.step_norms(q, reachability.own_steps(q, receiver.rollouts, task.step_spans,
                                                                  cfg.calibration_rollouts), params)
         if own:
@@ -448,8 +317,8 @@ class Curator:
         offers, records = [], []
         for peer in peers:
             for i in range(len(peer.rollouts.completion_ids)):
-                offer = make_offer(peer, i, receiver.policy, task, examples[i // peer.rollouts.group_size],
-                                   self.stats, self.cfg)
+                offer = diagnosis.make_offer(peer, i, receiver.policy, task, examples[i // peer.rollouts.group_size],
+                                            self.stats)
                 if offer is None:
                     records.append({"source": peer.policy.name, "index": i, "level": "rejected", "crossed": "none",
                                     "reason": "no step reaches the receiver's tokens", "repairs": []})
@@ -465,7 +334,7 @@ class Curator:
         if not self.predictor or not offers:
             return torch.zeros(n, 0), torch.full((n,), -1), torch.zeros(n), [False] * n, [False] * n
         features = torch.stack([torch.cat([
-            offer_features(o, self.cfg, self.recent[(o.source.policy.name, name)], gaps[o.source.policy.name]),
+            diagnosis.offer_features(o, self.cfg, self.recent[(o.source.policy.name, name)], gaps[o.source.policy.name]),
             torch.nn.functional.one_hot(torch.tensor(self.pairs[(o.source.policy.name, name)]),
                                         len(self.pairs)).double()]) for o in offers])
         predicted, prob = self.predictor.predict(features)
@@ -523,12 +392,12 @@ class Curator:
                 pair = (o.source.policy.name, name)
                 ccm = s.terms["ccm"] if math.isfinite(s.terms["ccm"]) else 0.0
                 self.recent[pair] = tuple(0.9 * old + 0.1 * new for old, new in zip(self.recent[pair], (s.D, ccm)))
-            records.append(offer_record(o, s, level, what, reason, crossed.get(k), thetas[o.source.policy.name],
+            records.append(fidelity_record.offer_record(o, s, level, what, reason, crossed.get(k), thetas[o.source.policy.name],
                                         int(predicted[k]), prob[k].item(), skipped[k]))
         for r in records:
             r.update(iteration=iteration, receiver=name)
         metrics = {**sharing.crossing_metrics(crossings, share.ratio_cap),
-                   **fidelity_metrics(records, thetas, self.predictor.accuracy(name) if self.predictor else None),
+                   **fidelity_record.fidelity_metrics(records, thetas, self.predictor.accuracy(name) if self.predictor else None),
                    **{f"fidelity/time_s/{phase}": t for phase, t in timer.items()},
                    "fidelity/time_s/curation": sum(timer.values())}
         return sharing.Received(advantages, crossings, metrics), records
@@ -541,89 +410,18 @@ class Curator:
         crossings, crossed = [], {}
         for peer in peers:
             mine = {o.index: (k, a) for k, (o, a) in picks.items() if o.source is peer}
-            for c in sharing.cross(peer, [(i, a) for i, (_, a) in sorted(mine.items())], receiver, share):
+            aligned = {offers[k].index: (offers[k].src, offers[k].tgt, offers[k].alignment) for k, _ in mine.values()}
+            for c in sharing.cross(peer, [(i, a) for i, (_, a) in sorted(mine.items())], receiver, share, aligned):
                 k, a = mine[c.index]
                 o = offers[k]
-                credit, recalibrated = step_credit(a, o.process, o.diagnosis, self.stats[receiver.name], self.cfg)
+                credit, recalibrated = diagnosis.step_credit(a, o.process, o.diagnosis, self.stats[receiver.name], self.cfg)
                 tokens = tokalign.token_credit(o.src, o.tgt, o.alignment, o.steps, credit, "tbd" not in self.cfg.ablate)
                 crossings.append(dataclasses.replace(c, advantages=tokens))
                 done = {"tbd": bool((o.diagnosis.tbd > 0).any()), "ccm": o.diagnosis.reach is not None,
                         "rsd": bool(recalibrated.any())}
-                crossed[k] = credit_record(o, a, credit, tokens,
+                crossed[k] = fidelity_record.credit_record(o, a, credit, tokens,
                                            [t for t in TERMS if t not in self.cfg.ablate and done[t]])
         return crossings, crossed
-
-
-def credit_record(offer: Offer, advantage: float, credit: torch.Tensor, tokens: torch.Tensor, repairs: list[str]
-                  ) -> dict:
-    """Where the repairs acted on a crossing: the advantage it carries, each step's repaired credit, the credit of
-    the receiver's tokens outside every step (separators and EOS, which close the step before them), and the
-    proposal's phantom advantage P = mean_k |A| (1 - R_k) of the credit carried (None without R)."""
-    outside = [t for t, (s, e) in enumerate(offer.tgt.offsets) if not any(s < b and e > a for a, b in offer.steps)]
-    reach = offer.diagnosis.reach
-    return {"repairs": repairs, "carried": advantage, "step_credit": credit.tolist(),
-            "outside_credit": [tokens[t].item() for t in outside],
-            "phantom": None if reach is None else abs(advantage) * (1 - reach).mean().item()}
-
-
-def offer_record(offer: Offer, scored: Score | None, level: str, crossed: str, reason: str, credit: dict | None,
-                 theta: tuple[float, float], predicted: int, prob: float, skipped: bool) -> dict:
-    """One line of fidelity.jsonl: the decision with its reasons, the terms before and after repair, where the
-    repairs acted on a crossing (`credit_record`), and each step with its values and the terms it is a hotspot
-    of."""
-    d = offer.diagnosis
-    hot = hotspot_steps(d)
-    text = offer.src.data.decode("utf-8", errors="replace")
-    steps = [{"text": offer.src.data[a:b].decode("utf-8", errors="replace"), "tbd": d.tbd[k].item(),
-              "ccm": None if d.reach is None else 1 - d.reach[k].item(),
-              "rsd": None if math.isnan(d.rsd[k].item()) else d.rsd[k].item(),
-              "hot": [t for t in TERMS if k in hot[t]]} for k, (a, b) in enumerate(offer.steps)]
-    return {"source": offer.source.policy.name, "index": offer.index, "prompt": offer.prompt, "reward": offer.reward,
-            "advantage": offer.advantage, "level": level, "crossed": crossed, "reason": reason, "repairs": [],
-            **(credit or {}), "theta": list(theta), "predicted": LEVELS[predicted] if predicted >= 0 else None,
-            "predicted_prob": prob, "skipped": skipped, "tbd_jaccard": offer.jaccard,
-            **(dataclasses.asdict(scored) if scored else {}), "text": text, "steps": steps,
-            "tbd_bytes": tbd_bytes(offer)}
-
-
-def tbd_bytes(offer: Offer) -> list[tuple[int, int]]:
-    """Byte spans of the TBD hotspot tokens: groups the receiver could not reproduce, and the token of the side
-    that straddles a step boundary the other side does not."""
-    spans = [span for span, ok in zip(offer.alignment.span, offer.alignment.exact) if not ok and span[1] > span[0]]
-    for k, side in tokalign.boundary_hotspots(offer.src, offer.tgt, offer.steps):
-        encoding = offer.src if side == "source" else offer.tgt
-        last = offer.steps[k][1] - 1
-        spans += [(a, b) for a, b in encoding.offsets if a <= last < b]
-    return sorted(spans)
-
-
-def fidelity_metrics(records: list[dict], thetas: dict[str, tuple[float, float]], predictor_accuracy: float | None
-                     ) -> dict[str, float]:
-    """One receiver's iteration under fidelity/: admission shares, mean D and terms (fully diagnosed
-    trajectories), repairs, step-level co-occurrence of hotspots, the predictor, the thresholds per source."""
-    n = max(len(records), 1)
-    out = {"fidelity/offered": float(len(records))}
-    for level in (*LEVELS, "rejected"):
-        out[f"fidelity/admitted_{level}" if level != "rejected" else "fidelity/rejected"] = \
-            sum(r["level"] == level for r in records) / n
-    scored = [r for r in records if "D" in r]
-    for key, values in (("d", [r["D"] for r in scored]), ("d_repaired", [r["D_repaired"] for r in scored]),
-                        ("tbd_jaccard", [r["tbd_jaccard"] for r in scored]),
-                        *((t, [r["terms"][t] for r in scored if not math.isnan(r["terms"][t])]) for t in TERMS)):
-        if values:
-            out[f"fidelity/{key}_mean"] = sum(values) / len(values)
-    out["fidelity/through_repair"] = float(sum(r["through_repair"] for r in scored))
-    for t in TERMS:
-        out[f"fidelity/repairs_{t}"] = float(sum(t in r["repairs"] for r in records))
-    steps = [s for r in scored for s in r["steps"]]
-    if steps:
-        out["fidelity/hotspot_cooccurrence"] = sum(len(s["hot"]) >= 2 for s in steps) / len(steps)
-    out["fidelity/predictor_skips"] = float(sum(r.get("skipped", False) for r in records))
-    if predictor_accuracy is not None:
-        out["fidelity/predictor_accuracy"] = predictor_accuracy
-    for source, (t1, t2) in thetas.items():
-        out[f"fidelity/theta1/{source}"], out[f"fidelity/theta2/{source}"] = t1, t2
-    return out
 
 
 if __name__ == "__main__":
@@ -667,4 +465,4 @@ if __name__ == "__main__":
     worst = max((r for r in records if "D" in r), key=lambda r: r["D"])
     print(f"\nmost degraded: {worst['source']} -> {worst['receiver']}, reward {worst['reward']:.0f}, "
           f"D {worst['D']:.3f} (dominant {worst['dominant'].upper()}) -> repaired {worst['D_repaired']:.3f}: "
-          f"{worst['level']}, because {worst['reason']}\n{evaluation.marked_text(worst)}")
+          f"{worst['level']}, because {worst['reason']}\n{fidelity_record.marked_text(worst)}")

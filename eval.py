@@ -21,10 +21,11 @@ import math
 import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from types import SimpleNamespace
 
 import torch
 
+import checkpoint
+import fidelity_record
 import hardware
 import policies
 import tasks
@@ -152,100 +153,11 @@ def smooth(values: list[float], window: int = 10) -> list[float]:
     return [sum(values[max(0, i - window + 1):i + 1]) / (i + 1 - max(0, i - window + 1)) for i in range(len(values))]
 
 
-TERMS = ("tbd", "ccm", "rsd")
-LEVELS = ("prp", "xgrpo", "sgt", "rejected")
-
-
-def quantiles(values: list[float]) -> str:
-    """'mean (p10 / p50 / p90)' of a list, '—' when empty."""
-    if not values:
-        return "—"
-    q = torch.quantile(torch.tensor(values, dtype=torch.float64), torch.tensor([0.1, 0.5, 0.9], dtype=torch.float64))
-    return f"{sum(values) / len(values):.3f} ({q[0]:.2f} / {q[1]:.2f} / {q[2]:.2f})"
-
-
-def marked_text(record: dict) -> str:
-    """A trajectory's steps, one per line, with each step's terms and the terms it is a hotspot of; the TBD
-    hotspot tokens bracketed as [[...]] in the text."""
-    data = record["text"].encode("utf-8")
-    marks = sorted({tuple(span) for span in record.get("tbd_bytes", [])})
-    text, at = b"", 0
-    for a, b in marks:
-        if a >= at:
-            text += data[at:a] + b"[[" + data[a:b] + b"]]"
-            at = b
-    lines = [f"    {(text + data[at:]).decode('utf-8', errors='replace')!r}"]
-    for k, step in enumerate(record["steps"]):
-        values = "  ".join(f"{t} {step[t]:.2f}" if step[t] is not None else f"{t} —" for t in TERMS)
-        hot = f"  <- {', '.join(t.upper() for t in step['hot'])} hotspot" if step["hot"] else ""
-        lines.append(f"    step {k}: {step['text']!r:<28} {values}{hot}")
-    return "\n".join(lines)
-
-
-def fidelity_report(run_dir: Path, worst: int = 5, windows: int = 4) -> str:
-    """The curator's record of a cross-fidelity run (fidelity.jsonl): D and its terms per source -> receiver
-    pair, which term dominates, admission shares over time, the predictor, and the worst trajectories marked."""
-    records = [json.loads(line) for line in (Path(run_dir) / "fidelity.jsonl").read_text().splitlines() if line]
-    scored = [r for r in records if "D" in r]
-    pairs = sorted({(r["source"], r["receiver"]) for r in records})
-    out = ["## Fidelity (cross-fidelity curation)\n",
-           "Terms are in [0, 1]; D = sum lambda_i term_i, fidelity = 1 - D. TBD is the credit-boundary measure "
-           "(curator.py); tbd_jaccard is tokalign's byte-boundary similarity, shown for comparison. "
-           "Cells: mean (p10 / p50 / p90) over fully diagnosed trajectories.\n",
-           "| source -> receiver | diagnosed | D | TBD | CCM | RSD | tbd_jaccard | dominant term (share) "
-           "| repaired D |", "|---|---|---|---|---|---|---|---|---|"]
-    for src, rcv in pairs:
-        mine = [r for r in scored if (r["source"], r["receiver"]) == (src, rcv)]
-        terms = {t: [r["terms"][t] for r in mine if r["terms"][t] is not None and not math.isnan(r["terms"][t])]
-                 for t in TERMS}
-        dominant = {t: sum(r["dominant"] == t for r in mine) / max(len(mine), 1) for t in TERMS}
-        out.append(f"| {src} -> {rcv} | {len(mine)} | {quantiles([r['D'] for r in mine])} | "
-                   + " | ".join(quantiles(terms[t]) for t in TERMS)
-                   + f" | {quantiles([r['tbd_jaccard'] for r in mine])} | "
-                   + ", ".join(f"{t.upper()} {v:.0%}" for t, v in dominant.items())
-                   + f" | {quantiles([r['D_repaired'] for r in mine])} |")
-    last = max((r["iteration"] for r in records), default=0)
-    edges = sorted({round(last * i / windows) for i in range(windows + 1)})
-    out += ["\nAdmission shares over time (all offered trajectories):\n",
-            "| source -> receiver | iterations | " + " | ".join(LEVELS) + " | moved finer by the repair | skipped by predictor |",
-            "|---|---|" + "---|" * (len(LEVELS) + 2)]
-    for src, rcv in pairs:
-        for lo, hi in zip(edges, edges[1:]):
-            mine = [r for r in records if (r["source"], r["receiver"]) == (src, rcv) and lo < r["iteration"] <= hi]
-            if mine:
-                out.append(f"| {src} -> {rcv} | {lo + 1}-{hi} | "
-                           + " | ".join(f"{sum(r['level'] == lv for r in mine) / len(mine):.0%}" for lv in LEVELS)
-                           + f" | {sum(bool(r.get('through_repair')) for r in mine) / len(mine):.0%}"
-                           + f" | {sum(bool(r.get('skipped')) for r in mine) / len(mine):.0%} |")
-    crossed = [r for r in records if "carried" in r and r["carried"] != 0]
-    if crossed:
-        out += ["\nWhere the repairs acted on what crossed as tokens (credit per unit of the carried advantage A; "
-                "separators and EOS close the step before them):\n",
-                "| source -> receiver | crossed | steps' credit / A | separators' and EOS credit / A "
-                "| phantom advantage mean_k abs(A) (1 - R_k) |", "|---|---|---|---|---|"]
-        for src, rcv in pairs:
-            mine = [r for r in crossed if (r["source"], r["receiver"]) == (src, rcv)]
-            steps = [c / r["carried"] for r in mine for c in r["step_credit"]]
-            outside = [c / r["carried"] for r in mine for c in r["outside_credit"]]
-            phantom = [r["phantom"] for r in mine if r["phantom"] is not None]
-            if mine:
-                out.append(f"| {src} -> {rcv} | {len(mine)} | {quantiles(steps)} | {quantiles(outside)} "
-                           f"| {quantiles(phantom)} |")
-    out.append(f"\nThe {worst} most degraded distinct trajectories ([[...]]: TBD hotspot tokens; a group's "
-               "repeated samples shown once):\n")
-    distinct = {(r["iteration"], r["source"], r["receiver"], r["prompt"], r["text"]): r for r in scored}
-    for r in sorted(distinct.values(), key=lambda r: -r["D"])[:worst]:
-        out.append(f"- iteration {r['iteration']}, {r['source']} -> {r['receiver']}, reward {r['reward']:.0f}, "
-                   f"D {r['D']:.3f} (dominant {r['dominant'].upper()}) -> repaired {r['D_repaired']:.3f}: "
-                   f"{r['level']} ({r['reason']})\n```\n{marked_text(r)}\n```")
-    return "\n".join(out) + "\n\n"
-
-
 def write_report(run_dir: Path, target: float = 0.9) -> str:
     """report.md and curves.png in the run directory (a cross-fidelity run's fidelity report first); returns
     the markdown."""
     run_dir = Path(run_dir)
-    fidelity = fidelity_report(run_dir) if (run_dir / "fidelity.jsonl").exists() else ""
+    fidelity = fidelity_record.fidelity_report(run_dir) if (run_dir / "fidelity.jsonl").exists() else ""
     text = f"# {run_dir.name}\n\n" + fidelity + markdown_table(summarize(run_dir, target), target)
     (run_dir / "report.md").write_text(text)
     plot_curves([run_dir], run_dir / "curves.png")
@@ -264,13 +176,14 @@ def compare(run_dirs: list[Path], out: Path, target: float = 0.9) -> str:
 def evaluate_run(run_dir: Path, task_name: str, eval_size: int, data_dir: str | None, max_new_tokens: int | None
                  ) -> dict[str, float]:
     """Greedy pass@1 of a run's last checkpoint on a task's held-out split (transfer, proposal §3.3)."""
-    args = SimpleNamespace(**json.loads((Path(run_dir) / "config.json").read_text()))
-    task_cfg = tasks.TaskConfig(num_steps=args.num_steps, max_operand=args.max_operand, ops=args.ops)
-    pols = hardware.build_policies(args, args.scale, hardware.policy_devices(args.devices, len(
-        policies.PRESETS[args.scale][args.pair])), task_cfg)   # exactly as train.py built them
-    hardware.load_checkpoint(Path(run_dir), pols, None)  # the curator's state, if any, is not needed here
-    task = tasks.load_task(task_name, args.seed, 0, eval_size, task_cfg, data_dir)
-    return {p.name: heldout_accuracy(p, task.heldout, max_new_tokens or args.max_new_tokens, task) for p in pols}
+    config = json.loads((Path(run_dir) / "config.json").read_text())
+    task_cfg = tasks.TaskConfig(num_steps=config["num_steps"], max_operand=config["max_operand"], ops=config["ops"])
+    setup = hardware.PolicySetup.of(config)
+    pols = hardware.build_policies(setup, hardware.policy_devices(config["devices"], len(
+        policies.PRESETS[setup.scale][setup.pair])), task_cfg)   # exactly as train.py built them
+    checkpoint.load_checkpoint(Path(run_dir), pols, None)  # the curator's state, if any, is not needed here
+    task = tasks.load_task(task_name, setup.seed, 0, eval_size, task_cfg, data_dir)
+    return {p.name: heldout_accuracy(p, task.heldout, max_new_tokens or config["max_new_tokens"], task) for p in pols}
 
 
 if __name__ == "__main__":

@@ -220,7 +220,8 @@ def grpo_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: T
     seen = num_tokens * epochs
     out = {"losses/policy_loss": totals["loss"], "losses/clip_ratio": totals["clipped_tokens"] / seen,
            "losses/kl": totals["kl_sum"] / seen, "losses/entropy": totals["entropy_sum"] / seen,
-           "losses/grad_norm": totals["grad_norm"], "charts/completion_len": tensors["mask"].sum(1).float().mean().item()}
+           "losses/grad_norm": totals["grad_norm"],
+           "charts/completion_len": tensors["mask"].sum(1).float().mean().item()}
     if measure_kl:
         moved = 0.0
         with torch.no_grad():

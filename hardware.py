@@ -1,98 +1,32 @@
-"""Real scale: LoRA adapters, one device per policy, and the memory and time estimate printed at start.
+"""Where a run's policies live and what they cost: one device per policy, the policies built for a run, and the
+memory and time estimate printed at start.
 
 The design card's promise (DESIGN.md §1, §3): `python train.py --pair qwen-llama` runs on one GPU, the paper
-pair (7B + 8B) included. What makes that true:
-  - LoRA (through peft): only the adapters train, so gradients and AdamW state exist for about half a percent of
-    the parameters (40M of a 7B model at rank 16). The KL reference is the same model with its adapters switched off (`WithoutAdapters`), so no
-    second copy of the weights is held; reachability's parameter subset becomes the adapters (DESIGN.md §4.8,
-    `reachability.parameter_subset(model, "lora")`).
+pair (7B + 8B) included, with LoRA (lora.py). What else makes that true:
   - `--devices cuda:0,cuda:1` places policy i on device i (round robin when there are fewer devices). Policies on
     distinct CUDA devices roll out and update in parallel threads; they meet only at the exchange.
   - `estimate`: weights, gradients, optimizer state and step, activations of one micro-batch, logits and the
     rollouts' KV cache and logits, from the loaded model's measured parameter counts and its config, and their
     peak over the phases that do not overlap; and the FLOPs of an iteration turned into a lower bound on its
-    time by the device's measured matmul throughput. `measure_update` measures the peak of a real update on
-    the CPU (`LiveTensorBytes`), which is how the estimate is checked (tests, benchmarks/memory_estimate.py).
+    time by the device's measured matmul throughput. benchmarks/memory_estimate.py measures the peak of a real
+    update on the CPU, which is how the estimate is checked (tests too).
 """
 
 from __future__ import annotations
 
-import shutil
 import time
-import weakref
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import dataclass, fields
 from typing import Callable, Iterator, TypeVar
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
 
-import grpo
+import lora
 import policies
 
 T = TypeVar("T")
 R = TypeVar("R")
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# LoRA
-# ---------------------------------------------------------------------------------------------------------------
-
-def add_lora(model: torch.nn.Module, rank: int, alpha: float, dropout: float = 0.0) -> torch.nn.Module:
-    """The model with LoRA adapters on every linear layer of its blocks (not the head); only they train."""
-    from peft import LoraConfig, get_peft_model  # imported here: full fine-tuning does not need peft
-    if rank <= 0:
-        raise ValueError(f"LoRA rank must be positive, got {rank}")
-    config = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules="all-linear")
-    return get_peft_model(model, config)
-
-
-def has_adapters(model: torch.nn.Module) -> bool:
-    return any("lora_" in name for name, _ in model.named_parameters())
-
-
-class WithoutAdapters:
-    """A LoRA model seen with its adapters switched off: the frozen base policy, without a copy of its weights.
-
-    Not an nn.Module on purpose: .eval(), .to() or .parameters() on the reference must not reach the policy.
-    """
-
-    def __init__(self, model: torch.nn.Module):
-        self.model = model
-
-    def __call__(self, **inputs):
-        with self.model.disable_adapter(), torch.no_grad():
-            return self.model(**inputs)
-
-
-def reference_policy(model: torch.nn.Module) -> torch.nn.Module | WithoutAdapters:
-    """The KL reference: the adapter-free view under LoRA, else a frozen copy of the model as it is now."""
-    return WithoutAdapters(model) if has_adapters(model) else policies.frozen_copy(model)
-
-
-def trainable_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """What a checkpoint keeps: the whole state when every parameter trains, only the adapters under LoRA (the
-    frozen base is reloaded from where it came from)."""
-    if all(p.requires_grad for p in model.parameters()):
-        return model.state_dict()
-    return {k: v.detach() for k, v in model.state_dict(keep_vars=True).items()
-            if isinstance(v, torch.nn.Parameter) and v.requires_grad}
-
-
-def load_trainable_state(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
-    """Restore `trainable_state`; a checkpoint of another shape or adapter set is refused, naming the cause."""
-    hint = "was it saved with other --lora-rank settings?"
-    try:
-        missing, unexpected = model.load_state_dict(state, strict=False)
-    except RuntimeError as err:  # shape mismatches raise even when not strict
-        raise ValueError(f"checkpoint does not match the model ({hint}): {err}") from None
-    trainable = {name for name, p in model.named_parameters() if p.requires_grad}
-    if unexpected or trainable & set(missing):
-        raise ValueError(f"checkpoint does not match the model ({hint}): missing trainable "
-                         f"{sorted(trainable & set(missing))}, unexpected {sorted(unexpected)}")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -295,53 +229,6 @@ def estimate(model: torch.nn.Module, work: Workload) -> Estimate:
     return Estimate(n_params, trainable, memory, float(flops), work.train_sequences > work.micro_batch)
 
 
-class LiveTensorBytes(TorchDispatchMode):
-    """While on, the bytes of tensor storage that operators create and that are still alive, and their peak.
-
-    Each storage is counted once from the operator that made it until it is freed; a view or in-place result
-    shares a storage of the operator's inputs and is not new, so storages made before the mode (the parameters,
-    and what autograd saves of them) are not counted. Measures a CPU run, where PyTorch keeps no allocator
-    statistics, and counts tensor storage only (no allocator rounding or fragmentation).
-    """
-
-    def __init__(self):
-        super().__init__()
-        self.alive: set[int] = set()
-        self.now = self.peak = 0
-
-    def _freed(self, key: int, nbytes: int) -> None:
-        self.alive.discard(key)
-        self.now -= nbytes
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        inputs = {id(t.untyped_storage()) for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)}
-        for t in tree_flatten(out)[0]:
-            if isinstance(t, torch.Tensor) and t.device.type != "meta":
-                storage = t.untyped_storage()  # one Python object per storage while it lives
-                key, nbytes = id(storage), storage.nbytes()
-                if key not in self.alive and key not in inputs:
-                    self.alive.add(key)
-                    self.now += nbytes
-                    self.peak = max(self.peak, self.now)
-                    weakref.finalize(storage, self._freed, key, nbytes)
-        return out
-
-
-def measure_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: grpo.TrainBatch,
-                   micro_batch: int) -> int:
-    """Peak bytes of one `grpo.grpo_step` measured: the weights and optimizer state as they are (take a first
-    step before, so AdamW's moments exist) plus the peak of what the step creates (activations, logits,
-    gradients, the optimizer's transients)."""
-    optimizer.zero_grad(set_to_none=True)
-    resident = {p.untyped_storage().data_ptr(): p.untyped_storage().nbytes() for p in model.parameters()}
-    resident |= {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
-                 for state in optimizer.state.values() for t in state.values() if isinstance(t, torch.Tensor)}
-    with LiveTensorBytes() as live:
-        grpo.grpo_step(model, optimizer, batch, grpo.LossConfig(), micro_batch=micro_batch)
-    return sum(resident.values()) + live.peak
-
-
 def kv_cache_bytes(layers: int, kv_heads: int, head_dim: int, sequences: int, length: int, element_size: int) -> int:
     """Keys and values of every layer for `sequences` of `length` tokens."""
     return 2 * layers * kv_heads * head_dim * sequences * length * element_size
@@ -372,57 +259,40 @@ def describe(name: str, est: Estimate, flops_per_s: float) -> str:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# A run's policies and their checkpoints (train.py builds and saves them, eval.py rebuilds and loads them)
+# A run's policies
 # ---------------------------------------------------------------------------------------------------------------
 
-def build_policies(args, scale: str, devices: list[torch.device], task_cfg) -> list[policies.Policy]:
+@dataclass(frozen=True)
+class PolicySetup:
+    """What builds a run's policies: train.Args carries these fields (their defaults live there), and eval.py reads
+    them back from a finished run's config.json."""
+
+    pair: str
+    scale: str
+    seed: int
+    model_paths: tuple[str, ...]
+    model_dir: str | None
+    cache_dir: str | None
+    warmup_scale: float
+    lora_rank: int
+    lora_alpha: float
+    gradient_checkpointing: bool
+
+    @classmethod
+    def of(cls, config: dict) -> PolicySetup:
+        return cls(**{f.name: config[f.name] for f in fields(cls)})
+
+
+def build_policies(setup: PolicySetup, devices: list[torch.device], task_cfg) -> list[policies.Policy]:
     """The run's policies as training starts: loaded (tiny warm-ups from the cache), adapters and checkpointing
-    as configured. `args` has train.Args' fields: train.py builds them from its Args, eval.py rebuilds a finished
-    run's from its config.json."""
-    model_paths = dict(item.split("=", 1) for item in args.model_paths)
-    pols = policies.load_policies(args.pair, scale, devices, task_cfg, args.seed, args.cache_dir,
-                                  model_paths, args.warmup_scale, args.model_dir)
+    as configured."""
+    model_paths = dict(item.split("=", 1) for item in setup.model_paths)
+    pols = policies.load_policies(setup.pair, setup.scale, devices, task_cfg, setup.seed, setup.cache_dir,
+                                  model_paths, setup.warmup_scale, setup.model_dir)
     for p in pols:
         p.model.train()  # from_pretrained leaves eval mode, in which transformers skips gradient checkpointing
-        if args.lora_rank:
-            p.model = add_lora(p.model, args.lora_rank, args.lora_alpha)
-        if args.gradient_checkpointing:
+        if setup.lora_rank:
+            p.model = lora.add_lora(p.model, setup.lora_rank, setup.lora_alpha)
+        if setup.gradient_checkpointing:
             p.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     return pols
-
-
-def save_checkpoint(run_dir: Path, iteration: int, pols: list[policies.Policy],
-                    optimizers: list[torch.optim.Optimizer], state: object = None) -> None:
-    """Write iteration's checkpoint in full (with `state`, the run's other state, if any), then point `latest` at
-    it, then drop older ones."""
-    root = run_dir / "checkpoints"
-    target = root / f"iter-{iteration:06d}"
-    target.mkdir(parents=True, exist_ok=True)
-    for policy, optimizer in zip(pols, optimizers):
-        torch.save({"model": trainable_state(policy.model), "optimizer": optimizer.state_dict()},
-                   target / f"{policy.name}.pt")
-    if state is not None:
-        torch.save(state, target / "state.pt")
-    tmp = root / "latest.tmp"
-    tmp.write_text(target.name)
-    tmp.replace(root / "latest")
-    for old in root.glob("iter-*"):
-        if old != target:
-            shutil.rmtree(old)
-
-
-def load_checkpoint(run_dir: Path, pols: list[policies.Policy], optimizers: list[torch.optim.Optimizer] | None
-                    ) -> tuple[int, object]:
-    """Restore the last checkpoint (the optimizers too, unless None); returns how many iterations it had done and
-    the run's other state saved with it (None if none was)."""
-    latest = run_dir / "checkpoints" / "latest"
-    if not latest.exists():
-        raise FileNotFoundError(f"{run_dir} has no checkpoint")
-    folder = latest.parent / latest.read_text().strip()
-    for i, policy in enumerate(pols):
-        state = torch.load(folder / f"{policy.name}.pt", map_location=policy.device)
-        load_trainable_state(policy.model, state["model"])
-        if optimizers is not None:
-            optimizers[i].load_state_dict(state["optimizer"])
-    other = torch.load(folder / "state.pt", weights_only=False) if (folder / "state.pt").exists() else None
-    return int(folder.name.split("-")[1]), other

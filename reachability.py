@@ -350,8 +350,8 @@ def own_steps(policy, rollouts, step_spans, count: int) -> list[Item]:
     prompts = len(rollouts.completion_ids) // group
     items = []
     for i in (b * group + (b + j) % group for j in range(group) for b in range(prompts)):
-        item = step_item(rollouts.prompt_ids[i].tolist(),
-                         tokalign.Encoding.from_ids(rollouts.completion_ids[i].tolist(), policy.token_bytes), step_spans)
+        encoding = tokalign.Encoding.from_ids(rollouts.completion_ids[i].tolist(), policy.token_bytes)
+        item = step_item(rollouts.prompt_ids[i].tolist(), encoding, step_spans)
         if item:
             items.append(item)
         if len(items) == count:
@@ -407,7 +407,8 @@ if __name__ == "__main__":
     own_norms = step_grad_norms(weak.model, *batch_inputs(own, weak.tokenizer.pad_token_id), params)
     calibration = calibrate(own_norms)
     print(f"calibration on {len(own_norms)} of {weak.name}'s own steps: zero point (median) g = "
-          f"{calibration.zero:.2f}, 90% quantile = {torch.quantile(own_norms, 0.9):.2f}, alpha = {calibration.alpha:.4f}")
+          f"{calibration.zero:.2f}, 90% quantile = {torch.quantile(own_norms, 0.9):.2f}, "
+          f"alpha = {calibration.alpha:.4f}")
     solutions = strong.rollout([tasks.prompt_text(q) for q in heldout[:4]], 1, 40, greedy=True).texts
     for q, text, (prompt_ids, ids, ranges) in zip(heldout[:4], solutions, solution_steps(weak, strong, heldout[:4])):
         norms = step_grad_norms(weak.model, *batch_inputs([(prompt_ids, ids, ranges)], weak.tokenizer.pad_token_id),

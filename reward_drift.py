@@ -114,12 +114,6 @@ def step_drift(source: StepStats, target: StepStats, kind: str | None, prior: fl
     return bernoulli_kl(source.success_rate(kind, prior), target.success_rate(kind, prior))
 
 
-def trajectory_drift(source: StepStats, target: StepStats, steps: list[StepReward], prior: float = 1.0) -> float:
-    """The mean D_RSD over a trajectory's typed steps (0 if it has none)."""
-    drifts = [d for d in (step_drift(source, target, s.type, prior) for s in steps) if d is not None]
-    return sum(drifts) / len(drifts) if drifts else 0.0
-
-
 def drift_bound(kl: torch.Tensor) -> torch.Tensor:
     """sqrt(1 - exp(-KL)), the Bretagnolle-Huber bound on total variation: [0, inf) -> [0, 1)."""
     return torch.sqrt(-torch.expm1(-kl.clamp(min=0)))
@@ -169,7 +163,8 @@ if __name__ == "__main__":
     torch.manual_seed(0)
     for p in pols:
         out = p.rollout([tasks.prompt_text(q) for q in problems], 4, 40, temperature=0.7)
-        rewards[p.name] = [process_rewards(task, q, t) for t, q in zip(out.texts, (q for q in problems for _ in range(4)))]
+        rewards[p.name] = [process_rewards(task, q, t)
+                           for t, q in zip(out.texts, (q for q in problems for _ in range(4)))]
         stats[p.name] = StepStats(window=1)
         stats[p.name].add_iteration([s for r in rewards[p.name] for s in r])
     a, b = (p.name for p in pols)
@@ -179,6 +174,9 @@ if __name__ == "__main__":
         na, nb = stats[a].counts(kind)[1], stats[b].counts(kind)[1]
         print(f"{kind:<6} {stats[a].success_rate(kind):>14.3f} {na:>6.0f} {stats[b].success_rate(kind):>14.3f} "
               f"{nb:>6.0f} {step_drift(stats[a], stats[b], kind):>16.4f} {step_drift(stats[b], stats[a], kind):>16.4f}")
+    def mean_bound(values: torch.Tensor) -> float:   # the curator's trajectory term: the mean over typed steps
+        typed = values[torch.isfinite(values)]
+        return typed.mean().item() if typed.numel() else 0.0
     for r in rewards[a][::4][:4]:  # one sample of each of four problems
         print(f"{a}'s trajectory {[s.type for s in r if s.type]} shared with {b}: "
-              f"D_RSD = {trajectory_drift(stats[a], stats[b], r):.4f}")
+              f"RSD term = {mean_bound(rsd_steps(stats[a], stats[b], r)):.4f}")

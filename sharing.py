@@ -34,7 +34,8 @@ import grpo
 import policies
 import tokalign
 
-MODES = ("none", "prp", "xgrpo", "sgt")
+LEVELS = ("prp", "xgrpo", "sgt")           # data, value, outcome: what the curator admits to
+MODES = ("none", *LEVELS)
 
 
 @dataclass
@@ -82,9 +83,9 @@ class ShareConfig:
     """a reward at or above this is a verified success (SGT)"""
     scale_by_std: bool = True
     """as in grpo.group_advantages: GRPO's std-normalized or Dr. GRPO's centred advantages"""
-    temperature: float = 1.0
-    """the receiver's log-probs are taken at the sampling temperature, as the peer's behaviour log-probs are"""
-    micro_batch: int = 64
+    temperature: float = field(kw_only=True)
+    """the sampling temperature: the receiver's log-probs are taken at it, as the peer's behaviour log-probs are"""
+    micro_batch: int = field(kw_only=True, default=64)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -143,19 +144,30 @@ def receiver_logprobs(receiver: policies.Policy, prompts: list[list[int]], compl
     return out
 
 
-def cross(source: Experience, picks: list[tuple[int, float]], receiver: policies.Policy, cfg: ShareConfig
-          ) -> list[Crossing]:
+Aligned = tuple[tokalign.Encoding, tokalign.Encoding, tokalign.Alignment]   # source, receiver encoding, alignment
+
+
+def aligned_rollout(source: Experience, index: int, receiver: policies.Policy) -> Aligned:
+    """One of the source's rollouts retokenized by the receiver and aligned with it (tokalign)."""
+    src = tokalign.Encoding.from_ids(source.rollouts.completion_ids[index].tolist(), source.policy.token_bytes)
+    tgt = tokalign.retokenize(src, receiver.tokenizer, receiver.token_bytes)
+    return src, tgt, tokalign.align(src, tgt)
+
+
+def cross(source: Experience, picks: list[tuple[int, float]], receiver: policies.Policy, cfg: ShareConfig,
+          aligned: dict[int, Aligned] | None = None) -> list[Crossing]:
     """Move the source's rollouts `picks` = (flat index, sequence advantage) into the receiver's tokenization.
 
-    A rollout whose text the receiver cannot encode into at least one token (a lone cut byte) is dropped.
+    `aligned` holds rollouts already retokenized and aligned for this receiver, by flat index (the curator's
+    offers), so that none is done twice. A rollout whose text the receiver cannot encode into at least one token
+    (a lone cut byte) is dropped.
     """
     group_size = source.rollouts.group_size
     moved = []
     for index, advantage in picks:
-        src = tokalign.Encoding.from_ids(source.rollouts.completion_ids[index].tolist(), source.policy.token_bytes)
-        tgt = tokalign.retokenize(src, receiver.tokenizer, receiver.token_bytes)
+        src, tgt, alignment = (aligned or {}).get(index) or aligned_rollout(source, index, receiver)
         if tgt.ids:
-            moved.append((index, advantage, src, tgt, tokalign.align(src, tgt)))
+            moved.append((index, advantage, src, tgt, alignment))
     if not moved:
         return []
     encoded = {b: receiver.encode_prompt(source.prompts[b]) for b in {index // group_size for index, *_ in moved}}

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 import torch
 
-import policies
+from token_bytes import byte_offsets, encode_text
 
 
 @dataclass(frozen=True)
@@ -51,7 +51,7 @@ class Encoding:
 
     @classmethod
     def from_ids(cls, ids: list[int], token_bytes: list[bytes]) -> Encoding:
-        return cls(list(ids), policies.byte_offsets(ids, token_bytes), b"".join(token_bytes[i] for i in ids))
+        return cls(list(ids), byte_offsets(ids, token_bytes), b"".join(token_bytes[i] for i in ids))
 
     @property
     def text_tokens(self) -> int:
@@ -123,11 +123,11 @@ def retokenize(source: Encoding, tokenizer, token_bytes: list[bytes]) -> Encodin
     """The target's encoding of the source completion's text (DESIGN.md §4.2).
 
     The text is the source's bytes less an incomplete trailing character; only it is re-encoded, with no
-    special tokens added: marker text in it (a literal '<|eot_id|>') stays text (`policies.encode_text`). A source
+    special tokens added: marker text in it (a literal '<|eot_id|>') stays text (`token_bytes.encode_text`). A source
     EOS at the end becomes the target's EOS.
     """
     text = source.data[:complete_utf8_prefix(source.data)].decode("utf-8", errors="replace")
-    ids = policies.encode_text(tokenizer, text)
+    ids = encode_text(tokenizer, text)
     if source.text_tokens < len(source.ids):
         ids = ids + [tokenizer.eos_token_id]
     return Encoding.from_ids(ids, token_bytes)
@@ -258,17 +258,6 @@ def step_consistency(alignment: Alignment, similarity: torch.Tensor, step_spans:
     return torch.tensor(out)
 
 
-def trajectory_consistency(similarity: torch.Tensor) -> float:
-    """S_TBD of the whole trajectory: the mean over all aligned groups (the proposal's 1/|A| sum)."""
-    return similarity.mean().item() if len(similarity) else 1.0
-
-
-def group_hotspots(alignment: Alignment, similarity: torch.Tensor, threshold: float = 0.6) -> list[int]:
-    """Groups that are not 1:1 and whose similarity is below `threshold` (with the default sim: 1:2 and worse)."""
-    return [g for g, (mode, sim) in enumerate(zip(alignment.modes, similarity.tolist()))
-            if mode != "1:1" and sim < threshold]
-
-
 def boundary_hotspots(source: Encoding, target: Encoding, step_spans: list[tuple[int, int]]
                       ) -> list[tuple[int, str]]:
     """Boundaries between steps k and k+1 that one side straddles and the other does not: (k, side).
@@ -387,6 +376,8 @@ def group_log_ratio(alignment: Alignment, src_logprobs: torch.Tensor, tgt_logpro
 if __name__ == "__main__":
     # One solution under the real Qwen2 and Llama-3 tokenizers: groups with their modes, steps and hotspots.
     import tasks
+    import tiny
+    from token_bytes import token_bytes_table
 
     def show(token_id: int, tok, table: list[bytes]) -> str:
         return repr(table[token_id].decode("utf-8", errors="replace")) if table[token_id] else tok.convert_ids_to_tokens(token_id)
@@ -395,8 +386,8 @@ if __name__ == "__main__":
     text = problem.solution + "\nDone. ✓"
     sides = {}
     for family in ("qwen2", "llama"):
-        tok = policies.full_tokenizer(family)
-        table = policies.token_bytes_table(tok)
+        tok = tiny.full_tokenizer(family)
+        table = token_bytes_table(tok)
         sides[family] = (tok, table)
     qwen_tok, qwen_table = sides["qwen2"]
     source = Encoding.from_ids(qwen_tok(text, add_special_tokens=False)["input_ids"] + [qwen_tok.eos_token_id],
@@ -405,7 +396,6 @@ if __name__ == "__main__":
     alignment = align(source, target)
     sim = boundary_similarity(alignment)
     steps = char_to_byte_spans(text, tasks.line_spans(text))
-    hot = set(group_hotspots(alignment, sim))
     print(f"question: {problem.question}\nsource: Qwen2 ({len(source.ids)} tokens)   target: Llama-3 "
           f"({len(target.ids)} tokens)   groups: {len(alignment.src)}   residual: {alignment.residual:.3f}\n")
     step_sim = step_consistency(alignment, sim, steps)
@@ -416,7 +406,8 @@ if __name__ == "__main__":
                 (s0, s1), (t0, t1) = alignment.src[g], alignment.tgt[g]
                 src = " ".join(show(i, *sides["qwen2"]) for i in source.ids[s0:s1])
                 tgt = " ".join(show(i, *sides["llama"]) for i in target.ids[t0:t1])
-                print(f"   {alignment.modes[g]:>4}  sim {sim[g]:.2f}  {'HOTSPOT' if g in hot else '       '}"
-                      f"  {src:<30} | {tgt}")
-    print(f"\ntrajectory S_TBD = {trajectory_consistency(sim):.3f}; group hotspots: {len(hot)}; "
-          f"step boundaries straddled on one side only: {boundary_hotspots(source, target, steps)}")
+                print(f"   {alignment.modes[g]:>4}  sim {sim[g]:.2f}  {src:<30} | {tgt}")
+    tbd, left = tbd_steps(alignment, source, target, steps)
+    print(f"\ntrajectory S_TBD (mean over groups) = {sim.mean():.3f}; step boundaries straddled on one side only: "
+          f"{boundary_hotspots(source, target, steps)}; the curator's TBD per step {tbd.tolist()}, after repair "
+          f"{left.tolist()}")

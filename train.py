@@ -6,13 +6,17 @@
     python train.py --share cross-fidelity            # the curator (curator.py): diagnose, repair, admit
     python train.py --name my-run --resume            # continue a killed run from its last checkpoint
 
-Each iteration draws one set of prompts for all policies (so groups on the same prompt exist for sharing);
-every policy samples G rollouts per prompt and gets outcome rewards and group advantages; the exchange
-(sharing.py) hands every policy what the sharing level lets cross from its peers; then every policy takes one
-GRPO update on its own rollouts and what it received. Metrics go to runs/NAME/metrics.jsonl, one line per
-policy and iteration, under stable names (charts/, losses/, sharing/, fidelity/, eval/); a cross-fidelity run
-logs every curation decision to runs/NAME/fidelity.jsonl;
-checkpoints to runs/NAME/checkpoints; the evaluation report (eval.py) to runs/NAME at the end.
+Each iteration, read top to bottom in `main`:
+  1. rollouts     one set of prompts for all policies (so groups on the same prompt exist for sharing), G
+                  completions per prompt from every policy;
+  2. rewards      outcome rewards and each policy's own group advantages (grpo.py);
+  3. exchange     what the sharing level lets cross from every peer (sharing.py), or the curator's diagnosis,
+                  repair and admission of every peer trajectory (curator.py);
+  4. updates      one GRPO update per policy on its own rollouts and what it received;
+  5. bookkeeping  metrics, held-out evaluation, checkpoint.
+Metrics go to runs/NAME/metrics.jsonl, one line per policy and iteration, under stable names (charts/, losses/,
+sharing/, fidelity/, eval/, perf/); a cross-fidelity run logs every curation decision to runs/NAME/fidelity.jsonl;
+checkpoints to runs/NAME/checkpoints (checkpoint.py); the evaluation report (eval.py) to runs/NAME at the end.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import json
 import random
 import time
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 from typing import Literal
 
@@ -28,11 +33,13 @@ import torch
 import tyro
 from tqdm import tqdm
 
+import checkpoint
 import coevolution
 import curator
 import eval as evaluation
 import grpo
 import hardware
+import lora
 import policies
 import sharing
 import tasks
@@ -55,25 +62,25 @@ class Args:
     batch with truncated density ratios; xgrpo = peer rewards join the group baseline; sgt = peer successes
     rescue prompts the receiver failed; cross-fidelity = the curator (curator.py) diagnoses every peer rollout,
     repairs it and admits it to one of the three levels or rejects it"""
-    fidelity_lambdas: tuple[float, float, float] = (1 / 3, 1 / 3, 1 / 3)
+    fidelity_lambdas: tuple[float, float, float] = curator.CuratorConfig.lambdas
     """cross-fidelity: weights of the TBD, CCM and RSD terms in the degradation D (summing to 1)"""
-    theta1: float = 0.1
+    theta1: float = curator.CuratorConfig.theta1
     """cross-fidelity: a repaired degradation D_repaired below it admits a trajectory to PRP (the starting value
     with --thresholds adaptive)"""
-    theta2: float = 0.15
+    theta2: float = curator.CuratorConfig.theta2
     """cross-fidelity: D_repaired at or above it leaves only SGT; in between, XGRPO"""
-    ccm_beta: float = 1.0
+    ccm_beta: float = curator.CuratorConfig.ccm_beta
     """cross-fidelity: the CCM repair's exponent, A_k <- A_k R_k^beta"""
-    ablate: tuple[Literal["tbd", "ccm", "rsd"], ...] = ()
+    ablate: tuple[Literal["tbd", "ccm", "rsd"], ...] = curator.CuratorConfig.ablate
     """cross-fidelity: diagnoses (and their repairs) switched off"""
     thresholds: Literal["fixed", "adaptive"] = "fixed"
     """cross-fidelity: theta1, theta2 as given, or co-evolving per pair (coevolution.py's bandit)"""
-    process_signal: Literal["vpr", "intrinsic"] = "vpr"
+    process_signal: Literal["vpr", "intrinsic"] = curator.CuratorConfig.process_signal
     """cross-fidelity: RSD repair with verified step credit where a step can be checked, or the intrinsic
     gradient-norm signal on every step"""
     predictor: bool = True
     """cross-fidelity: let the fidelity predictor skip the gradient-norm diagnosis where it is sure"""
-    ratio_cap: float = 2.0
+    ratio_cap: float = sharing.ShareConfig.ratio_cap
     """prp, sgt: the truncation of the group-wise density ratio pi_receiver / pi_peer (2 as in truncated
     importance sampling); no weight exceeds it"""
     iterations: int = 100
@@ -92,19 +99,19 @@ class Args:
     lr: float = 1e-4
     """AdamW learning rate of every policy (tiny policies lose accuracy above ~1e-4: Adam's early steps are
     sign-like and a noisy policy gradient then moves every weight at once)"""
-    scale_by_std: bool = True
+    scale_by_std: bool = sharing.ShareConfig.scale_by_std
     """divide group advantages by the group's reward std (GRPO); off gives Dr. GRPO's centred rewards"""
-    aggregation: Literal["sequence", "token"] = "sequence"
+    aggregation: Literal["sequence", "token"] = grpo.LossConfig.aggregation
     """loss aggregation: per-sequence means (GRPO) or one mean over all tokens of the batch (DAPO)"""
-    clip_eps_low: float = 0.2
+    clip_eps_low: float = grpo.LossConfig.clip_eps_low
     """lower clip range of the importance ratio"""
-    clip_eps_high: float = 0.2
+    clip_eps_high: float = grpo.LossConfig.clip_eps_high
     """upper clip range of the importance ratio (DAPO's clip-higher raises it)"""
-    beta: float = 0.0
+    beta: float = grpo.LossConfig.beta
     """weight of the k3 KL penalty to the policy as it was after warm-up; 0 holds no reference model"""
     epochs: int = 1
     """optimization passes over each iteration's batch"""
-    micro_batch: int = 64
+    micro_batch: int = sharing.ShareConfig.micro_batch
     """sequences per forward/backward pass (gradient accumulation); memory, not maths"""
     max_grad_norm: float = 1.0
     """gradient clipping"""
@@ -118,11 +125,11 @@ class Args:
     """local copy of the training task's data set (see tasks.load_task for the layouts it reads)"""
     eval_data_dir: str | None = None
     """local copy of the evaluation task's data set"""
-    num_steps: int = 2
+    num_steps: int = tasks.TaskConfig.num_steps
     """task: operations per problem"""
-    max_operand: int = 20
+    max_operand: int = tasks.TaskConfig.max_operand
     """task: operands are drawn from 1..max_operand"""
-    ops: str = "+-"
+    ops: str = tasks.TaskConfig.ops
     """task: operations, a subset of '+-*'"""
     train_size: int = 5000
     """training problems drawn once; prompts are sampled from them"""
@@ -158,9 +165,46 @@ class Args:
     gradient_checkpointing: bool = False
     """recompute each block's activations in the backward pass: less memory, about a third more update time"""
 
+    def __post_init__(self):
+        malformed = [item for item in self.model_paths if "=" not in item]
+        if malformed:
+            raise ValueError(f"--model-paths takes NAME=PATH items, got {malformed}")
+        for name in ("iterations", "eval_every", "checkpoint_every", "epochs", "micro_batch"):
+            if getattr(self, name) < (0 if name == "iterations" else 1):
+                raise ValueError(f"--{name.replace('_', '-')} must be positive, got {getattr(self, name)}")
+        if self.prompts_per_iteration < 1 or self.group_size < 2:
+            raise ValueError(f"need at least one prompt and two completions per prompt (a group), got "
+                             f"{self.prompts_per_iteration} and {self.group_size}")
+
     @property
     def task_config(self) -> tasks.TaskConfig:
         return tasks.TaskConfig(num_steps=self.num_steps, max_operand=self.max_operand, ops=self.ops)
+
+    def policy_setup(self, scale: str) -> hardware.PolicySetup:
+        return hardware.PolicySetup.of({**asdict(self), "scale": scale})
+
+    @property
+    def share_config(self) -> sharing.ShareConfig:
+        return sharing.ShareConfig(self.share, self.ratio_cap, scale_by_std=self.scale_by_std,
+                                   temperature=self.temperature, micro_batch=self.micro_batch)
+
+    @property
+    def loss_config(self) -> grpo.LossConfig:
+        return grpo.LossConfig(self.clip_eps_low, self.clip_eps_high, self.beta, self.aggregation)
+
+    @property
+    def curator_config(self) -> curator.CuratorConfig:
+        return curator.CuratorConfig(self.fidelity_lambdas, self.theta1, self.theta2, self.ccm_beta, self.ablate,
+                                     self.process_signal)
+
+
+@dataclass
+class Trainee:
+    """One policy in training: the policy (model, tokenizer, device), its optimizer and its KL reference."""
+
+    policy: policies.Policy
+    optimizer: torch.optim.Optimizer
+    reference: torch.nn.Module | lora.WithoutAdapters | None
 
 
 def seed_iteration(seed: int, iteration: int) -> random.Random:
@@ -169,26 +213,32 @@ def seed_iteration(seed: int, iteration: int) -> random.Random:
     return random.Random(f"{seed}/{iteration}")
 
 
-def training_batch(policy: policies.Policy, rollouts: policies.Rollouts, received: sharing.Received
-                   ) -> grpo.TrainBatch:
-    """The policy's own rollouts, their advantages spread over every completion token with weight 1, and the
-    peer trajectories it received with their own per-token advantages and weights."""
-    advantages = received.advantages.flatten()                                          # [B*G]
-    prompts = [p.tolist() for p in rollouts.prompt_ids] + [c.prompt_ids for c in received.crossings]
-    completions = [c.tolist() for c in rollouts.completion_ids] + [c.completion_ids for c in received.crossings]
-    token_advantages = ([a.expand(len(ids)) for a, ids in zip(advantages, rollouts.completion_ids)]
-                        + [c.advantages for c in received.crossings])
-    token_weights = ([torch.ones(len(ids)) for ids in rollouts.completion_ids]
-                     + [c.weights for c in received.crossings])
-    return grpo.build_batch(prompts, completions, token_advantages, policy.tokenizer.pad_token_id, token_weights)
+def load_tasks(args: Args) -> tuple[tasks.Task, tasks.Task | None]:
+    """The training task and the transfer task of --eval-task (or None), refused where they cannot train."""
+    task = tasks.load_task(args.task, args.seed, args.train_size, args.eval_size, args.task_config, args.data_dir)
+    transfer = (tasks.load_task(args.eval_task, args.seed, 0, args.eval_size, args.task_config, args.eval_data_dir)
+                if args.eval_task else None)
+    if not task.verifiable:
+        raise ValueError(f"{args.task} has no automatic checker (its reward is always 0): train on another task and "
+                         f"evaluate with --eval-task")
+    if len(task.train) < args.prompts_per_iteration or not task.heldout:
+        raise ValueError(f"{args.task}: {len(task.train)} training and {len(task.heldout)} held-out examples, need "
+                         f"at least --prompts-per-iteration={args.prompts_per_iteration} and one")
+    return task, transfer
 
 
-def truncate_metrics(path: Path, iteration: int) -> None:
-    """Keep the metric lines logged up to `iteration`, so a resumed run repeats none and loses none."""
-    if path.exists():
-        lines = [line for line in path.read_text().splitlines() if line.strip()]
-        kept = [line for line in lines if json.loads(line)["iteration"] <= iteration]
-        path.write_text("".join(line + "\n" for line in kept))
+def make_trainees(args: Args, scale: str, devices: list[torch.device]) -> list[Trainee]:
+    pols = hardware.build_policies(args.policy_setup(scale), devices, args.task_config)
+    return [Trainee(p, torch.optim.AdamW([w for w in p.model.parameters() if w.requires_grad], lr=args.lr,
+                                         weight_decay=0.0),
+                    lora.reference_policy(p.model) if args.beta > 0 else None) for p in pols]
+
+
+def make_curator(args: Args, names: list[str]) -> curator.Curator:
+    """The curator of --share cross-fidelity, configured by the run's flags."""
+    return curator.Curator(args.curator_config, names, args.seed,
+                           coevolution.BanditConfig() if args.thresholds == "adaptive" else None,
+                           coevolution.PredictorConfig() if args.predictor else None)
 
 
 def print_estimates(args: Args, pols: list[policies.Policy], prompt_len: int) -> None:
@@ -216,13 +266,55 @@ def print_estimates(args: Args, pols: list[policies.Policy], prompt_len: int) ->
                   f"{'fits' if total < capacity else 'DOES NOT FIT'}")
 
 
-def make_curator(args: Args, names: list[str]) -> curator.Curator:
-    """The curator of --share cross-fidelity, configured by the run's flags."""
-    cfg = curator.CuratorConfig(args.fidelity_lambdas, args.theta1, args.theta2, args.ccm_beta, args.ablate,
-                                args.process_signal)
-    return curator.Curator(cfg, names, args.seed,
-                           coevolution.BanditConfig() if args.thresholds == "adaptive" else None,
-                           coevolution.PredictorConfig() if args.predictor else None)
+def sample(policy: policies.Policy, prompts: list[str], args: Args) -> tuple[policies.Rollouts, dict[str, float]]:
+    """Phase 1 for one policy: G completions per prompt, and the phase's speed."""
+    with hardware.measured(policy.device) as perf:
+        out = policy.rollout(prompts, args.group_size, args.max_new_tokens, args.temperature, args.top_p)
+    return out, hardware.perf_metrics("rollout", sum(len(ids) for ids in out.completion_ids), perf)
+
+
+def training_batch(policy: policies.Policy, rollouts: policies.Rollouts, received: sharing.Received
+                   ) -> grpo.TrainBatch:
+    """The policy's own rollouts, their advantages spread over every completion token with weight 1, and the
+    peer trajectories it received with their own per-token advantages and weights."""
+    advantages = received.advantages.flatten()                                          # [B*G]
+    prompts = [p.tolist() for p in rollouts.prompt_ids] + [c.prompt_ids for c in received.crossings]
+    completions = [c.tolist() for c in rollouts.completion_ids] + [c.completion_ids for c in received.crossings]
+    token_advantages = ([a.expand(len(ids)) for a, ids in zip(advantages, rollouts.completion_ids)]
+                        + [c.advantages for c in received.crossings])
+    token_weights = ([torch.ones(len(ids)) for ids in rollouts.completion_ids]
+                     + [c.weights for c in received.crossings])
+    return grpo.build_batch(prompts, completions, token_advantages, policy.tokenizer.pad_token_id, token_weights)
+
+
+def update(job: tuple[Trainee, sharing.Experience, sharing.Received], args: Args, measure_kl: bool
+           ) -> dict[str, float]:
+    """Phase 4 for one policy: a GRPO update on its own rollouts and what it received, and the phase's speed."""
+    trainee, experience, received = job
+    batch = training_batch(trainee.policy, experience.rollouts, received)
+    with hardware.measured(trainee.policy.device) as perf:
+        stats = grpo.grpo_step(trainee.policy.model, trainee.optimizer, batch, args.loss_config, args.epochs,
+                               args.micro_batch, args.max_grad_norm, trainee.reference, args.temperature,
+                               measure_kl=measure_kl)
+    return {**stats, **hardware.perf_metrics("update", batch.mask.sum().item() * args.epochs, perf)}
+
+
+def log_evaluation(pols: list[policies.Policy], task: tasks.Task, transfer: tasks.Task | None, args: Args,
+                   iteration: int, started: float, path: Path) -> dict[str, float]:
+    """Phase 5's evaluation, one line per policy in metrics.jsonl: greedy pass@1 on the held-out split, accuracy
+    sampled at the training temperature, greedy pass@1 on the transfer task. Returns each policy's greedy pass@1."""
+    accuracy = {}
+    for p in pols:
+        record = {"eval/heldout_accuracy": evaluation.heldout_accuracy(p, task.heldout, args.max_new_tokens, task)}
+        if args.eval_samples:
+            record["eval/heldout_sampled_accuracy"] = evaluation.heldout_accuracy(
+                p, task.heldout, args.max_new_tokens, task, temperature=args.temperature, samples=args.eval_samples)
+        if transfer is not None:
+            record["eval/transfer_accuracy"] = evaluation.heldout_accuracy(p, transfer.heldout, args.max_new_tokens,
+                                                                           transfer)
+        log(path, {"iteration": iteration, "policy": p.name, "time_s": time.time() - started, **record})
+        accuracy[p.name] = record["eval/heldout_accuracy"]
+    return accuracy
 
 
 def log(path: Path, record: dict) -> None:
@@ -231,125 +323,84 @@ def log(path: Path, record: dict) -> None:
 
 
 def main(args: Args) -> Path:
+    # ---- set-up: run directory, tasks, policies, curator; a resumed run restores its last checkpoint ----------
     scale = args.scale or policies.default_scale()
     devices = hardware.policy_devices(args.devices, len(policies.PRESETS[scale][args.pair]))
     parallel = hardware.runs_in_parallel(devices)
-    task_cfg = args.task_config
     run_dir = Path(args.runs_dir) / (args.name or f"{args.pair}-{args.share}-s{args.seed}")
-    if run_dir.exists() and not args.resume and (run_dir / "metrics.jsonl").exists():
-        raise FileExistsError(f"{run_dir} holds a run; pass --resume to continue it or --name for a new one")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    metrics_path = run_dir / "metrics.jsonl"
-    fidelity_path = run_dir / "fidelity.jsonl"
-    print(f"pair={args.pair} scale={scale} devices={','.join(map(str, devices))} run={run_dir}")
-
+    metrics_path, fidelity_path = run_dir / "metrics.jsonl", run_dir / "fidelity.jsonl"
     config = json.loads(json.dumps({**asdict(args), "scale": scale}))  # as it reads back from config.json
-    saved = run_dir / "config.json"
-    if args.resume and saved.exists():
-        changed = {k for k, v in json.loads(saved.read_text()).items() if k != "resume" and config.get(k) != v}
-        if changed:
-            raise ValueError(f"--resume with other settings than the run's ({sorted(changed)}); resume as it was")
-    malformed = [item for item in args.model_paths if "=" not in item]
-    if malformed:
-        raise ValueError(f"--model-paths takes NAME=PATH items, got {malformed}")
-    task = tasks.load_task(args.task, args.seed, args.train_size, args.eval_size, task_cfg, args.data_dir)
-    transfer = (tasks.load_task(args.eval_task, args.seed, 0, args.eval_size, task_cfg, args.eval_data_dir)
-                if args.eval_task else None)
-    if not task.verifiable:
-        raise ValueError(f"{args.task} has no automatic checker (its reward is always 0): train on another task and "
-                         f"evaluate with --eval-task")
-    if len(task.train) < args.prompts_per_iteration or not task.heldout:
-        raise ValueError(f"{args.task}: {len(task.train)} training and {len(task.heldout)} held-out examples, need "
-                         f"at least --prompts-per-iteration={args.prompts_per_iteration} and one")
+    print(f"pair={args.pair} scale={scale} devices={','.join(map(str, devices))} run={run_dir}")
+    task, transfer = load_tasks(args)
+    checkpoint.open_run(run_dir, config, args.resume)
     started = time.time()
-    pols = hardware.build_policies(args, scale, devices, task_cfg)
-    optimizers = [torch.optim.AdamW([w for w in p.model.parameters() if w.requires_grad], lr=args.lr,
-                                    weight_decay=0.0) for p in pols]
-    references = [hardware.reference_policy(p.model) if args.beta > 0 else None for p in pols]
+    trainees = make_trainees(args, scale, devices)
+    pols = [t.policy for t in trainees]
     longest_prompt = max(len(p.encode_prompt(task.prompt(q)))
                          for p in pols for q in task.train[:50] + task.heldout[:50])
     print_estimates(args, pols, longest_prompt)
-    saved.write_text(json.dumps(config, indent=2))
-
-    def evaluate(iteration: int) -> dict[str, float]:
-        accuracies = {}
-        for p in pols:
-            accuracies[p.name] = evaluation.heldout_accuracy(p, task.heldout, args.max_new_tokens, task)
-            record = {"eval/heldout_accuracy": accuracies[p.name]}
-            if args.eval_samples:
-                record["eval/heldout_sampled_accuracy"] = evaluation.heldout_accuracy(
-                    p, task.heldout, args.max_new_tokens, task, temperature=args.temperature, samples=args.eval_samples)
-            if transfer is not None:
-                record["eval/transfer_accuracy"] = evaluation.heldout_accuracy(p, transfer.heldout,
-                                                                               args.max_new_tokens, transfer)
-            log(metrics_path, {"iteration": iteration, "policy": p.name, "time_s": time.time() - started, **record})
-        return accuracies
-
     curation = make_curator(args, [p.name for p in pols]) if args.share == "cross-fidelity" else None
-    if args.resume and (run_dir / "checkpoints" / "latest").exists():
-        start, saved_curator = hardware.load_checkpoint(run_dir, pols, optimizers)
-        curation = saved_curator or curation
-        truncate_metrics(metrics_path, start)
-        truncate_metrics(fidelity_path, start)
-        accuracy = {p.name: float("nan") for p in pols}
-        print(f"resumed from iteration {start}")
-    else:  # a fresh run, or one killed before its first checkpoint: nothing to keep
-        start = 0
-        truncate_metrics(metrics_path, -1)
-        truncate_metrics(fidelity_path, -1)
-        accuracy = evaluate(0)
 
-    share_cfg = sharing.ShareConfig(args.share, args.ratio_cap, scale_by_std=args.scale_by_std,
-                                    temperature=args.temperature, micro_batch=args.micro_batch)
-    loss_cfg = grpo.LossConfig(args.clip_eps_low, args.clip_eps_high, args.beta, args.aggregation)
-    guarded = curation is not None and curation.bandit is not None   # the stability guard needs losses/update_kl
+    start = 0
+    if args.resume and (run_dir / "checkpoints" / "latest").exists():
+        start, saved_curator = checkpoint.load_checkpoint(run_dir, pols, [t.optimizer for t in trainees])
+        curation = saved_curator or curation
+        print(f"resumed from iteration {start}")
+    for path in (metrics_path, fidelity_path):   # a resumed run repeats no line and loses none; a fresh one keeps none
+        checkpoint.truncate_metrics(path, start if start else -1)
+    accuracy = log_evaluation(pols, task, transfer, args, 0, started, metrics_path) if start == 0 else \
+        {p.name: float("nan") for p in pols}
+    guarded = curation is not None and curation.bandit is not None   # the stability guard reads losses/update_kl
+
     bar = tqdm(range(start, args.iterations), initial=start, total=args.iterations, desc="train")
     for it in bar:
+        # ---- 1. rollouts -------------------------------------------------------------------------------------
         sampler = seed_iteration(args.seed, it)
         problems = sampler.sample(task.train, args.prompts_per_iteration)
         prompts = [task.prompt(q) for q in problems]
-        def sample(p: policies.Policy) -> tuple[policies.Rollouts, dict[str, float]]:
-            with hardware.measured(p.device) as perf:
-                out = p.rollout(prompts, args.group_size, args.max_new_tokens, args.temperature, args.top_p)
-            return out, hardware.perf_metrics("rollout", sum(len(ids) for ids in out.completion_ids), perf)
-        sampled = dict(zip([p.name for p in pols], hardware.per_policy(sample, pols, parallel)))
-        rollouts = {name: r for name, (r, _) in sampled.items()}
-        rewards = {name: evaluation.rewards(task, [q for q in problems for _ in range(args.group_size)], r.texts
-                                            ).view(len(problems), args.group_size)              # [B, G]
-                   for name, r in rollouts.items()}
-        experiences = [sharing.Experience(p, prompts, rollouts[p.name], rewards[p.name],
-                                          grpo.group_advantages(rewards[p.name], args.scale_by_std)) for p in pols]
-        verdicts = {name: curation.judge(name, grpo.rewards_stats(r)["charts/reward_std"])
-                    for name, r in rewards.items()} if curation is not None else {}
+        sampled = hardware.per_policy(partial(sample, prompts=prompts, args=args), pols, parallel)
+
+        # ---- 2. rewards and advantages -----------------------------------------------------------------------
+        examples = [q for q in problems for _ in range(args.group_size)]
+        experiences = []
+        for p, (rollouts, _) in zip(pols, sampled):
+            rewards = evaluation.rewards(task, examples, rollouts.texts).view(len(problems), args.group_size)  # [B, G]
+            experiences.append(sharing.Experience(p, prompts, rollouts, rewards,
+                                                  grpo.group_advantages(rewards, args.scale_by_std)))
+        # the stability guard's verdict on the previous cycle, now that the rollouts its update produced exist
+        verdicts = {e.policy.name: curation.judge(e.policy.name, grpo.rewards_stats(e.rewards)["charts/reward_std"])
+                    for e in experiences} if curation is not None else {}
+
+        # ---- 3. exchange -------------------------------------------------------------------------------------
         if curation is not None:
-            received, decisions = curation.exchange(experiences, task, problems, share_cfg, it + 1)
+            received, decisions = curation.exchange(experiences, task, problems, args.share_config, it + 1)
             for record in decisions:
                 log(fidelity_path, record)
         else:
-            received = sharing.exchange(experiences, share_cfg)
-        def update(i: int) -> dict[str, float]:
-            p = pols[i]
-            batch = training_batch(p, rollouts[p.name], received[p.name])
-            with hardware.measured(p.device) as perf:
-                stats = grpo.grpo_step(p.model, optimizers[i], batch, loss_cfg, args.epochs, args.micro_batch,
-                                       args.max_grad_norm, references[i], args.temperature, measure_kl=guarded)
-            return {**stats, **sampled[p.name][1],
-                    **hardware.perf_metrics("update", batch.mask.sum().item() * args.epochs, perf)}
-        for p, stats in zip(pols, hardware.per_policy(update, list(range(len(pols))), parallel)):
-            stats.update(grpo.rewards_stats(rewards[p.name]))
-            stats.update(received[p.name].metrics)
+            received = sharing.exchange(experiences, args.share_config)
+
+        # ---- 4. updates --------------------------------------------------------------------------------------
+        jobs = [(t, e, received[t.policy.name]) for t, e in zip(trainees, experiences)]
+        updates = hardware.per_policy(partial(update, args=args, measure_kl=guarded), jobs, parallel)
+
+        # ---- 5. log, evaluate, checkpoint --------------------------------------------------------------------
+        for e, (_, rollout_perf), stats in zip(experiences, sampled, updates):
+            name = e.policy.name
+            stats.update(rollout_perf)
+            stats.update(grpo.rewards_stats(e.rewards))
+            stats.update(received[name].metrics)
             if curation is not None:
-                curation.updated(p.name, stats)
-            if verdicts.get(p.name) is not None:   # the guard's verdict on the previous cycle
-                stats["fidelity/guard_tripped"] = float(bool(verdicts[p.name]))
-            stats["charts/finished"] = sum(rollouts[p.name].finished) / len(rollouts[p.name].finished)
-            log(metrics_path, {"iteration": it + 1, "policy": p.name, "time_s": time.time() - started, **stats})
+                curation.updated(name, stats)
+            if verdicts.get(name) is not None:
+                stats["fidelity/guard_tripped"] = float(bool(verdicts[name]))
+            stats["charts/finished"] = sum(e.rollouts.finished) / len(e.rollouts.finished)
+            log(metrics_path, {"iteration": it + 1, "policy": name, "time_s": time.time() - started, **stats})
         done = it + 1
         if done % args.eval_every == 0 or done == args.iterations:
-            accuracy = evaluate(done)
+            accuracy = log_evaluation(pols, task, transfer, args, done, started, metrics_path)
         if done % args.checkpoint_every == 0 or done == args.iterations:
-            hardware.save_checkpoint(run_dir, done, pols, optimizers, curation)
-        bar.set_postfix({f"{n}_r": f"{rewards[n].mean():.2f}" for n in rewards} |
+            checkpoint.save_checkpoint(run_dir, done, pols, [t.optimizer for t in trainees], curation)
+        bar.set_postfix({f"{e.policy.name}_r": f"{e.rewards.mean():.2f}" for e in experiences} |
                         {f"{n}_acc": f"{a:.2f}" for n, a in accuracy.items()})
 
     report = evaluation.write_report(run_dir)

@@ -79,7 +79,7 @@ def main() -> None:
     for share, name, s in rows:
         print(f"| {scale} | {share} | {name} | {s['rollout tok/s']:.0f} | {s['update tok/s']:.0f} "
               f"| {s['peak GiB']:.2f} | {s['received / it']:.0f} |")
-    if torch.cuda.is_available():  # issue 4's timing on the GPU: batched per-step norms against the loop
+    if torch.cuda.is_available():  # the batched per-step norms against one backward per step, on the GPU
         subprocess.run([sys.executable, str(Path(__file__).with_name("reachability_bench.py")), "--device", "cuda",
                         "--problems", "16"], check=True)
 

@@ -1,4 +1,4 @@
-"""One GRPO step of this project against TRL's GRPOTrainer on the same tiny Llama, batch and settings (issue 15).
+"""One GRPO step of this project against TRL's GRPOTrainer on the same tiny Llama, batch and settings.
 
     python3 -m venv .venv-trl && .venv-trl/bin/pip install torch==2.13.0 -r requirements.txt \
         -r benchmarks/requirements.txt

@@ -8,7 +8,7 @@ peak over phases that do not overlap (`hardware.Estimate.total_bytes`).
 
 The check: each configuration narrowed 16 times in width (hidden size, head size, MLP width, vocabulary and
 LoRA rank divided by 16; depth, heads and tokens kept) is built on the CPU with random weights, and one GRPO
-update of one micro-batch of padded sequences is measured with `hardware.measure_update` (every tensor storage
+update of one micro-batch of padded sequences is measured with `measure_update` below (every tensor storage
 the forward, backward and AdamW step create, alive at the peak, plus weights and AdamW state). The last column
 is the estimate of that narrowed model divided by its measurement. Rows with gradient checkpointing are not
 measured (the recomputation makes the CPU run several times longer on a shared machine), and their
@@ -24,11 +24,63 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import weakref  # noqa: E402
+
 import torch  # noqa: E402
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+from torch.utils._pytree import tree_flatten  # noqa: E402
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM  # noqa: E402
 
 import grpo  # noqa: E402
 import hardware  # noqa: E402
+import lora  # noqa: E402
+
+class LiveTensorBytes(TorchDispatchMode):
+    """While on, the bytes of tensor storage that operators create and that are still alive, and their peak.
+
+    Each storage is counted once from the operator that made it until it is freed; a view or in-place result
+    shares a storage of the operator's inputs and is not new, so storages made before the mode (the parameters,
+    and what autograd saves of them) are not counted. Measures a CPU run, where PyTorch keeps no allocator
+    statistics, and counts tensor storage only (no allocator rounding or fragmentation).
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.alive: set[int] = set()
+        self.now = self.peak = 0
+
+    def _freed(self, key: int, nbytes: int) -> None:
+        self.alive.discard(key)
+        self.now -= nbytes
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        inputs = {id(t.untyped_storage()) for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)}
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor) and t.device.type != "meta":
+                storage = t.untyped_storage()  # one Python object per storage while it lives
+                key, nbytes = id(storage), storage.nbytes()
+                if key not in self.alive and key not in inputs:
+                    self.alive.add(key)
+                    self.now += nbytes
+                    self.peak = max(self.peak, self.now)
+                    weakref.finalize(storage, self._freed, key, nbytes)
+        return out
+
+
+def measure_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: grpo.TrainBatch,
+                   micro_batch: int) -> int:
+    """Peak bytes of one `grpo.grpo_step` measured: the weights and optimizer state as they are (take a first
+    step before, so AdamW's moments exist) plus the peak of what the step creates (activations, logits,
+    gradients, the optimizer's transients)."""
+    optimizer.zero_grad(set_to_none=True)
+    resident = {p.untyped_storage().data_ptr(): p.untyped_storage().nbytes() for p in model.parameters()}
+    resident |= {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+                 for state in optimizer.state.values() for t in state.values() if isinstance(t, torch.Tensor)}
+    with LiveTensorBytes() as live:
+        grpo.grpo_step(model, optimizer, batch, grpo.LossConfig(), micro_batch=micro_batch)
+    return sum(resident.values()) + live.peak
+
 
 # the fields of Qwen/Qwen2.5-7B-Instruct's and meta-llama/Llama-3.1-8B-Instruct's config.json that fix the sizes
 PAPER_PAIR = {
@@ -55,7 +107,7 @@ def build(name: str, lora_rank: int, checkpointing: bool, narrowing: int = 1) ->
     if checkpointing:
         model.gradient_checkpointing_enable()
     rank = max(1, lora_rank // narrowing)
-    return (hardware.add_lora(model, rank, 2 * rank) if lora_rank else model).train()
+    return (lora.add_lora(model, rank, 2 * rank) if lora_rank else model).train()
 
 
 def measured_ratio(name: str, lora_rank: int, checkpointing: bool, work: hardware.Workload) -> float:
@@ -69,7 +121,7 @@ def measured_ratio(name: str, lora_rank: int, checkpointing: bool, work: hardwar
     batch = grpo.build_batch(prompts, completions, [torch.ones(work.max_new_tokens)] * n, pad_id=0)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-5, foreach=True)
     grpo.grpo_step(model, optimizer, batch, grpo.LossConfig(), micro_batch=n)   # AdamW's moments exist from here
-    measured = hardware.measure_update(model, optimizer, batch, micro_batch=n)
+    measured = measure_update(model, optimizer, batch, micro_batch=n)
     narrowed = hardware.Workload(n, work.prompt_len, work.max_new_tokens, n, n, checkpointing)
     return hardware.estimate(model, narrowed).total_bytes / measured
 

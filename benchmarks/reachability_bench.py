@@ -28,6 +28,7 @@ from timing import best_of  # noqa: E402
 import policies  # noqa: E402
 import reachability  # noqa: E402
 import tasks  # noqa: E402
+import tiny  # noqa: E402
 
 
 def main() -> None:
@@ -90,7 +91,7 @@ def main() -> None:
         one = one or ms
         print(f"| {rows} | {ms:.0f} | {one / ms:.1f}x |")
 
-    untrained = policies.Policy("untrained", policies.tiny_model(spec.family, spec.tiny, len(policy.tokenizer), 99
+    untrained = policies.Policy("untrained", tiny.tiny_model(spec.family, spec.tiny, len(policy.tokenizer), 99
                                                                  ).to(device), policy.tokenizer, use_chat_template=False)
     own = reachability.step_grad_norms(model, *solutions, params)
     foreign = reachability.step_grad_norms(model, *packed(reachability.solution_steps(policy, untrained, problems)),

@@ -12,8 +12,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import policies  # noqa: E402
 import tasks  # noqa: E402
+import tiny  # noqa: E402
+import token_bytes  # noqa: E402
 import tokalign  # noqa: E402
 from timing import best_of  # noqa: E402
 
@@ -54,8 +55,8 @@ def completion_of(tokens: int, tokenizer) -> str:
 
 
 def main() -> None:
-    qwen, llama = policies.full_tokenizer("qwen2"), policies.full_tokenizer("llama")
-    qwen_bytes, llama_bytes = policies.token_bytes_table(qwen), policies.token_bytes_table(llama)
+    qwen, llama = tiny.full_tokenizer("qwen2"), tiny.full_tokenizer("llama")
+    qwen_bytes, llama_bytes = token_bytes.token_bytes_table(qwen), token_bytes.token_bytes_table(llama)
     print("| source tokens | target tokens | offsets (ms) | edit-distance DP (ms) | speed-up |")
     print("|---|---|---|---|---|")
     for n in (128, 512, 2048):

@@ -12,12 +12,14 @@ from hypothesis import strategies as st
 
 import coevolution
 import curator
-import reachability
+import diagnosis
 import grpo
 import policies
+import reachability
 import reward_drift
 import sharing
 import tasks
+import tiny
 import train
 from test_train import tiny_args
 
@@ -47,17 +49,18 @@ def test_degradation_by_hand_and_an_ablated_term_keeps_the_other_weights():
 
 def test_step_credit_applies_rsd_then_ccm_by_hand():
     target = reward_drift.StepStats()
-    target.add_iteration([reward_drift.StepReward((0, 1), "+1", 1.0)] * 2 + [reward_drift.StepReward((0, 1), "+1", 0.0)] * 2)
+    target.add_iteration([reward_drift.StepReward((0, 1), "+1", 1.0)] * 2
+                         + [reward_drift.StepReward((0, 1), "+1", 0.0)] * 2)
     process = [reward_drift.StepReward((0, 5), "+1", 1.0), reward_drift.StepReward((6, 9), None, None)]
-    diagnosis = curator.Diagnosis(torch.zeros(2), torch.zeros(2), torch.zeros(2), torch.tensor([0.5, 0.8]),
-                                  torch.tensor([3.0, 1.0]))
+    diag = diagnosis.Diagnosis(torch.zeros(2), torch.zeros(2), torch.zeros(2), torch.tensor([0.5, 0.8]),
+                               torch.tensor([3.0, 1.0]))
     cfg = curator.CuratorConfig(credit_mix=0.5, ccm_beta=2.0)
-    credit, recalibrated = curator.step_credit(1.0, process, diagnosis, target, cfg)
+    credit, recalibrated = diagnosis.step_credit(1.0, process, diag, target, cfg)
     # step 0 is verified: 0.5 * 1 + 0.5 * (1 - 1/2) = 0.75, then * 0.5^2; step 1 is not: the intrinsic signal,
     # rank of -g among the two steps = 1 (the smaller norm) -> 1 - 1/2: 0.5 + 0.25 = 0.75, then * 0.8^2
     torch.testing.assert_close(credit, torch.tensor([0.75 * 0.25, 0.75 * 0.64], dtype=torch.float64))
     assert recalibrated.tolist() == [True, True]
-    off, _ = curator.step_credit(1.0, process, diagnosis, target, curator.CuratorConfig(ablate=("rsd", "tbd")))
+    off, _ = diagnosis.step_credit(1.0, process, diag, target, curator.CuratorConfig(ablate=("rsd", "tbd")))
     torch.testing.assert_close(off, torch.tensor([0.5, 0.8], dtype=torch.float64))
 
 
@@ -67,17 +70,17 @@ diagnoses = st.integers(1, 6).flatmap(lambda k: st.tuples(
     st.lists(st.floats(1e-3, 1), min_size=k, max_size=k)))
 
 
-def make_diagnosis(values) -> curator.Diagnosis:
+def make_diagnosis(values) -> diagnosis.Diagnosis:
     tbd, left, rsd, reach = values
     tbd_t = torch.tensor(tbd, dtype=torch.float64)
-    return curator.Diagnosis(tbd_t, torch.minimum(tbd_t, torch.tensor(left, dtype=torch.float64)),
+    return diagnosis.Diagnosis(tbd_t, torch.minimum(tbd_t, torch.tensor(left, dtype=torch.float64)),
                              torch.tensor([math.nan if r is None else r for r in rsd], dtype=torch.float64),
                              torch.tensor(reach, dtype=torch.float64), torch.ones(len(reach)))
 
 
 class FakeOffer:
-    def __init__(self, diagnosis):
-        self.diagnosis = diagnosis
+    def __init__(self, diag):
+        self.diagnosis = diag
 
 
 def worse(values, rng: random.Random, term: str):
@@ -96,7 +99,7 @@ def worse(values, rng: random.Random, term: str):
 
 
 @settings(max_examples=200, deadline=None)
-@given(diagnoses, st.sampled_from(curator.TERMS), st.integers(0, 2 ** 20), st.floats(0.2, 4), st.floats(0, 1),
+@given(diagnoses, st.sampled_from(diagnosis.TERMS), st.integers(0, 2 ** 20), st.floats(0.2, 4), st.floats(0, 1),
        st.floats(0.0, 0.4), st.floats(0.0, 0.4), st.sampled_from([(), ("tbd",), ("ccm",), ("rsd",)]))
 def test_a_trajectory_worse_on_any_term_never_gets_a_finer_level(values, term, seed, beta, mix, theta1, width,
                                                                  ablate):
@@ -229,7 +232,7 @@ def test_a_cross_fidelity_run_logs_decisions_that_follow_its_own_rules(tmp_path,
     for r in (r for r in records if "D" in r):
         assert 0 <= r["D_repaired"] <= r["D"] + 1e-9 <= 1 + 1e-9 and {"tbd", "ccm", "rsd"} <= set(r["terms"])
         band = curator.admission_band(r["D_repaired"], *r["theta"])
-        assert r["level"] == curator.LEVELS[band] or (band == 2 and r["level"] == "rejected")
+        assert r["level"] == sharing.LEVELS[band] or (band == 2 and r["level"] == "rejected")
         assert r["through_repair"] == (band < curator.admission_band(r["D"], *r["theta"]))
     for r in (r for r in records if "tokens" in r["crossed"]):   # separators and EOS carry only step credit
         low, high = min(r["step_credit"]) - 1e-6, max(r["step_credit"]) + 1e-6
@@ -241,12 +244,13 @@ def test_admission_routes_each_band_by_hand():
     from types import SimpleNamespace as Offer
     own = torch.tensor([[0.0, 0.0], [1.0, 0.0]])
     receiver = Offer(rewards=own, advantages=grpo.group_advantages(own))
-    offers = [Offer(advantage=0.5, reward=1.0, prompt=1), Offer(advantage=0.0, reward=1.0, prompt=1),
-              Offer(advantage=0.3, reward=1.0, prompt=1), Offer(advantage=0.0, reward=1.0, prompt=0),
-              Offer(advantage=0.7, reward=1.0, prompt=0), Offer(advantage=-0.2, reward=0.0, prompt=0),
-              Offer(advantage=0.4, reward=1.0, prompt=1)]
+    offers = [Offer(advantage=0.5, reward=1.0, prompt_index=1), Offer(advantage=0.0, reward=1.0, prompt_index=1),
+              Offer(advantage=0.3, reward=1.0, prompt_index=1), Offer(advantage=0.0, reward=1.0, prompt_index=0),
+              Offer(advantage=0.7, reward=1.0, prompt_index=0), Offer(advantage=-0.2, reward=0.0, prompt_index=0),
+              Offer(advantage=0.4, reward=1.0, prompt_index=1)]
     bands = [0, 0, 1, 2, 2, 2, 2]
-    decisions, picks, advantages = curator.admit(offers, bands, receiver, sharing.ShareConfig("cross-fidelity"))
+    decisions, picks, advantages = curator.admit(offers, bands, receiver,
+                                                 sharing.ShareConfig("cross-fidelity", temperature=1.0))
     assert [d[:2] for d in decisions] == [("prp", "tokens"), ("prp", "none"), ("xgrpo", "reward"), ("sgt", "tokens"),
                                           ("sgt", "tokens"), ("rejected", "none"), ("rejected", "none")]
     rescue = 0.5 / (0.5 + EPS)                                # prompt 0 pooled [0, 0, 1, 1]: mean 1/2, std 1/2
@@ -261,9 +265,9 @@ def test_a_verified_rescue_crosses_at_every_band_even_with_a_zero_advantage(band
     from types import SimpleNamespace as Offer
     own = torch.tensor([[0.0, 0.0, 0.0]])
     receiver = Offer(rewards=own, advantages=grpo.group_advantages(own))
-    decisions, picks, advantages = curator.admit([Offer(advantage=0.0, reward=1.0, prompt=0)], [band], receiver,
-                                                 sharing.ShareConfig("cross-fidelity"))
-    assert decisions[0][0] == curator.LEVELS[band] and "tokens" in decisions[0][1]
+    decisions, picks, advantages = curator.admit([Offer(advantage=0.0, reward=1.0, prompt_index=0)], [band], receiver,
+                                                 sharing.ShareConfig("cross-fidelity", temperature=1.0))
+    assert decisions[0][0] == sharing.LEVELS[band] and "tokens" in decisions[0][1]
     assert picks[0][1] == pytest.approx(0.75 / (math.sqrt(3) / 4 + EPS))   # pooled [0, 0, 0, 1]: mean 1/4
     if band == 1:                                                           # its reward joins the baseline too
         torch.testing.assert_close(advantages, torch.full((1, 3), -0.25 / (math.sqrt(3) / 4 + EPS)))
@@ -272,8 +276,8 @@ def test_a_verified_rescue_crosses_at_every_band_even_with_a_zero_advantage(band
 def untrained_pair():
     pols = {}
     for family in ("qwen2", "llama"):
-        tok = policies.tiny_tokenizer(family)
-        pols[family] = policies.Policy(family, policies.tiny_model(family, policies.TinyShape(32, 2, 4, 0), len(tok),
+        tok = tiny.tiny_tokenizer(family)
+        pols[family] = policies.Policy(family, tiny.tiny_model(family, tiny.TinyShape(32, 2, 4, 0), len(tok),
                                                                    seed=0), tok, use_chat_template=False)
     return pols
 
@@ -291,7 +295,8 @@ def hand_exchange(cfg: curator.CuratorConfig, predictor=None, iterations: int = 
     cur = curator.Curator(cfg, ["qwen2", "llama"], 0, None, predictor)
     records = []
     for it in range(iterations):
-        received, mine = cur.exchange([receiver, peer], task, problems, sharing.ShareConfig("cross-fidelity"), it + 1)
+        received, mine = cur.exchange([receiver, peer], task, problems,
+                                      sharing.ShareConfig("cross-fidelity", temperature=1.0), it + 1)
         records += mine
     return peer, received, records
 
@@ -344,13 +349,13 @@ def test_the_predictor_skips_nothing_before_it_was_audited_on_that_receiver():
 def test_offer_features_carry_the_ccm_proxies_by_hand():
     from types import SimpleNamespace as Fake
     rollouts = Fake(logprobs=[torch.tensor([-0.5, -1.5]), torch.tensor([-2.0])])
-    diagnosis = curator.Diagnosis(torch.tensor([0.2, 0.0]), torch.zeros(2), torch.tensor([0.3, math.nan]), None,
+    diag = diagnosis.Diagnosis(torch.tensor([0.2, 0.0]), torch.zeros(2), torch.tensor([0.3, math.nan]), None,
                                   None)
-    offer = Fake(diagnosis=diagnosis, alignment=Fake(modes=["1:1", "1:n", "1:1", "1:1"]), tgt=Fake(ids=[0] * 25),
+    offer = Fake(diagnosis=diag, alignment=Fake(modes=["1:1", "1:n", "1:1", "1:1"]), tgt=Fake(ids=[0] * 25),
                  steps=[(0, 1), (2, 3)], reward=1.0, advantage=-0.5, source=Fake(rollouts=rollouts), index=0)
-    features = curator.offer_features(offer, curator.CuratorConfig(), recent=(0.12, 0.3), gap=0.25)
+    features = diagnosis.offer_features(offer, curator.CuratorConfig(), recent=(0.12, 0.3), gap=0.25)
     expected = [0.5, 0.25, 0.4, 1.0, 0.5, 0.1, 0.3, 0.12, 0.3, 0.25, -1.0]
-    assert len(expected) == len(curator.FEATURES)
+    assert len(expected) == len(diagnosis.FEATURES)
     torch.testing.assert_close(features, torch.tensor(expected, dtype=torch.float64))
 
 

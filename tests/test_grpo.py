@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import grpo
+import tiny
 
 EPS = 1e-4
 
@@ -192,8 +193,7 @@ def test_a_kl_penalty_without_reference_log_probs_is_refused():
 
 
 def test_sorted_and_cut_micro_batches_give_the_full_batch_gradient_of_a_transformers_model():
-    import policies
-    model = policies.tiny_model("llama", policies.TinyShape(32, 2, 4, 0), vocab_size=60, seed=0)
+    model = tiny.tiny_model("llama", tiny.TinyShape(32, 2, 4, 0), vocab_size=60, seed=0)
     gen = torch.Generator().manual_seed(0)
     # prompts and completions of different lengths, so that micro-batches are reordered and cut differently
     prompts = [torch.randint(1, 60, (n,), generator=gen).tolist() for n in (5, 1, 3, 6, 2)]
@@ -201,7 +201,7 @@ def test_sorted_and_cut_micro_batches_give_the_full_batch_gradient_of_a_transfor
     advantages = [torch.randn(len(c), generator=gen) for c in completions]
     batch = grpo.build_batch(prompts, completions, advantages, pad_id=0)
     # the reference: one forward of the whole right-padded batch, every position's logits, the loss by hand
-    reference = policies.tiny_model("llama", policies.TinyShape(32, 2, 4, 0), vocab_size=60, seed=0)
+    reference = tiny.tiny_model("llama", tiny.TinyShape(32, 2, 4, 0), vocab_size=60, seed=0)
     logits = reference(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits[:, :-1] / 0.7
     logp = torch.log_softmax(logits, -1).gather(-1, batch.input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
     per_token = -batch.advantages * torch.exp(logp - logp.detach())        # ratio 1: no clipping at the first step

@@ -2,22 +2,29 @@
 
 import copy
 import json
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
+import checkpoint
 import eval as evaluation
 import grpo
 import hardware
-import policies
+import lora
 import reachability
+import tiny
 import train
 from test_train import tiny_args
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import memory_estimate  # noqa: E402  (the measurement that checks the estimate)
+
 
 def tiny_llama(seed=0):
-    tok = policies.tiny_tokenizer("llama")
-    return policies.tiny_model("llama", policies.TinyShape(32, 2, 4, 0), len(tok), seed), tok
+    tok = tiny.tiny_tokenizer("llama")
+    return tiny.tiny_model("llama", tiny.TinyShape(32, 2, 4, 0), len(tok), seed), tok
 
 
 def one_update(model, vocab):
@@ -35,7 +42,7 @@ def one_update(model, vocab):
 def test_lora_trains_only_the_adapters_and_the_reference_is_the_adapter_free_model():
     base, tok = tiny_llama()
     original = copy.deepcopy(base)
-    model = hardware.add_lora(base, rank=4, alpha=8)
+    model = lora.add_lora(base, rank=4, alpha=8)
     frozen_before = {n: p.detach().clone() for n, p in model.named_parameters() if not p.requires_grad}
     lora_before = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
     assert lora_before and all("lora_" in n for n in lora_before)
@@ -45,7 +52,7 @@ def test_lora_trains_only_the_adapters_and_the_reference_is_the_adapter_free_mod
             assert torch.equal(p, frozen_before[n]), n
     assert any(not torch.equal(p, lora_before[n]) for n, p in model.named_parameters() if n in lora_before)
     ids = torch.randint(len(tok), (2, 9), generator=torch.Generator().manual_seed(3))
-    reference = hardware.reference_policy(model)
+    reference = lora.reference_policy(model)
     torch.testing.assert_close(reference(input_ids=ids).logits, original(input_ids=ids).logits, rtol=0, atol=1e-6)
     assert not torch.allclose(model(input_ids=ids).logits, original(input_ids=ids).logits, atol=1e-6)
     assert set(map(id, reachability.parameter_subset(model, "lora"))) == \
@@ -53,18 +60,18 @@ def test_lora_trains_only_the_adapters_and_the_reference_is_the_adapter_free_mod
 
 
 def test_a_lora_checkpoint_holds_the_adapters_and_restores_the_model():
-    model = hardware.add_lora(tiny_llama()[0], rank=4, alpha=8)
+    model = lora.add_lora(tiny_llama()[0], rank=4, alpha=8)
     one_update(model, 100)
-    state = hardware.trainable_state(model)
+    state = checkpoint.trainable_state(model)
     assert state and all("lora_" in k for k in state)
-    fresh = hardware.add_lora(tiny_llama()[0], rank=4, alpha=8)
-    hardware.load_trainable_state(fresh, state)
+    fresh = lora.add_lora(tiny_llama()[0], rank=4, alpha=8)
+    checkpoint.load_trainable_state(fresh, state)
     ids = torch.arange(12).view(2, 6)
     torch.testing.assert_close(fresh(input_ids=ids).logits, model(input_ids=ids).logits, rtol=0, atol=0)
     with pytest.raises(ValueError, match="lora-rank"):
-        hardware.load_trainable_state(hardware.add_lora(tiny_llama()[0], rank=2, alpha=8), state)
+        checkpoint.load_trainable_state(lora.add_lora(tiny_llama()[0], rank=2, alpha=8), state)
     full = tiny_llama()[0]
-    assert set(hardware.trainable_state(full)) == set(full.state_dict())
+    assert set(checkpoint.trainable_state(full)) == set(full.state_dict())
 
 
 def test_devices_are_placed_round_robin_and_bad_ones_refused():
@@ -88,7 +95,7 @@ def test_parallel_per_policy_keeps_the_order():
 
 def test_the_estimate_matches_measured_parameters_gradients_optimizer_state_and_kv_cache():
     model, tok = tiny_llama()
-    model = hardware.add_lora(model, rank=4, alpha=8)
+    model = lora.add_lora(model, rank=4, alpha=8)
     work = hardware.Workload(rollouts=3, prompt_len=4, max_new_tokens=3, micro_batch=2, train_sequences=3)
     est = hardware.estimate(model, work)
     optimizer = one_update(model, len(tok))
@@ -126,7 +133,7 @@ def small_model(family, dtype, lora, hidden=64, layers=2, vocab=256, checkpointi
                                  tie_word_embeddings=family == "qwen2")).to(dtype)
     if checkpointing:
         model.gradient_checkpointing_enable()
-    return (hardware.add_lora(model, rank=4, alpha=8) if lora else model).train()
+    return (lora.add_lora(model, rank=4, alpha=8) if lora else model).train()
 
 
 def padded_batch(n, prompt_len, new_tokens, vocab=256):
@@ -155,7 +162,7 @@ def saved_for_backward(model, batch):
 
 def test_the_live_bytes_meter_counts_new_storages_until_freed_and_not_views():
     weight = torch.ones(1000)                            # made before the meter: not counted
-    with hardware.LiveTensorBytes() as live:
+    with memory_estimate.LiveTensorBytes() as live:
         view = weight.t()[10:]                           # views of old storage: nothing new
         a = weight * 2                                   # 4,000 bytes
         b = torch.zeros(500, dtype=torch.float64)        # 4,000 bytes
@@ -187,7 +194,7 @@ def test_the_estimated_peak_is_within_10_percent_of_the_measured_peak_of_an_upda
     # foreach, as AdamW picks on CUDA: its step allocates a transient as large as the trainable parameters
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4, foreach=True)
     grpo.grpo_step(model, optimizer, batch, grpo.LossConfig(), micro_batch=n)   # AdamW's moments exist from now
-    measured = hardware.measure_update(model, optimizer, batch, micro_batch=n)
+    measured = memory_estimate.measure_update(model, optimizer, batch, micro_batch=n)
     est = hardware.estimate(model, hardware.Workload(n, prompt_len, new_tokens, n, n))
     assert est.total_bytes == pytest.approx(measured, rel=0.10)
 
@@ -199,7 +206,7 @@ def test_the_estimated_peak_follows_micro_batches_and_the_optimizer_step(n, micr
     batch = padded_batch(n, 4, new_tokens)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
     grpo.grpo_step(model, optimizer, batch, grpo.LossConfig(), micro_batch=micro_batch)
-    measured = hardware.measure_update(model, optimizer, batch, micro_batch=micro_batch)
+    measured = memory_estimate.measure_update(model, optimizer, batch, micro_batch=micro_batch)
     est = hardware.estimate(model, hardware.Workload(n, 4, new_tokens, micro_batch, n))
     assert est.total_bytes == pytest.approx(measured, rel=0.10)
 

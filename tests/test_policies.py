@@ -8,6 +8,8 @@ from tokenizers import Tokenizer
 
 import policies
 import tasks
+import tiny
+import token_bytes
 
 FAMILIES = ["qwen2", "llama", "mistral"]
 
@@ -19,11 +21,11 @@ def family(request):
 
 @pytest.fixture(scope="module")
 def full_tokenizer(family):
-    return Tokenizer.from_str(json.dumps(policies.full_tokenizer_json(family)))
+    return Tokenizer.from_str(json.dumps(tiny.full_tokenizer_json(family)))
 
 
 def test_trimmed_tokenizer_segments_task_text_like_the_full_one(family, full_tokenizer):
-    trimmed = policies.tiny_tokenizer(family)
+    trimmed = tiny.tiny_tokenizer(family)
     assert len(trimmed) < 5000 < full_tokenizer.get_vocab_size()
     texts = []
     # seeds and knobs other than the trimming corpus's, thousands of problems
@@ -38,7 +40,7 @@ def test_trimmed_tokenizer_segments_task_text_like_the_full_one(family, full_tok
 
 
 def test_digit_segmentation_differs_by_family():
-    pieces = {f: policies.tiny_tokenizer(f).tokenize("12345") for f in ["qwen2", "llama"]}
+    pieces = {f: tiny.tiny_tokenizer(f).tokenize("12345") for f in ["qwen2", "llama"]}
     assert pieces["qwen2"] == ["1", "2", "3", "4", "5"]         # Qwen2: one digit per token
     assert pieces["llama"] == ["123", "45"]                     # Llama-3: groups of up to three
 
@@ -46,10 +48,10 @@ def test_digit_segmentation_differs_by_family():
 @pytest.mark.parametrize("text", ["7 + 5 = 12\n12 - 3 = 9\nAnswer: 9", " leading space", "héllo wörld", "数学 😀",
                                   "e\u0301", "tabs\tand\r\nnewlines\n\n"])
 def test_token_bytes_reproduce_the_text(family, text):
-    tok = policies.tiny_tokenizer(family)
+    tok = tiny.tiny_tokenizer(family)
     ids = tok(text, add_special_tokens=False)["input_ids"]
-    table = policies.token_bytes_table(tok)
-    spans = policies.byte_offsets(ids, table)
+    table = token_bytes.token_bytes_table(tok)
+    spans = token_bytes.byte_offsets(ids, table)
     data = b"".join(table[i] for i in ids)
     assert data.decode("utf-8") == tok.decode(ids, clean_up_tokenization_spaces=False)
     assert spans[0][0] == 0 and spans[-1][1] == len(data)
@@ -60,9 +62,9 @@ def test_token_bytes_reproduce_the_text(family, text):
 
 
 def test_missing_tokenizer_package_says_what_to_install(monkeypatch):
-    monkeypatch.setitem(policies.PACKAGED_TOKENIZERS, "qwen2", ("no_such_package_xyz", "t.json", "<eos>"))
+    monkeypatch.setitem(tiny.PACKAGED_TOKENIZERS, "qwen2", ("no_such_package_xyz", "t.json", "<eos>"))
     with pytest.raises(FileNotFoundError, match="no_such_package_xyz"):
-        policies.packaged_tokenizer_path("qwen2")
+        tiny.packaged_tokenizer_path("qwen2")
 
 
 def test_rollout_returns_consistent_ids_logprobs_texts_and_offsets(cache_dir):
@@ -93,7 +95,7 @@ def test_warmup_is_cached_on_disk(cache_dir, tmp_path):
     second = policies.load_tiny_policy(spec, tasks.TaskConfig(), 0, str(tmp_path), warmup_scale=0.02)
     for a, b in zip(first.model.parameters(), second.model.parameters()):
         assert torch.equal(a, b)
-    untrained = policies.tiny_model(spec.family, spec.tiny, len(first.tokenizer), 0)
+    untrained = tiny.tiny_model(spec.family, spec.tiny, len(first.tokenizer), 0)
     assert any(not torch.equal(a, b) for a, b in zip(first.model.parameters(), untrained.parameters()))
 
 
@@ -130,8 +132,8 @@ def test_unknown_pair_and_policy_names_are_refused():
 @pytest.fixture(scope="module")
 def random_policy(family):
     """An untrained tiny model of the family: decoding must not depend on what the weights learned."""
-    tok = policies.tiny_tokenizer(family)
-    model = policies.tiny_model(family, policies.TinyShape(64, 2, 4, 0), len(tok), seed=3).eval()
+    tok = tiny.tiny_tokenizer(family)
+    model = tiny.tiny_model(family, tiny.TinyShape(64, 2, 4, 0), len(tok), seed=3).eval()
     prompts = [tok(tasks.prompt_text(p), add_special_tokens=False)["input_ids"]
                for p in tasks.generate_problems(6, "train", 5, tasks.TaskConfig(num_steps=1, max_operand=500))]
     assert len({len(p) for p in prompts}) > 1  # prompts of several lengths, so left padding is exercised

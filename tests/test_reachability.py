@@ -5,10 +5,11 @@ import math
 import pytest
 import torch
 
-import hardware
+import lora
 import policies
 import reachability
 import tasks
+import tiny
 
 TASK = tasks.TaskConfig(num_steps=1, max_operand=9)  # the end-to-end tests' task: their warm-ups are shared
 
@@ -27,7 +28,7 @@ def random_trajectories(vocab: int, generator: torch.Generator):
 @pytest.mark.parametrize("dtype, rtol", [(torch.float64, 1e-5), (torch.float32, 1e-3)])
 @pytest.mark.parametrize("subset", ["all", "last:1"])
 def test_batched_norms_equal_one_backward_per_step(family, dtype, rtol, subset):
-    model = policies.tiny_model(family, policies.TinyShape(32, 2, 4, 0), vocab_size=50, seed=0).to(dtype)
+    model = tiny.tiny_model(family, tiny.TinyShape(32, 2, 4, 0), vocab_size=50, seed=0).to(dtype)
     trajectories = random_trajectories(50, torch.Generator().manual_seed(1))
     inputs = reachability.batch_inputs(trajectories, pad_id=0)
     params = reachability.parameter_subset(model, subset)
@@ -44,7 +45,7 @@ def test_batched_norms_equal_one_backward_per_step(family, dtype, rtol, subset):
 @pytest.mark.parametrize("tied", [True, False])
 def test_tied_embedding_padding_idx_and_qwen2_biases_are_exact(tied):
     # the tied matrix's gradient is the lm_head's plus the embedding lookup's: the norm of a sum, not a sum of norms
-    model = policies.tiny_model("qwen2", policies.TinyShape(32, 2, 4, 0), vocab_size=50, seed=0).double()
+    model = tiny.tiny_model("qwen2", tiny.TinyShape(32, 2, 4, 0), vocab_size=50, seed=0).double()
     if not tied:
         model.lm_head.weight = torch.nn.Parameter(model.lm_head.weight.detach().clone())
     model.model.embed_tokens.padding_idx = 3                          # its row gets no gradient
@@ -60,7 +61,7 @@ def test_tied_embedding_padding_idx_and_qwen2_biases_are_exact(tied):
 
 
 def test_rows_split_over_passes_give_the_same_norms():
-    model = policies.tiny_model("llama", policies.TinyShape(32, 2, 4, 0), vocab_size=50, seed=0).double()
+    model = tiny.tiny_model("llama", tiny.TinyShape(32, 2, 4, 0), vocab_size=50, seed=0).double()
     trajectories = random_trajectories(50, torch.Generator().manual_seed(4)) * 2
     inputs = reachability.batch_inputs(trajectories, pad_id=0)
     params = reachability.parameter_subset(model, "all")
@@ -82,7 +83,7 @@ class Shift(torch.nn.Module):
 
 
 def test_a_parameter_of_unknown_form_is_refused_by_name():
-    model = policies.tiny_model("llama", policies.TinyShape(32, 2, 4, 0), vocab_size=50, seed=0)
+    model = tiny.tiny_model("llama", tiny.TinyShape(32, 2, 4, 0), vocab_size=50, seed=0)
     model.model.norm = Shift(32)
     inputs = reachability.batch_inputs(random_trajectories(50, torch.Generator().manual_seed(1)), pad_id=0)
     with pytest.raises(ValueError, match="Shift.weight is not an elementwise scale"):
@@ -90,7 +91,7 @@ def test_a_parameter_of_unknown_form_is_refused_by_name():
 
 
 def test_lora_norms_are_exact():
-    model = hardware.add_lora(policies.tiny_model("llama", policies.TinyShape(32, 2, 4, 0), 50, seed=0), 4, 8.0).double()
+    model = lora.add_lora(tiny.tiny_model("llama", tiny.TinyShape(32, 2, 4, 0), 50, seed=0), 4, 8.0).double()
     for name, p in model.named_parameters():
         if "lora_B" in name:                                          # zero at start: make lora_A's gradient count
             torch.nn.init.normal_(p, std=0.1, generator=torch.Generator().manual_seed(len(name)))
@@ -101,7 +102,7 @@ def test_lora_norms_are_exact():
 
 
 def test_one_summed_backward_would_not_give_the_per_step_norms():
-    model = policies.tiny_model("qwen2", policies.TinyShape(32, 2, 4, 0), 50, seed=0).double()
+    model = tiny.tiny_model("qwen2", tiny.TinyShape(32, 2, 4, 0), 50, seed=0).double()
     inputs = reachability.batch_inputs(random_trajectories(50, torch.Generator().manual_seed(1))[:1], pad_id=0)
     params = reachability.parameter_subset(model, "all")
     losses, sizes = reachability.step_losses(model, *inputs)
@@ -112,7 +113,7 @@ def test_one_summed_backward_would_not_give_the_per_step_norms():
 
 
 def test_parameter_subsets():
-    model = policies.tiny_model("llama", policies.TinyShape(32, 3, 4, 0), 50, seed=0)
+    model = tiny.tiny_model("llama", tiny.TinyShape(32, 3, 4, 0), 50, seed=0)
     everything = reachability.parameter_subset(model, "all")
     last = reachability.parameter_subset(model, "last:1")
     assert len(everything) == len(list(model.parameters())) and 0 < len(last) < len(everything)
@@ -160,7 +161,7 @@ def test_the_phantom_left_after_repair_never_falls_as_reachability_falls():
 
 def test_step_token_ranges_and_bad_steps():
     assert reachability.step_token_ranges([(0, 2), (2, 3), (3, 6), (6, 6)], [(0, 3), (4, 5), (9, 10)]) == [(0, 2), (2, 3)]
-    model = policies.tiny_model("qwen2", policies.TinyShape(32, 1, 4, 0), 50, seed=0)
+    model = tiny.tiny_model("qwen2", tiny.TinyShape(32, 1, 4, 0), 50, seed=0)
     with pytest.raises(ValueError, match="empty or outside"):
         reachability.step_losses(model, torch.zeros(1, 5, dtype=torch.long), torch.ones(1, 5), [[(3, 3)]])
     with pytest.raises(ValueError, match="no steps"):
@@ -170,7 +171,7 @@ def test_step_token_ranges_and_bad_steps():
 def test_own_steps_are_more_reachable_than_those_of_a_policy_that_never_saw_the_task(cache_dir):
     spec = policies.PRESETS["tiny"]["qwen-llama"][0]
     trained = policies.load_tiny_policy(spec, TASK, seed=1, cache_dir=cache_dir, warmup_scale=0.15)
-    untrained = policies.Policy("untrained", policies.tiny_model(spec.family, spec.tiny, len(trained.tokenizer), 99),
+    untrained = policies.Policy("untrained", tiny.tiny_model(spec.family, spec.tiny, len(trained.tokenizer), 99),
                                 trained.tokenizer, use_chat_template=False)
     problems = tasks.generate_problems(24, "heldout", 3, TASK)
     params = reachability.parameter_subset(trained.model, "all")
@@ -188,8 +189,8 @@ def test_own_steps_are_more_reachable_than_those_of_a_policy_that_never_saw_the_
 
 
 def test_repeated_samples_are_measured_once_and_get_the_norms_of_a_lone_measurement(monkeypatch):
-    tok = policies.tiny_tokenizer("llama")
-    policy = policies.Policy("llama", policies.tiny_model("llama", policies.TinyShape(32, 2, 4, 0), len(tok), seed=0),
+    tok = tiny.tiny_tokenizer("llama")
+    policy = policies.Policy("llama", tiny.tiny_model("llama", tiny.TinyShape(32, 2, 4, 0), len(tok), seed=0),
                              tok, use_chat_template=False)
     gen = torch.Generator().manual_seed(0)
 

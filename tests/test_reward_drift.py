@@ -84,7 +84,8 @@ def test_smoothed_rates_and_drift_by_hand():
     assert reward_drift.step_drift(src, tgt, None) is None
     steps = [reward_drift.StepReward((0, 1), "+1", 1.0), reward_drift.StepReward((2, 3), "+2c", 1.0),
              reward_drift.StepReward((4, 5), None, None)]
-    assert reward_drift.trajectory_drift(src, tgt, steps) == pytest.approx(expected / 2)
+    bounds = reward_drift.rsd_steps(src, tgt, steps)                       # sqrt(1 - exp(-KL)) per typed step
+    assert bounds[:2].tolist() == pytest.approx([0.0, math.sqrt(1 - math.exp(-expected))]) and math.isnan(bounds[2])
 
 
 def test_the_window_forgets_old_iterations():

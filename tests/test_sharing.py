@@ -12,6 +12,8 @@ import grpo
 import policies
 import sharing
 import tasks
+import tiny
+import token_bytes
 import train
 from test_train import TASK, tiny_args
 
@@ -101,8 +103,8 @@ def untrained():
     """family -> a random-initialized tiny policy with its trimmed real tokenizer (no warm-up needed here)."""
     out = {}
     for family in ("qwen2", "llama"):
-        tok = policies.tiny_tokenizer(family)
-        model = policies.tiny_model(family, policies.TinyShape(32, 2, 4, 0), len(tok), seed=0)
+        tok = tiny.tiny_tokenizer(family)
+        model = tiny.tiny_model(family, tiny.TinyShape(32, 2, 4, 0), len(tok), seed=0)
         out[family] = policies.Policy(family, model, tok, use_chat_template=False)
     return out
 
@@ -115,7 +117,7 @@ def experience(policy, prompts, texts, rewards, logprob=-0.5, unfinished=()):
     rollouts = policies.Rollouts([torch.tensor(policy.encode_prompt(p)) for p in prompts for _ in range(group)],
                                  [torch.tensor(i) for i in ids], [torch.full((len(i),), logprob) for i in ids],
                                  [t for row in texts for t in row],
-                                 [policies.byte_offsets(i, policy.token_bytes) for i in ids],
+                                 [token_bytes.byte_offsets(i, policy.token_bytes) for i in ids],
                                  [i not in unfinished for i in range(len(ids))], group)
     rewards = torch.tensor(rewards)
     return sharing.Experience(policy, prompts, rollouts, rewards, grpo.group_advantages(rewards))
@@ -130,7 +132,7 @@ TEXTS = [["3 + 4 = 7\nAnswer: 7", "3 + 4 = 8\nAnswer: 8"],
 def test_prp_carries_the_peer_advantage_onto_the_receiver_tokens_with_capped_weights(untrained):
     peer = experience(untrained["qwen2"], PROMPTS, TEXTS, [[1.0, 0.0], [0.0, 0.0], [1.0, 1.0]])
     receiver = experience(untrained["llama"], PROMPTS, TEXTS, [[0.0, 0.0], [1.0, 0.0], [0.0, 0.0]])
-    cfg = sharing.ShareConfig("prp", ratio_cap=1.5)
+    cfg = sharing.ShareConfig("prp", ratio_cap=1.5, temperature=1.0)
     received = sharing.exchange([receiver, peer], cfg)
     crossings = received["llama"].crossings
     assert [c.index for c in crossings] == [0, 1]            # the only peer group with a non-zero advantage
@@ -144,6 +146,24 @@ def test_prp_carries_the_peer_advantage_onto_the_receiver_tokens_with_capped_wei
     torch.testing.assert_close(received["llama"].advantages, receiver.advantages)
     assert [c.index for c in received["qwen2"].crossings] == [2, 3]
     assert received["qwen2"].metrics["sharing/received"] == 2
+
+
+def test_a_crossing_from_alignments_already_made_equals_one_made_from_scratch(untrained, monkeypatch):
+    peer = experience(untrained["qwen2"], PROMPTS, TEXTS, [[1.0, 0.0], [0.0, 0.0], [1.0, 1.0]])
+    llama, cfg = untrained["llama"], sharing.ShareConfig("prp", temperature=0.7)
+    picks = [(0, 0.5), (1, -0.5)]
+    fresh = sharing.cross(peer, picks, llama, cfg)
+    aligned = {i: sharing.aligned_rollout(peer, i, llama) for i, _ in picks}
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("retokenized twice")
+    monkeypatch.setattr(sharing.tokalign, "retokenize", refuse)
+    reused = sharing.cross(peer, picks, llama, cfg, aligned)
+    assert [c.index for c in reused] == [c.index for c in fresh] == [0, 1]
+    for a, b in zip(fresh, reused):
+        assert a.completion_ids == b.completion_ids
+        for name in ("advantages", "weights", "log_ratio"):
+            torch.testing.assert_close(getattr(a, name), getattr(b, name), rtol=0, atol=0)
 
 
 def naive_logprobs(model, prompt, completion, temperature):
@@ -206,7 +226,7 @@ def test_prp_weights_equal_a_naive_group_ratio_across_tokenizers(untrained):
 def test_sgt_moves_only_verified_successes_onto_failed_prompts(untrained):
     peer = experience(untrained["qwen2"], PROMPTS, TEXTS, [[1.0, 0.0], [1.0, 1.0], [0.0, 1.0]])
     receiver = experience(untrained["llama"], PROMPTS, TEXTS, [[0.0, 0.0], [1.0, 0.0], [0.0, 0.0]])
-    received = sharing.exchange([receiver, peer], sharing.ShareConfig("sgt"))
+    received = sharing.exchange([receiver, peer], sharing.ShareConfig("sgt", temperature=1.0))
     crossings = received["llama"].crossings
     assert [c.index for c in crossings] == [0, 5]              # prompts 0 and 2: llama failed, qwen succeeded
     assert all(c.reward == 1.0 for c in crossings)
@@ -223,7 +243,7 @@ def test_sgt_pools_the_successes_of_every_peer_on_a_prompt(untrained):
     receiver = experience(untrained["llama"], PROMPTS[:1], TEXTS[:1], [[0.0, 0.0]])
     a = experience(qwen, PROMPTS[:1], TEXTS[:1], [[1.0, 0.0]])
     b = experience(other, PROMPTS[:1], TEXTS[:1], [[1.0, 1.0]])
-    crossings = sharing.exchange([receiver, a, b], sharing.ShareConfig("sgt"))["llama"].crossings
+    crossings = sharing.exchange([receiver, a, b], sharing.ShareConfig("sgt", temperature=1.0))["llama"].crossings
     assert [(c.source, c.index) for c in crossings] == [("qwen2", 0), ("qwen-b", 0), ("qwen-b", 1)]
     s = math.sqrt(0.24)                                         # pooled [0, 0, 1, 1, 1]: mean 3/5, std sqrt(6)/5
     for c in crossings:
@@ -233,9 +253,9 @@ def test_sgt_pools_the_successes_of_every_peer_on_a_prompt(untrained):
 def test_none_and_xgrpo_move_no_trajectory(untrained):
     peer = experience(untrained["qwen2"], PROMPTS, TEXTS, [[1.0, 0.0], [1.0, 1.0], [0.0, 1.0]])
     receiver = experience(untrained["llama"], PROMPTS, TEXTS, [[0.0, 0.0], [1.0, 0.0], [0.0, 0.0]])
-    alone = sharing.exchange([receiver, peer], sharing.ShareConfig("none"))["llama"]
+    alone = sharing.exchange([receiver, peer], sharing.ShareConfig("none", temperature=1.0))["llama"]
     assert alone.crossings == [] and torch.equal(alone.advantages, receiver.advantages)
-    pooled = sharing.exchange([receiver, peer], sharing.ShareConfig("xgrpo"))["llama"]
+    pooled = sharing.exchange([receiver, peer], sharing.ShareConfig("xgrpo", temperature=1.0))["llama"]
     assert pooled.crossings == []
     torch.testing.assert_close(pooled.advantages, sharing.xgrpo_advantages(receiver.rewards, [peer.rewards]))
     assert pooled.metrics["sharing/revived_groups"] == 2      # prompts 0 and 2 were flat for llama alone
@@ -244,7 +264,7 @@ def test_none_and_xgrpo_move_no_trajectory(untrained):
                                        abs(-0.75 / (s + EPS) + 0.5 / (0.5 + EPS))] + [0.25 / (s + EPS)] * 2
     assert pooled.metrics["sharing/baseline_shift"] == pytest.approx(sum(shifts) / 6, rel=1e-5)
     with pytest.raises(ValueError, match="sharing mode"):
-        sharing.exchange([receiver, peer], sharing.ShareConfig("all"))
+        sharing.exchange([receiver, peer], sharing.ShareConfig("all", temperature=1.0))
 
 
 # ---------------------------------------------------------------------------------------------------------------

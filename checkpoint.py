@@ -1,0 +1,99 @@
+"""A run's directory and its checkpoints: what is saved, how a killed run resumes, and what it keeps.
+
+runs/NAME holds config.json, metrics.jsonl, fidelity.jsonl (cross-fidelity) and checkpoints/. A checkpoint is
+written in full, then `latest` is pointed at it, then older ones are dropped, so a run killed at any moment
+resumes from a complete checkpoint. Under LoRA a checkpoint keeps the adapters only (the frozen base is reloaded
+from where it came from). On --resume the metric lines logged after the checkpoint are dropped, so a resumed run
+repeats none and loses none, and a resume with other settings than the run's is refused.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import torch
+
+import policies
+
+
+def open_run(run_dir: Path, config: dict, resume: bool) -> None:
+    """Make the run directory and write its config.json; a directory that holds a run needs `resume`, and a
+    resume must not change the run's settings."""
+    saved = run_dir / "config.json"
+    if run_dir.exists() and not resume and (run_dir / "metrics.jsonl").exists():
+        raise FileExistsError(f"{run_dir} holds a run; pass --resume to continue it or --name for a new one")
+    if resume and saved.exists():
+        changed = {k for k, v in json.loads(saved.read_text()).items() if k != "resume" and config.get(k) != v}
+        if changed:
+            raise ValueError(f"--resume with other settings than the run's ({sorted(changed)}); resume as it was")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    saved.write_text(json.dumps(config, indent=2))
+
+
+def truncate_metrics(path: Path, iteration: int) -> None:
+    """Keep the metric lines logged up to `iteration`, so a resumed run repeats none and loses none."""
+    if path.exists():
+        lines = [line for line in path.read_text().splitlines() if line.strip()]
+        kept = [line for line in lines if json.loads(line)["iteration"] <= iteration]
+        path.write_text("".join(line + "\n" for line in kept))
+
+
+def trainable_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """What a checkpoint keeps: the whole state when every parameter trains, only the adapters under LoRA (the
+    frozen base is reloaded from where it came from)."""
+    if all(p.requires_grad for p in model.parameters()):
+        return model.state_dict()
+    return {k: v.detach() for k, v in model.state_dict(keep_vars=True).items()
+            if isinstance(v, torch.nn.Parameter) and v.requires_grad}
+
+
+def load_trainable_state(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """Restore `trainable_state`; a checkpoint of another shape or adapter set is refused, naming the cause."""
+    hint = "was it saved with other --lora-rank settings?"
+    try:
+        missing, unexpected = model.load_state_dict(state, strict=False)
+    except RuntimeError as err:  # shape mismatches raise even when not strict
+        raise ValueError(f"checkpoint does not match the model ({hint}): {err}") from None
+    trainable = {name for name, p in model.named_parameters() if p.requires_grad}
+    if unexpected or trainable & set(missing):
+        raise ValueError(f"checkpoint does not match the model ({hint}): missing trainable "
+                         f"{sorted(trainable & set(missing))}, unexpected {sorted(unexpected)}")
+
+
+def save_checkpoint(run_dir: Path, iteration: int, pols: list[policies.Policy],
+                    optimizers: list[torch.optim.Optimizer], state: object = None) -> None:
+    """Write iteration's checkpoint in full (with `state`, the run's other state, if any), then point `latest` at
+    it, then drop older ones."""
+    root = run_dir / "checkpoints"
+    target = root / f"iter-{iteration:06d}"
+    target.mkdir(parents=True, exist_ok=True)
+    for policy, optimizer in zip(pols, optimizers):
+        torch.save({"model": trainable_state(policy.model), "optimizer": optimizer.state_dict()},
+                   target / f"{policy.name}.pt")
+    if state is not None:
+        torch.save(state, target / "state.pt")
+    tmp = root / "latest.tmp"
+    tmp.write_text(target.name)
+    tmp.replace(root / "latest")
+    for old in root.glob("iter-*"):
+        if old != target:
+            shutil.rmtree(old)
+
+
+def load_checkpoint(run_dir: Path, pols: list[policies.Policy], optimizers: list[torch.optim.Optimizer] | None
+                    ) -> tuple[int, object]:
+    """Restore the last checkpoint (the optimizers too, unless None); returns how many iterations it had done and
+    the run's other state saved with it (None if none was)."""
+    latest = run_dir / "checkpoints" / "latest"
+    if not latest.exists():
+        raise FileNotFoundError(f"{run_dir} has no checkpoint")
+    folder = latest.parent / latest.read_text().strip()
+    for i, policy in enumerate(pols):
+        state = torch.load(folder / f"{policy.name}.pt", map_location=policy.device)
+        load_trainable_state(policy.model, state["model"])
+        if optimizers is not None:
+            optimizers[i].load_state_dict(state["optimizer"])
+    other = torch.load(folder / "state.pt", weights_only=False) if (folder / "state.pt").exists() else None
+    return int(folder.name.split("-")[1]), other

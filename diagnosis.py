@@ -1,0 +1,146 @@
+"""The diagnosis of one shared trajectory as one receiver sees it: the offer, its per-step terms, and the repair
+of its credit.
+
+An offer is a source rollout retokenized by the receiver and aligned with it (tokalign), cut into steps, with
+each step's values of the three terms (curator.py's docstring defines them): TBD from the alignment
+(tokalign.tbd_steps), RSD from the two policies' step statistics (reward_drift.rsd_steps), and CCM, the
+expensive one, from the receiver's gradient norms once the curator measures them (reachability.py). The repair
+(proposal §2.2) turns the sequence advantage a crossing carries into per-step credit: the RSD recalibration, then
+the CCM attenuation; tokalign.token_credit then carries it onto the receiver's tokens.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+import policies
+import reachability
+import reward_drift
+import sharing
+import tasks
+import tokalign
+
+if TYPE_CHECKING:   # the curator's settings: curator.py imports this file, never the other way at run time
+    from curator import CuratorConfig
+
+TERMS = ("tbd", "ccm", "rsd")
+
+
+def mean_or_zero(values: torch.Tensor) -> float:
+    """Mean over the finite entries, 0 if there are none."""
+    finite = values[torch.isfinite(values)]
+    return finite.mean().item() if finite.numel() else 0.0
+
+
+@dataclass
+class Diagnosis:
+    """A trajectory's per-step diagnosis, before and after repair; NaN where a term is ablated or not computed."""
+
+    tbd: torch.Tensor            # [K]
+    tbd_repaired: torch.Tensor   # [K]
+    rsd: torch.Tensor            # [K]  NaN on untyped lines
+    reach: torch.Tensor | None   # [K]  R_k, None when the gradient norms were skipped or CCM is ablated
+    norms: torch.Tensor | None   # [K]  the receiver's sqrt(|k|)-scaled step gradient norms
+
+    def terms(self, cfg: CuratorConfig, repaired: bool = False) -> torch.Tensor:
+        """[3] the trajectory's TBD, CCM and RSD terms (NaN where ablated or unknown)."""
+        tbd = mean_or_zero(self.tbd_repaired if repaired else self.tbd)
+        ccm = math.nan
+        if self.reach is not None:
+            ccm = (reachability.phantom_left(self.reach, cfg.ccm_beta) if repaired else 1 - self.reach).mean().item()
+        rsd = mean_or_zero(self.rsd * (1 - cfg.credit_mix) if repaired and self.rsd_repairable(cfg) else self.rsd)
+        out = torch.tensor([tbd, ccm, rsd], dtype=torch.float64)
+        return torch.where(torch.tensor([t in cfg.ablate for t in TERMS]), torch.full_like(out, math.nan), out)
+
+    def rsd_repairable(self, cfg: CuratorConfig) -> bool:
+        """VPR reaches every typed step; the intrinsic signal needs the gradient norms."""
+        return cfg.process_signal == "vpr" or self.norms is not None
+
+
+def step_credit(advantage: float, process: list[reward_drift.StepReward], diagnosis: Diagnosis,
+                target: reward_drift.StepStats, cfg: CuratorConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """[K] each step's repaired credit: RSD recalibration, then CCM attenuation (the module docstring's order);
+    and [K] which steps the RSD recalibration reached."""
+    credit = torch.full((len(process),), float(advantage), dtype=torch.float64)
+    recalibrated = torch.zeros(len(process), dtype=torch.bool)
+    if "rsd" not in cfg.ablate:
+        verified = reward_drift.verified_credit(advantage, process, target, cfg.credit_mix) \
+            if cfg.process_signal == "vpr" else [None] * len(process)
+        intrinsic = (reward_drift.intrinsic_step_rewards(diagnosis.norms.double()) - 0.5
+                     if diagnosis.norms is not None else None)
+        for k, v in enumerate(verified):
+            if v is not None:
+                credit[k] = v
+            elif intrinsic is not None:
+                credit[k] = (1 - cfg.credit_mix) * advantage + cfg.credit_mix * intrinsic[k].item()
+            recalibrated[k] = v is not None or intrinsic is not None
+    if "ccm" not in cfg.ablate and diagnosis.reach is not None:
+        credit = reachability.repair(credit, diagnosis.reach.double(), cfg.ccm_beta)
+    return credit, recalibrated
+
+
+@dataclass
+class Offer:
+    """One source rollout offered to one receiver, in the receiver's tokenization, with its diagnosis."""
+
+    source: sharing.Experience
+    index: int                               # flat index in the source's rollouts
+    src: tokalign.Encoding
+    tgt: tokalign.Encoding
+    alignment: tokalign.Alignment
+    steps: list[tuple[int, int]]             # K byte spans, each covered by receiver tokens
+    ranges: list[tuple[int, int]]            # K receiver token ranges of the steps
+    process: list[reward_drift.StepReward]   # K
+    diagnosis: Diagnosis
+    jaccard: float                           # 1 - tokalign's byte-boundary S_TBD, for comparison only
+
+    @property
+    def prompt_index(self) -> int:
+        return self.index // self.source.rollouts.group_size
+
+    @property
+    def reward(self) -> float:
+        return self.source.rewards.flatten()[self.index].item()
+
+    @property
+    def advantage(self) -> float:
+        return self.source.advantages.flatten()[self.index].item()
+
+
+def make_offer(source: sharing.Experience, index: int, receiver: policies.Policy, task: tasks.Task, example,
+               stats: dict[str, reward_drift.StepStats]) -> Offer | None:
+    """The cheap diagnosis (TBD, RSD) of one rollout for one receiver; None when no step of it reaches the
+    receiver's tokens (an empty completion, a lone cut byte)."""
+    src, tgt, alignment = sharing.aligned_rollout(source, index, receiver)
+    steps = tokalign.step_byte_spans(src.data, task.step_spans)
+    process = reward_drift.process_rewards(task, example, source.rollouts.texts[index])
+    kept = [(span, reachability.step_token_ranges(tgt.offsets, [span]), p) for span, p in zip(steps, process)]
+    kept = [(span, ranges[0], p) for span, ranges, p in kept if ranges]
+    if not kept:
+        return None
+    steps, ranges, process = (list(x) for x in zip(*kept))
+    tbd, tbd_left = tokalign.tbd_steps(alignment, src, tgt, steps)
+    rsd = reward_drift.rsd_steps(stats[source.policy.name], stats[receiver.name], process)
+    jaccard = 1 - mean_or_zero(tokalign.step_consistency(alignment, tokalign.boundary_similarity(alignment), steps))
+    return Offer(source, index, src, tgt, alignment, steps, ranges, process, Diagnosis(tbd, tbd_left, rsd, None, None),
+                 jaccard)
+
+
+FEATURES = ("tokens/50", "non-1:1 share", "steps/5", "reward", "|A|", "tbd", "rsd", "pair recent D",
+            "pair recent CCM", "capability gap", "source mean log-prob")
+
+
+def offer_features(offer: Offer, cfg: CuratorConfig, recent: tuple[float, float], gap: float) -> torch.Tensor:
+    """[F] the cheap features of FEATURES (ablated terms read 0). CCM, the term that most often dominates D,
+    needs the gradient norms; what stands in for it is the pair's recent CCM, the capability gap (the source's
+    mean reward minus the receiver's) and how sure the source was of its own tokens."""
+    terms = torch.nan_to_num(offer.diagnosis.terms(cfg))
+    modes = offer.alignment.modes
+    logprobs = offer.source.rollouts.logprobs[offer.index]
+    return torch.tensor([len(offer.tgt.ids) / 50, sum(m != "1:1" for m in modes) / max(len(modes), 1),
+                         len(offer.steps) / 5, offer.reward, abs(offer.advantage), terms[0].item(), terms[2].item(),
+                         *recent, gap, logprobs.float().mean().item() if len(logprobs) else 0.0], dtype=torch.float64)

