@@ -45,8 +45,8 @@ def credit_record(offer: Offer, advantage: float, credit: torch.Tensor, tokens: 
     reach = offer.diagnosis.reach
     return {"repairs": repairs, "carried": advantage, "step_credit": credit.tolist(),
             "outside_credit": [tokens[t].item() for t in outside],
-            "phantom": None if reach is None else
-            reachability.phantom_advantage(torch.full_like(reach, abs(advantage)), reach).mean().item()}
+            "phantom": None if reach is None else reachability.phantom_advantage(
+                torch.tensor(abs(advantage), dtype=torch.float64), reach.double()).mean().item()}
 
 
 def offer_record(offer: Offer, scored: Score | None, level: str, crossed: str, reason: str, credit: dict | None,

@@ -123,7 +123,7 @@ def test_a_lora_run_saves_adapters_only_and_its_checkpoint_rebuilds_the_trained_
 
 # ---- the memory estimate against measurements ----
 
-def small_model(family, dtype, lora, hidden=64, layers=2, vocab=256, checkpointing=False):
+def small_model(family, dtype, with_lora, hidden=64, layers=2, vocab=256, checkpointing=False):
     """Qwen2 (q/k/v biases, tied head) or Llama (untied head), both with grouped-query attention."""
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
     config_cls, model_cls = {"qwen2": (Qwen2Config, Qwen2ForCausalLM), "llama": (LlamaConfig, LlamaForCausalLM)}[family]
@@ -133,7 +133,7 @@ def small_model(family, dtype, lora, hidden=64, layers=2, vocab=256, checkpointi
                                  tie_word_embeddings=family == "qwen2")).to(dtype)
     if checkpointing:
         model.gradient_checkpointing_enable()
-    return (lora.add_lora(model, rank=4, alpha=8) if lora else model).train()
+    return (lora.add_lora(model, rank=4, alpha=8) if with_lora else model).train()
 
 
 def padded_batch(n, prompt_len, new_tokens, vocab=256):
@@ -173,22 +173,22 @@ def test_the_live_bytes_meter_counts_new_storages_until_freed_and_not_views():
     assert view.numel() == 990 and c.sum() == 250 and b.sum() == 500
 
 
-CASES = [(family, dtype, lora) for family in ("qwen2", "llama") for dtype in (torch.float32, torch.bfloat16)
-         for lora in (False, True)]
+CASES = [(family, dtype, with_lora) for family in ("qwen2", "llama") for dtype in (torch.float32, torch.bfloat16)
+         for with_lora in (False, True)]
 
 
-@pytest.mark.parametrize("family, dtype, lora", CASES)
-def test_activations_are_the_tensors_saved_for_backward(family, dtype, lora):
-    model = small_model(family, dtype, lora)
+@pytest.mark.parametrize("family, dtype, with_lora", CASES)
+def test_activations_are_the_tensors_saved_for_backward(family, dtype, with_lora):
+    model = small_model(family, dtype, with_lora)
     batch = padded_batch(4, 24, 24)
     kept, recomputed = hardware.activation_bytes(model, 4, batch.input_ids.shape[1], checkpointing=False)
     assert recomputed == 0
     assert kept == pytest.approx(saved_for_backward(model, batch), rel=0.03)
 
 
-@pytest.mark.parametrize("family, dtype, lora", CASES)
-def test_the_estimated_peak_is_within_10_percent_of_the_measured_peak_of_an_update(family, dtype, lora):
-    model = small_model(family, dtype, lora)
+@pytest.mark.parametrize("family, dtype, with_lora", CASES)
+def test_the_estimated_peak_is_within_10_percent_of_the_measured_peak_of_an_update(family, dtype, with_lora):
+    model = small_model(family, dtype, with_lora)
     n, prompt_len, new_tokens = 4, 24, 24
     batch = padded_batch(n, prompt_len, new_tokens)
     # foreach, as AdamW picks on CUDA: its step allocates a transient as large as the trainable parameters
@@ -202,7 +202,7 @@ def test_the_estimated_peak_is_within_10_percent_of_the_measured_peak_of_an_upda
 @pytest.mark.parametrize("n, micro_batch, hidden, new_tokens", [(8, 2, 64, 24),    # gradients live in later forwards
                                                                 (1, 1, 256, 2)])   # the optimizer step is the peak
 def test_the_estimated_peak_follows_micro_batches_and_the_optimizer_step(n, micro_batch, hidden, new_tokens):
-    model = small_model("llama", torch.bfloat16, lora=False, hidden=hidden)
+    model = small_model("llama", torch.bfloat16, with_lora=False, hidden=hidden)
     batch = padded_batch(n, 4, new_tokens)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
     grpo.grpo_step(model, optimizer, batch, grpo.LossConfig(), micro_batch=micro_batch)
@@ -214,7 +214,7 @@ def test_the_estimated_peak_follows_micro_batches_and_the_optimizer_step(n, micr
 @pytest.mark.parametrize("family", ["qwen2", "llama"])
 def test_the_flop_count_is_the_matmuls_of_a_forward(family):
     from torch.utils.flop_counter import FlopCounterMode
-    model = small_model(family, torch.float32, lora=False).eval()
+    model = small_model(family, torch.float32, with_lora=False).eval()
     batch = padded_batch(3, 6, 4)
     with FlopCounterMode(display=False) as counter, torch.no_grad():
         model(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
