@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import itertools
 import os
+import signal
 import time
 from typing import NamedTuple
 
@@ -152,9 +153,28 @@ def ran_out_of_memory(folder: str) -> bool:
         return False
 
 
+def _kill_members(folder: str) -> None:
+    """SIGKILL every process still in the cgroup: one that missed the death of its sandbox's outermost process
+    (a sandbox stopped while bwrap was still setting it up) would otherwise wait there for ever."""
+    procs = os.path.join(folder, "cgroup.procs")
+    with open(procs) as f:
+        pids = [int(pid) for pid in f.read().split()]
+    for pid in pids:
+        try:
+            pidfd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            continue
+        try:
+            with open(procs) as f:  # still a member once held by its pidfd: not a newcomer reusing the pid
+                if str(pid) in f.read().split():
+                    signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+        finally:
+            os.close(pidfd)
+
+
 def remove(folder: str) -> bool:
-    """Remove the cgroup once the last process of its sandbox has left; False where it had not within
-    REMOVE_WITHIN_S (the caller has stopped the sandbox, so this does not happen but for a stuck kernel)."""
+    """Kill what is left of the sandbox and remove its cgroup; False where that did not succeed within
+    REMOVE_WITHIN_S (a stuck kernel)."""
     deadline = time.monotonic() + REMOVE_WITHIN_S
     while True:
         try:
@@ -165,4 +185,5 @@ def remove(folder: str) -> bool:
         except OSError:
             if time.monotonic() > deadline:
                 return False
-            time.sleep(0.002)
+        _kill_members(folder)
+        time.sleep(0.002)

@@ -63,6 +63,7 @@ program without them.
 from __future__ import annotations
 
 import ast
+import contextlib
 import functools
 import importlib.util
 import itertools
@@ -71,6 +72,7 @@ import math
 import os
 import py_compile
 import select
+import signal
 import subprocess
 import sys
 import time
@@ -334,7 +336,11 @@ def _release(sandboxes: list, opened: list[int], cgroups: list[str]) -> list[str
     """Stop the sandboxes, take the rest of their output, close what is left open and remove the cgroups; the
     roles whose sandbox ran out of memory."""
     for process, output in sandboxes:
-        process.kill()  # the outermost bwrap: its init dies with it (--die-with-parent), and the namespace with that
+        # the outermost bwrap and, while it is still being set up, the sandbox's init (both in the process group
+        # Popen began); once set up, the init dies with the outermost bwrap (--die-with-parent), and the
+        # namespace with it
+        with contextlib.suppress(ProcessLookupError):  # the group is gone once all of it has exited
+            os.killpg(process.pid, signal.SIGKILL)
         process.wait()
         output.read_rest()
         os.close(output.fd)

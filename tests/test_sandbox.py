@@ -24,6 +24,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import inside_sandbox
+import memory_cgroup
 import sandbox
 import syscall_filter
 import tasks
@@ -352,6 +353,10 @@ def test_a_sandbox_that_did_not_start_is_judged_again(role, reason, tmp_path, mo
     assert verdict.passed and failed.is_dir(), verdict
     assert [r.getMessage() for r in caplog.records if "could not be made" in r.getMessage()][0].startswith(
         f"code judgement 1 of {sandbox.ATTEMPTS} could not be made: {reason}")
+    # the other sandbox was stopped while bwrap may still have been setting it up: nothing of it is left
+    assert sandbox_cgroups() == []
+    if os.geteuid() == 0:
+        assert no_sandbox_process_left()
 
 
 def test_where_no_system_call_filter_can_be_built_no_program_runs(monkeypatch):
@@ -634,9 +639,10 @@ def host_kernel_state():
 
 
 def sandbox_cgroups() -> list[str]:
-    import memory_cgroup
+    """This process's sandboxes' memory cgroups that exist now."""
     where = memory_cgroup.hierarchy()
-    return sorted(name for name in os.listdir(where.parent) if name.startswith("sandbox-")) if where else []
+    mine = f"sandbox-{os.getpid()}-"
+    return sorted(name for name in os.listdir(where.parent) if name.startswith(mine)) if where else []
 
 
 def test_the_kernel_keyring_carries_nothing_from_one_judgement_to_the_next(has_close_elements, host_kernel_state):
@@ -714,7 +720,6 @@ def test_the_memory_cgroup_alone_holds_the_kernel_memory_of_a_sandbox(name, has_
                                                                      host_kernel_state):
     # the second line of defence: with a filter that allows every call, the kernel charges the memory to the
     # sandbox's cgroup and kills the program at its cap
-    import memory_cgroup
     if memory_cgroup.hierarchy() is None:
         pytest.skip("this host gives the trainer no memory cgroup (not root, no delegated cgroup v2 subtree)")
     monkeypatch.setattr(sandbox, "_filter_program", syscall_filter.allow_everything)
