@@ -429,7 +429,6 @@ if __name__ == "__main__":
     # trajectory scores, where it is admitted, and the most degraded one step by step.
     import argparse
 
-    import eval as evaluation
 
     cli = argparse.ArgumentParser(description="the curator on one iteration of the tiny qwen-llama pair")
     cli.add_argument("--prompts", type=int, default=8)
@@ -444,8 +443,7 @@ if __name__ == "__main__":
     experiences = []
     for p in pols:
         out = p.rollout(prompts, args.group_size, 40, temperature=0.7)
-        rewards = evaluation.rewards(task, [q for q in problems for _ in range(args.group_size)], out.texts
-                                     ).view(len(problems), args.group_size)                              # [B, G]
+        rewards = tasks.group_rewards(task, problems, out.texts, args.group_size)                       # [B, G]
         experiences.append(sharing.Experience(p, prompts, out, rewards, grpo.group_advantages(rewards)))
     for level in LEVELS:
         fixed = sharing.exchange(experiences, sharing.ShareConfig(level, temperature=0.7))

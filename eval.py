@@ -18,34 +18,13 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-
-import torch
 
 import checkpoint
 import fidelity_record
 import hardware
 import policies
 import tasks
-
-
-def default_workers() -> int:
-    """Programs judged at once: eight per core. An iteration of programs that all loop then takes
-    batch / workers wall-clock limits; more of them than this would share a core so thinly that a correct
-    program beside the loops could run past its own limit (benchmarks/code_reward.py measures both sides)."""
-    return 8 * (os.cpu_count() or 1)
-
-
-def rewards(task: tasks.Task, examples: list, completions: list[str], workers: int | None = None) -> torch.Tensor:
-    """[N] the task's reward of each completion. Code is judged in sandboxes (sandbox.py), `workers` programs at a
-    time (default: `default_workers()`); everything else in this thread, where math-verify can bound its work
-    (its timeout needs the main thread)."""
-    if task.reward is not tasks.code_reward:
-        return torch.tensor([task.reward(e, c) for e, c in zip(examples, completions)], dtype=torch.float32)
-    with ThreadPoolExecutor(max_workers=workers or default_workers()) as pool:
-        return torch.tensor(list(pool.map(task.reward, examples, completions)), dtype=torch.float32)
 
 
 def heldout_accuracy(policy, examples: list, max_new_tokens: int, task: tasks.Task | None = None,
@@ -64,7 +43,7 @@ def heldout_accuracy(policy, examples: list, max_new_tokens: int, task: tasks.Ta
         chunk = examples[i:i + batch_size]
         rollouts = policy.rollout([task.prompt(e) for e in chunk], samples, max_new_tokens,
                                   temperature=temperature or 1.0, greedy=temperature is None)
-        correct += rewards(task, [e for e in chunk for _ in range(samples)], rollouts.texts).sum().item() / samples
+        correct += tasks.group_rewards(task, chunk, rollouts.texts, samples).sum().item() / samples
     return correct / len(examples)
 
 

@@ -241,7 +241,6 @@ if __name__ == "__main__":
     # advantages of a group sum to 0.
     import argparse
 
-    import eval as evaluation
     import policies
     import tasks
 
@@ -258,8 +257,7 @@ if __name__ == "__main__":
     for update in range(args.updates):
         problems = task.train[update * args.prompts:(update + 1) * args.prompts]
         out = policy.rollout([task.prompt(q) for q in problems], args.group_size, 40, temperature=0.7)
-        rewards = evaluation.rewards(task, [q for q in problems for _ in range(args.group_size)], out.texts
-                                     ).view(len(problems), args.group_size)                              # [B, G]
+        rewards = tasks.group_rewards(task, problems, out.texts, args.group_size)                       # [B, G]
         advantages = group_advantages(rewards)                                                          # [B, G]
         if update == 0:
             mixed = int((rewards.std(1) > 0).float().argmax())

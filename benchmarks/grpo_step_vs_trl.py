@@ -44,7 +44,7 @@ def project_step(policy: policies.Policy, optimizer, task: tasks.Task, problems:
     rollouts = policy.rollout(prompts, GROUP, NEW_TOKENS, TEMPERATURE)
     phases.setdefault("rollout", []).append(time.perf_counter() - clock)
     clock = time.perf_counter()
-    rewards = evaluation.rewards(task, [q for q in problems for _ in range(GROUP)], rollouts.texts).view(-1, GROUP)
+    rewards = tasks.group_rewards(task, problems, rollouts.texts, GROUP)
     experience = sharing.Experience(policy, prompts, rollouts, rewards, grpo.group_advantages(rewards))
     phases.setdefault("reward", []).append(time.perf_counter() - clock)
     clock = time.perf_counter()

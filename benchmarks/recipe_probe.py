@@ -29,7 +29,7 @@ import train  # noqa: E402
 def probe(pols: list[policies.Policy], task: tasks.Task, run: train.Args, tag: str) -> None:
     for p in pols:
         greedy = p.rollout([task.prompt(e) for e in task.heldout], 1, run.max_new_tokens, greedy=True)
-        accuracy = evaluation.rewards(task, task.heldout, greedy.texts).mean().item()
+        accuracy = tasks.rewards(task, task.heldout, greedy.texts).mean().item()
         steps = [sum(bool(tasks.STEP_RE.match(line)) for line in text.splitlines()) for text in greedy.texts]
         complete = sum(n >= run.num_steps for n in steps) / len(steps)
         sampled = evaluation.heldout_accuracy(p, task.heldout, run.max_new_tokens, task, temperature=run.temperature,

@@ -12,8 +12,9 @@ import pyarrow
 import pyarrow.parquet
 import pytest
 
-import eval as evaluation
+import data as data_sources  # the module; `data` is the fixture of local copies below
 import tasks
+import verifiers
 
 # Three records of openai/gsm8k (main, train), verbatim.
 GSM8K = [
@@ -240,12 +241,12 @@ def test_gsm8k_step_verifier_catches_every_altered_annotation(data):
     ("(9**64)**64**64", "1", None, None), ("9" * 300, "1", None, None),
 ])
 def test_annotation_verdicts_by_hand(expression, result, shown, verdict):
-    assert tasks.annotation_verdict(expression, result, shown) == verdict
+    assert verifiers.annotation_verdict(expression, result, shown) == verdict
 
 
 def test_gsm8k_lines_without_annotations_are_not_steps():
     completion = "First, 3 times 4 is 12.\n\n3*4 = <<3*4=12>>12 and <<12+1=14>>14\n<<1+1=2>>2 and <<a=b>>\n#### 12"
-    assert tasks.gsm8k_step_verdicts(completion) == [None, False, True, None]
+    assert verifiers.gsm8k_step_verdicts(None, completion) == [None, False, True, None]
 
 
 # ---- MATH ----
@@ -294,7 +295,7 @@ def test_code_rewards_survive_hostile_completions(data):
     start = time.monotonic()
     for completion in ("import os\nos._exit(0)", "import os\nwhile True: os.fork()", "while True: pass",
                        "def similar_elements(a, b):\n    open('/tmp/mbpp-escape', 'w')\n    return ()"):
-        assert tasks.code_reward(example, completion, timeout_s=1.0) == 0.0
+        assert verifiers.code_reward(example, completion, timeout_s=1.0) == 0.0
     assert time.monotonic() - start < 4 * 1.0 + 8
 
 
@@ -361,7 +362,7 @@ def test_math_original_release_one_json_per_problem(tmp_path):
 def test_a_partial_math_copy_is_refused_unless_one_subject_is_chosen(tmp_path):
     write_parquet(tmp_path / "algebra/train-00000-of-00001.parquet", MATH[1:2])
     write_parquet(tmp_path / "algebra/test-00000-of-00001.parquet", MATH_TEST)
-    with pytest.raises(tasks.DataUnavailable, match=r"1 of its 7 folders \(algebra\) and lacks counting_and"):
+    with pytest.raises(data_sources.DataUnavailable, match=r"1 of its 7 folders \(algebra\) and lacks counting_and"):
         tasks.load_task("math", 0, 10, 10, data_dir=str(tmp_path))
     task = tasks.load_task("math", 0, 10, 10, data_dir=str(tmp_path / "algebra"))   # one subject, on purpose
     assert [e.question for e in task.train] == [MATH[1]["problem"]]
@@ -375,7 +376,7 @@ def test_a_clone_without_git_lfs_says_so(tmp_path):
     for split in ("train", "test"):
         (tmp_path / "main").mkdir(exist_ok=True)
         (tmp_path / f"main/{split}-00000-of-00001.parquet").write_text(pointer)
-    with pytest.raises(tasks.DataUnavailable, match=r"GSM8K: 1 of the 1 data files .* Git LFS pointers.*git lfs pull"):
+    with pytest.raises(data_sources.DataUnavailable, match=r"GSM8K: 1 of the 1 data files .* Git LFS pointers.*git lfs pull"):
         tasks.load_task("gsm8k", 0, 10, 10, data_dir=str(tmp_path))
 
 
@@ -386,8 +387,8 @@ def humaneval():
 
 
 def rewards(task, pairs):
-    """Judged as training judges them: eval.rewards, several programs at a time."""
-    return evaluation.rewards(task, [e for e, _ in pairs], [c for _, c in pairs]).tolist()
+    """Judged as training judges them: tasks.rewards, several programs at a time."""
+    return tasks.rewards(task, [e for e, _ in pairs], [c for _, c in pairs]).tolist()
 
 
 def test_humaneval_comes_from_the_package_split_by_task_id():
@@ -467,9 +468,9 @@ def test_bad_arguments_are_refused(data, tmp_path):
 
 def test_a_local_copy_without_the_split_names_the_data_set_and_the_option(tmp_path):
     write_jsonl(tmp_path / "train.jsonl", MBPP)
-    with pytest.raises(tasks.DataUnavailable, match=r"MBPP is not available: .* has no test split.*--data-dir"):
+    with pytest.raises(data_sources.DataUnavailable, match=r"MBPP is not available: .* has no test split.*--data-dir"):
         tasks.load_task("mbpp", 0, 1, 1, data_dir=str(tmp_path))
-    with pytest.raises(tasks.DataUnavailable, match="is not a directory"):
+    with pytest.raises(data_sources.DataUnavailable, match="is not a directory"):
         tasks.load_task("mbpp", 0, 1, 1, data_dir=str(tmp_path / "train.jsonl"))
 
 
@@ -481,7 +482,7 @@ def test_an_unreachable_hub_fails_fast_with_directions(name, title, tmp_path, mo
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
     monkeypatch.setattr(constants, "ENDPOINT", f"http://127.0.0.1:{free_port()}")  # nothing listens
     start = time.monotonic()
-    with pytest.raises(tasks.DataUnavailable) as error:
+    with pytest.raises(data_sources.DataUnavailable) as error:
         tasks.load_task(name, 0, 1, 1)
     assert time.monotonic() - start < 5
     message = str(error.value)
@@ -494,7 +495,7 @@ def test_offline_mode_fails_at_once(tmp_path, monkeypatch):
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     start = time.monotonic()
-    with pytest.raises(tasks.DataUnavailable, match="HF_HUB_OFFLINE"):
+    with pytest.raises(data_sources.DataUnavailable, match="HF_HUB_OFFLINE"):
         tasks.load_task("gsm8k", 0, 1, 1)
     assert time.monotonic() - start < 1
 
@@ -510,7 +511,7 @@ def test_the_hub_probe_is_bounded_and_counts_any_http_answer():
         silent.bind(("127.0.0.1", 0))
         silent.listen()
         start = time.monotonic()
-        assert not tasks._hub_reachable(f"http://127.0.0.1:{silent.getsockname()[1]}", timeout_s=1.0)
+        assert not data_sources.hub_reachable(f"http://127.0.0.1:{silent.getsockname()[1]}", timeout_s=1.0)
         assert time.monotonic() - start < 2.0
 
     class NotFound(http.server.BaseHTTPRequestHandler):
@@ -524,7 +525,7 @@ def test_the_hub_probe_is_bounded_and_counts_any_http_answer():
     server = http.server.HTTPServer(("127.0.0.1", 0), NotFound)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        assert tasks._hub_reachable(f"http://127.0.0.1:{server.server_address[1]}", timeout_s=2.0)
+        assert data_sources.hub_reachable(f"http://127.0.0.1:{server.server_address[1]}", timeout_s=2.0)
     finally:
         server.shutdown()
 

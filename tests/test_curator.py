@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 import coevolution
 import curator
 import diagnosis
+import fidelity_record
 import grpo
 import policies
 import reachability
@@ -357,6 +358,20 @@ def test_offer_features_carry_the_ccm_proxies_by_hand():
     expected = [0.5, 0.25, 0.4, 1.0, 0.5, 0.1, 0.3, 0.12, 0.3, 0.25, -1.0]
     assert len(expected) == len(diagnosis.FEATURES)
     torch.testing.assert_close(features, torch.tensor(expected, dtype=torch.float64))
+
+
+def test_the_ccm_term_is_the_phantom_share_and_the_record_carries_the_phantom_advantage_by_hand():
+    # two steps, R = 0.5 and 0.9: the term is mean (1 - R) = 0.3 whatever the advantage; a crossing that carries
+    # A = -2 records the proposal's P = mean_k |A| (1 - R_k) = 0.6, and its EOS (outside both steps) the last
+    # step's credit
+    from types import SimpleNamespace as Fake
+    reach = torch.tensor([0.5, 0.9])
+    diag = diagnosis.Diagnosis(torch.zeros(2), torch.zeros(2), torch.full((2,), math.nan), reach, torch.ones(2))
+    assert diag.terms(curator.CuratorConfig())[1].item() == pytest.approx(0.3)
+    offer = Fake(diagnosis=diag, steps=[(0, 2), (3, 5)], tgt=Fake(offsets=[(0, 2), (2, 3), (3, 5), (5, 5)]))
+    record = fidelity_record.credit_record(offer, -2.0, torch.tensor([-1.0, -1.8]),
+                                           torch.tensor([-1.0, -1.0, -1.8, -1.8]), ["ccm"])
+    assert record["phantom"] == pytest.approx(0.6) and record["outside_credit"] == pytest.approx([-1.0, -1.8])
 
 
 def test_calibration_steps_come_from_every_prompt():

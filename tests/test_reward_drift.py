@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 import reward_drift
 import tasks
+import verifiers
 
 
 def problem():
@@ -34,7 +35,7 @@ def test_gsm8k_annotations_carry_drift_and_verified_credit():
     # two policies' records of "/2" annotations; a shared GSM8K solution's annotated line then has a finite drift
     # and a verified credit, and its prose line neither
     completion = "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\nSo she sold many.\n#### 72"
-    gsm8k = tasks.Task("gsm8k", [], [], str, tasks.gsm8k_reward, lambda example, text: tasks.gsm8k_step_verdicts(text))
+    gsm8k = tasks.Task("gsm8k", [], [], str, verifiers.gsm8k_reward, verifiers.gsm8k_step_verdicts)
     steps = reward_drift.process_rewards(gsm8k, None, completion)
     assert [(s.type, s.reward) for s in steps] == [("/2", 1.0), (None, None), (None, None)]
     src, tgt = stats_from({"/2": (9, 10)}), stats_from({"/2": (2, 10)})

@@ -1,5 +1,5 @@
 """The code judge: plain literals and handles on the channel, correct programs pass, and hostile programs score 0
-without touching anything outside their sandbox. Each attack is a small program judged through tasks.code_reward
+without touching anything outside their sandbox. Each attack is a small program judged through verifiers.code_reward
 on HumanEval/0 (or sandbox.judge where its output is inspected), then checked from the outside: reward 0, no file
 changed outside the sandbox, no process of a sandbox uid left, the trainer alive with its limits intact; the
 attacks through the kernel leave no key, SysV object or cgroup behind. Failures of the host at the moment (no
@@ -28,6 +28,7 @@ import memory_cgroup
 import sandbox
 import syscall_filter
 import tasks
+import verifiers
 
 SLACK_S = 4.0  # the machine is shared: start-up and teardown may be slow, but never by the program's doing
 LIMITS = [getattr(resource, name) for name in dir(resource) if name.startswith("RLIMIT_")]
@@ -104,7 +105,7 @@ def outside(tmp_path, monkeypatch):
 def reward(example, completion: str, timeout_s: float = 2.0) -> float:
     compile(example.code_prefix + completion, "attack.py", "exec")  # a syntax error would score 0 for nothing
     start = time.monotonic()
-    value = tasks.code_reward(example, completion, timeout_s=timeout_s)
+    value = verifiers.code_reward(example, completion, timeout_s=timeout_s)
     assert time.monotonic() - start < timeout_s + SLACK_S
     return value
 
@@ -263,8 +264,8 @@ def test_a_sample_of_humaneval_canonical_solutions_passes_while_a_wrong_body_fai
     task = tasks.load_task("humaneval", 0, 1000, 1000)
     sample = sorted(task.train + task.heldout, key=lambda e: e.id)[::20]
     with ThreadPoolExecutor(2) as pool:
-        good = list(pool.map(lambda e: tasks.code_reward(e, e.reference), sample))
-        bad = list(pool.map(lambda e: tasks.code_reward(e, "    return None\n"), sample))
+        good = list(pool.map(lambda e: verifiers.code_reward(e, e.reference), sample))
+        bad = list(pool.map(lambda e: verifiers.code_reward(e, "    return None\n"), sample))
     assert good == [1.0] * len(sample) and bad == [0.0] * len(sample)
 
 
@@ -512,9 +513,9 @@ def test_a_correct_program_beside_a_fork_bomb_still_passes(has_close_elements):
     # RLIMIT_NPROC counts per sandbox: a bomb in one sandbox does not starve a program judged at the same time
     bomb = after_the_prompt("import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass")
     with ThreadPoolExecutor(2) as pool:
-        bombed = pool.submit(tasks.code_reward, has_close_elements, bomb, 3.0)
+        bombed = pool.submit(verifiers.code_reward, has_close_elements, bomb, 3.0)
         time.sleep(0.5)
-        honest = pool.submit(tasks.code_reward, has_close_elements, has_close_elements.reference, 3.0)
+        honest = pool.submit(verifiers.code_reward, has_close_elements, has_close_elements.reference, 3.0)
         assert honest.result() == 1.0 and bombed.result() == 0.0
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+import data
 import tasks
 
 CFG = tasks.TaskConfig(num_steps=2, max_operand=9, ops="+-")
@@ -37,8 +38,8 @@ def test_reference_solutions_verify_and_amounts_stay_non_negative(cfg):
             value = {"+": value + b, "-": value - b, "*": value * b}[op]
             assert value >= 0
         assert value == p.answer
-        assert tasks.answer_reward(p.solution, p) == 1.0
-        verdicts = [v for _, v in tasks.step_verdicts(p.solution, p)]
+        assert tasks.answer_reward(p, p.solution) == 1.0
+        verdicts = [v for _, v in tasks.step_verdicts(p, p.solution)]
         assert verdicts == [True] * cfg.num_steps + [None]
 
 
@@ -52,12 +53,12 @@ def test_reference_solutions_verify_and_amounts_stay_non_negative(cfg):
     ("\x00\ufffd garbage 😀", 0.0), ("Answer:", 0.0), ("answer: 9", 0.0),
 ])
 def test_answer_reward(completion, reward):
-    assert tasks.answer_reward(completion, problem()) == reward
+    assert tasks.answer_reward(problem(), completion) == reward
 
 
 def test_step_verdicts_on_hand_labelled_lines():
     completion = "7 + 5 = 12\n12 - 3 = 8\n12 - 3 = 9\n4 + 5 = 9\nso the answer is\n9 * 1 = 9\n\nAnswer: 9"
-    verdicts = tasks.step_verdicts(completion, problem())
+    verdicts = tasks.step_verdicts(problem(), completion)
     lines = [completion[s:e] for (s, e), _ in verdicts]
     assert lines == ["7 + 5 = 12", "12 - 3 = 8", "12 - 3 = 9", "4 + 5 = 9", "so the answer is", "9 * 1 = 9",
                      "Answer: 9"]
@@ -66,15 +67,15 @@ def test_step_verdicts_on_hand_labelled_lines():
 
 
 def test_a_wrong_step_does_not_make_its_result_available():
-    verdicts = tasks.step_verdicts("7 + 5 = 13\n13 - 3 = 10", problem())
+    verdicts = tasks.step_verdicts(problem(), "7 + 5 = 13\n13 - 3 = 10")
     assert [v for _, v in verdicts] == [False, False]
 
 
 @pytest.mark.parametrize("completion", ["", "   ", "\n", "=\n+ = -\n1 + = 2", "99999999999999999999 + 1 = 1"])
 def test_malformed_completions_never_raise(completion):
-    verdicts = tasks.step_verdicts(completion, problem())
+    verdicts = tasks.step_verdicts(problem(), completion)
     assert all(v in (None, False) for _, v in verdicts)
-    assert tasks.answer_reward(completion, problem()) == 0.0
+    assert tasks.answer_reward(problem(), completion) == 0.0
 
 
 def test_bad_arguments_are_refused():
@@ -90,18 +91,18 @@ def test_a_premature_solution_has_right_steps_and_the_wrong_answer():
     problem = tasks.Problem("Ava has 7 apples. She gets 5 more. She gives away 3.", 7, (("+", 5), ("-", 3)), 9)
     cut = tasks.premature_solution(problem)
     assert cut == "7 + 5 = 12\nAnswer: 12"
-    assert [v for _, v in tasks.step_verdicts(cut, problem)] == [True, None]
-    assert tasks.answer_reward(cut, problem) == 0.0
+    assert [v for _, v in tasks.step_verdicts(problem, cut)] == [True, None]
+    assert tasks.answer_reward(problem, cut) == 0.0
 
 
 def test_numbers_past_the_int_string_limit_score_zero_and_are_not_steps():
     huge = "9" * 5000  # past Python's 4,300-digit int-str limit, where int() raises
     p = problem()
     for completion in (f"Answer: {huge}", f"7 + 5 = 12\nAnswer: {huge}"):
-        assert tasks.parse_answer(completion) is None and tasks.answer_reward(completion, p) == 0.0
-    verdicts = tasks.step_verdicts(f"{huge} + 1 = 1{'0' * 5000}\n7 + {huge} = 12\n7 + 5 = 12\nAnswer: 9", p)
+        assert tasks.parse_answer(completion) is None and tasks.answer_reward(p, completion) == 0.0
+    verdicts = tasks.step_verdicts(p, f"{huge} + 1 = 1{'0' * 5000}\n7 + {huge} = 12\n7 + 5 = 12\nAnswer: 9")
     assert [v for _, v in verdicts] == [None, None, True, None]
-    assert tasks.answer_reward("7 + 5 = 12\n12 - 3 = 9\nAnswer: 9", p) == 1.0
+    assert tasks.answer_reward(p, "7 + 5 = 12\n12 - 3 = 9\nAnswer: 9") == 1.0
 
 
 # ---- code tasks whose tests build objects, and MATH's original layout -----------------------------------------------
@@ -183,7 +184,7 @@ def test_a_partial_math_release_is_refused_with_advice_that_works(tmp_path):
             path = tmp_path / f"MATH/{split}/{subject}/1.json"
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps(row))
-    with pytest.raises(tasks.DataUnavailable, match="2 of its 7 folders") as refusal:
+    with pytest.raises(data.DataUnavailable, match="2 of its 7 folders") as refusal:
         tasks.load_task("math", 0, 10, 10, data_dir=str(tmp_path / "MATH"))
     advised = re.search(r"pass that folder itself as data_dir \(e\.g\. (.+?), which", str(refusal.value)).group(1)
     task = tasks.load_task("math", 0, 10, 10, data_dir=advised)
