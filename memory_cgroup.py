@@ -172,10 +172,10 @@ def _kill_members(folder: str) -> None:
             os.close(pidfd)
 
 
-def remove(folder: str) -> bool:
-    """Kill what is left of the sandbox and remove its cgroup; False where that did not succeed within
-    REMOVE_WITHIN_S (a stuck kernel)."""
-    deadline = time.monotonic() + REMOVE_WITHIN_S
+def remove(folder: str, within_s: float = REMOVE_WITHIN_S) -> bool:
+    """Kill what is left of the sandbox and remove its cgroup; False where that did not succeed within `within_s`
+    (a stuck kernel, or one slow to reap what the OOM killer took)."""
+    deadline = time.monotonic() + within_s
     while True:
         try:
             os.rmdir(folder)

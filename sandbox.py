@@ -76,6 +76,7 @@ import select
 import signal
 import subprocess
 import sys
+import threading
 import time
 from typing import NamedTuple
 
@@ -91,6 +92,8 @@ MAX_PROCESSES = 16                 # RLIMIT_NPROC inside: threads count too
 MAX_OPEN_FILES = 64
 ATTEMPTS = 2                       # a judgement that could not be made is made once more
 log = logging.getLogger(__name__)
+LEFT_BEHIND: set[str] = set()      # cgroups not removable when their judgement ended: tried again at every later one
+LEFT_BEHIND_LOCK = threading.Lock()
 ENV = {"PATH": "/usr/bin:/bin", "HOME": "/tmp", "TMPDIR": "/tmp", "LANG": "C.UTF-8",
        "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}  # numpy: no thread pools
 
@@ -349,9 +352,12 @@ def _release(sandboxes: list, opened: list[int], cgroups: list[str]) -> list[str
         os.close(fd)
     out_of_memory = [role for role, cgroup in zip(("candidate", "judge"), cgroups)
                      if memory_cgroup.ran_out_of_memory(cgroup)]
-    for cgroup in cgroups:
-        if not memory_cgroup.remove(cgroup):
-            log.warning("the memory cgroup %s still had processes; it is left behind", cgroup)
+    stuck = {cgroup for cgroup in cgroups if not memory_cgroup.remove(cgroup)}
+    for cgroup in stuck:
+        log.warning("the memory cgroup %s still had processes; it is removed at a later judgement", cgroup)
+    with LEFT_BEHIND_LOCK:
+        LEFT_BEHIND.difference_update({c for c in LEFT_BEHIND if memory_cgroup.remove(c, within_s=0)})
+        LEFT_BEHIND.update(stuck)
     return out_of_memory
 
 

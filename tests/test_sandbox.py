@@ -339,6 +339,19 @@ def test_a_judgement_the_host_cannot_make_now_is_a_failed_verdict_with_its_reaso
     assert sandbox.judge("def f():\n    return 1\n", "assert f() == 1", ["f"]).passed
 
 
+def test_a_cgroup_that_could_not_be_removed_is_removed_at_a_later_judgement(monkeypatch):
+    if memory_cgroup.hierarchy() is None:
+        pytest.skip("this host gives no memory cgroups")
+    real, before = memory_cgroup.remove, set(sandbox.LEFT_BEHIND)
+    monkeypatch.setattr(memory_cgroup, "remove", lambda folder, within_s=memory_cgroup.REMOVE_WITHIN_S: False)
+    assert sandbox.judge("def f():\n    return 1\n", "assert f() == 1", ["f"]).passed
+    left = sandbox.LEFT_BEHIND - before
+    assert len(left) == 2 and all(os.path.isdir(folder) for folder in left)   # the candidate's and the judge's
+    monkeypatch.setattr(memory_cgroup, "remove", real)
+    assert sandbox.judge("def f():\n    return 1\n", "assert f() == 1", ["f"]).passed
+    assert not left & sandbox.LEFT_BEHIND and not any(os.path.isdir(folder) for folder in left)
+
+
 @pytest.mark.parametrize("role, reason", [("candidate", "not judged: the candidate's sandbox did not start"),
                                           ("judge", "not judged: the judge's sandbox stopped without a verdict")])
 def test_a_sandbox_that_did_not_start_is_judged_again(role, reason, tmp_path, monkeypatch, caplog):
