@@ -14,13 +14,9 @@ because it scored well (at PRP with A = 0 nothing else would cross). §2.3 (thre
 predictor) is in coevolution.py.
 
 The three terms, each a mean over the trajectory's K steps (lines, DESIGN.md §4.6) of a per-step value in [0, 1]:
-  TBD  1 - S_TBD. tokalign's default byte-boundary similarity calls every 1:n digit group a hotspot, so a
-       Qwen -> Llama-3 trajectory would be degraded by construction. What the proposal means is whether the
-       split changes a step's meaning or credit, and per-token credit changes only where a token holds bytes
-       of two steps (its credit then mixes them) or where the receiver cannot reproduce the bytes. So step k's
-       value is max(its byte share in inexact groups, 1/2 per boundary with a neighbour step that exactly one
-       side straddles, tokalign.tbd_steps). It is 0 for a pure 1:n digit split. The Jaccard S_TBD is
-       logged beside it (`tbd_jaccard`) to show the difference.
+  TBD  the share of a step's credit that a token mixes with a neighbour step's, or that the receiver cannot
+       reproduce (tokalign.tbd_steps): 0 for a pure 1:n digit split, which the byte-boundary S_TBD would call
+       drift by construction (logged beside it as `tbd_jaccard`).
   CCM  mean_k (1 - R_k), R_k calibrated on the receiver's own steps so that its typical ones score 0
        (reachability.py): the share of the trajectory's credit that sits on steps the receiver cannot reach.
        This is the proposal's phantom advantage P = mean_k A_k (1 - R_k) per unit of credit, P / |A|, and not P
@@ -29,9 +25,7 @@ The three terms, each a mean over the trajectory's K steps (lines, DESIGN.md §4
        meant to inform; and |A| reaches sqrt(G - 1) under std-normalized advantages, so P has no fixed scale
        on which thresholds mean anything. P with the credit actually carried is logged per crossing (`phantom`).
   RSD  per typed step, sqrt(1 - exp(-KL(p_src || p_tgt))) (reward_drift.rsd_steps): the Bretagnolle-Huber bound
-       on the total variation
-       between the two policies' step-success distributions, a probability in [0, 1), 0 exactly when they
-       agree; the trajectory term is the mean over typed steps (0 without any, as reward_drift does).
+       on the total variation between the two policies' step-success distributions; the mean over typed steps.
 An ablated term (--ablate) is not computed, and its repair is off. It contributes 0 to D and the other weights
 are kept, so D keeps its scale and the thresholds their meaning: dropping a term that is always 0 changes no
 decision. An ablated CCM computes no gradient norms at all, so the intrinsic RSD signal is gone with it: the
