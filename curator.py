@@ -168,10 +168,6 @@ class Score:
     terms: dict[str, float]        # NaN where ablated
     terms_repaired: dict[str, float]
 
-    @property
-    def fidelity(self) -> float:
-        return 1 - self.D
-
 
 def score(offer: Offer, cfg: CuratorConfig, theta: tuple[float, float]) -> Score:
     """D and D_repaired (module docstring), and the band of D_repaired."""
@@ -195,17 +191,18 @@ def admit(offers: list[Offer], bands: list[int], receiver: sharing.Experience, s
     A rescue (a verified success on a prompt the receiver's whole group failed) crosses as one at every band,
     with its credit as a member of the receiver's failed group, pooled over the prompt's rescues; at XGRPO its
     reward also joins the baseline. Any other PRP trajectory carries its own-group advantage."""
-    rescue = [rescue_candidate(o, receiver.rewards, share.success) for o in offers]
-    pooled: dict[int, list[float]] = defaultdict(list)
+    pooled: dict[int, list[float]] = defaultdict(list)                 # prompt -> XGRPO-admitted peer rewards
+    rescues: dict[int, list[int]] = defaultdict(list)                  # prompt -> positions of its rescues
     picks: dict[int, tuple[Offer, float]] = {}
     decisions = []
     for k, (o, band) in enumerate(zip(offers, bands)):
         if band == 1:
             pooled[o.prompt_index].append(o.reward)
-        level = LEVELS[band] if band < 2 or rescue[k] else "rejected"
         rule = ("D_repaired < theta1", "theta1 <= D_repaired < theta2", "D_repaired >= theta2")[band]
-        if rescue[k]:
-            decisions.append((level, "tokens" if band != 1 else "tokens and reward", f"{rule}, a verified rescue"))
+        if rescue_candidate(o, receiver.rewards, share.success):
+            rescues[o.prompt_index].append(k)
+            decisions.append((LEVELS[band], "tokens" if band != 1 else "tokens and reward",
+                              f"{rule}, a verified rescue"))
         elif band == 0:
             decisions.append(("prp", "tokens", rule) if o.advantage != 0 else
                              ("prp", "none", f"{rule}, but A = 0 and no rescue: nothing to carry"))
@@ -215,11 +212,7 @@ def admit(offers: list[Offer], bands: list[int], receiver: sharing.Experience, s
             decisions.append(("xgrpo", "reward", rule))
         else:
             decisions.append(("rejected", "none", f"{rule}, not a verified success on a prompt the receiver failed"))
-    members: dict[int, list[int]] = defaultdict(list)
-    for k, o in enumerate(offers):
-        if rescue[k]:
-            members[o.prompt_index].append(k)
-    for b, ks in members.items():
+    for b, ks in rescues.items():
         credit = sharing.rescue_advantages(receiver.rewards[b], torch.tensor([offers[k].reward for k in ks]),
                                            share.scale_by_std)
         for k, a in zip(ks, credit.tolist()):
