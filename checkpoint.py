@@ -20,12 +20,14 @@ import policies
 
 def open_run(run_dir: Path, config: dict, resume: bool) -> None:
     """Make the run directory and write its config.json; a directory that holds a run needs `resume`, and a
-    resume must not change the run's settings."""
+    resume must not change the run's settings, except --iterations: no schedule depends on the horizon, so a run
+    extended from 100 to 200 iterations is the run that would have gone to 200 from the start."""
     saved = run_dir / "config.json"
     if run_dir.exists() and not resume and (run_dir / "metrics.jsonl").exists():
         raise FileExistsError(f"{run_dir} holds a run; pass --resume to continue it or --name for a new one")
     if resume and saved.exists():
-        changed = {k for k, v in json.loads(saved.read_text()).items() if k != "resume" and config.get(k) != v}
+        changed = {k for k, v in json.loads(saved.read_text()).items() if k not in ("resume", "iterations")
+                   and config.get(k) != v}
         if changed:
             raise ValueError(f"--resume with other settings than the run's ({sorted(changed)}); resume as it was")
     run_dir.mkdir(parents=True, exist_ok=True)

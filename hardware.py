@@ -76,8 +76,9 @@ def measured(device: torch.device) -> Iterator[dict[str, float]]:
 
 
 def perf_metrics(phase: str, tokens: float, measurement: dict[str, float]) -> dict[str, float]:
-    """perf/{phase}_tokens_per_s and, on CUDA, perf/{phase}_peak_gib (all resident weights included)."""
-    out = {f"perf/{phase}_tokens_per_s": tokens / measurement["seconds"]}
+    """perf/{phase}_tokens (the phase's cost, what a comparison at an equal budget adds up), its speed
+    perf/{phase}_tokens_per_s and, on CUDA, perf/{phase}_peak_gib (all resident weights included)."""
+    out = {f"perf/{phase}_tokens": float(tokens), f"perf/{phase}_tokens_per_s": tokens / measurement["seconds"]}
     if "peak_gib" in measurement:
         out[f"perf/{phase}_peak_gib"] = measurement["peak_gib"]
     return out

@@ -13,7 +13,7 @@ import train
 TRAIN_KEYS = {"iteration", "policy", "time_s", "losses/policy_loss", "losses/clip_ratio", "losses/kl",
               "losses/entropy", "losses/grad_norm", "charts/completion_len", "charts/reward_mean",
               "charts/reward_std", "charts/zero_std_groups", "charts/finished", "perf/rollout_tokens_per_s",
-              "perf/update_tokens_per_s"}
+              "perf/update_tokens_per_s", "perf/rollout_tokens", "perf/update_tokens"}
 EVAL_KEYS = {"iteration", "policy", "time_s", "eval/heldout_accuracy", "eval/heldout_sampled_accuracy"}
 
 
@@ -56,7 +56,7 @@ def test_two_iterations_change_every_policy_and_log_the_documented_metrics(tmp_p
 
 
 @pytest.mark.parametrize("setting", [{}, dict(share="prp", lora_rank=4, beta=0.1)], ids=["full", "prp-lora-kl"])
-def test_a_killed_run_resumes_where_an_uninterrupted_one_ends(tmp_path, cache_dir, monkeypatch, setting):
+def test_a_killed_run_resumes_and_a_shorter_one_extends_to_where_an_uninterrupted_one_ends(tmp_path, cache_dir, monkeypatch, setting):
     overrides = dict(iterations=4, checkpoint_every=2, eval_every=2, **setting)
     whole = train.main(tiny_args(tmp_path, cache_dir, name="whole", **overrides))
 
@@ -80,6 +80,11 @@ def test_a_killed_run_resumes_where_an_uninterrupted_one_ends(tmp_path, cache_di
             torch.testing.assert_close(a["model"][key], b["model"][key], rtol=0, atol=0)
     strip = lambda rs: [{k: v for k, v in r.items() if k != "time_s" and not k.startswith("perf/")} for r in rs]
     assert strip(records(whole)) == strip(records(resumed))
+
+    short = {**overrides, "iterations": 2}
+    train.main(tiny_args(tmp_path, cache_dir, name="extended", **short))
+    extended = train.main(tiny_args(tmp_path, cache_dir, name="extended", resume=True, **overrides))
+    assert strip(records(whole)) == strip(records(extended))
 
 
 def test_an_existing_run_is_not_overwritten_nor_resumed_with_other_settings(tmp_path, cache_dir):
