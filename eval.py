@@ -156,7 +156,8 @@ def evaluate_run(run_dir: Path, task_name: str, eval_size: int, data_dir: str | 
                  ) -> dict[str, float]:
     """Greedy pass@1 of a run's last checkpoint on a task's held-out split (transfer, proposal §3.3)."""
     config = json.loads((Path(run_dir) / "config.json").read_text())
-    task_cfg = tasks.TaskConfig(num_steps=config["num_steps"], max_operand=config["max_operand"], ops=config["ops"])
+    task_cfg = tasks.TaskConfig(num_steps=config["num_steps"], max_operand=config["max_operand"], ops=config["ops"],
+                                step_format=config.get("step_format", tasks.TaskConfig.step_format))
     setup = hardware.PolicySetup.of(config)
     pols = hardware.build_policies(setup, hardware.policy_devices(config["devices"], len(
         policies.PRESETS[setup.scale][setup.pair])), task_cfg)   # exactly as train.py built them

@@ -75,6 +75,10 @@ class Args:
     """cross-fidelity: diagnoses (and their repairs) switched off"""
     thresholds: Literal["fixed", "adaptive"] = "fixed"
     """cross-fidelity: theta1, theta2 as given, or co-evolving per pair (coevolution.py's bandit)"""
+    tbd_measure: Literal["credit", "hidden", "jaccard"] = curator.CuratorConfig.tbd_measure
+    """cross-fidelity: how the TBD term is measured (boundary_drift.py): the credit tokens mix across step
+    boundaries; the proposal's hidden-state similarity through a linear map fitted on exact 1:1 groups; or the
+    byte-boundary Jaccard index (differs wherever the tokenizations do)"""
     process_signal: Literal["vpr", "intrinsic"] = curator.CuratorConfig.process_signal
     """cross-fidelity: RSD repair with verified step credit where a step can be checked, or the intrinsic
     gradient-norm signal on every step"""
@@ -131,6 +135,10 @@ class Args:
     """task: operands are drawn from 1..max_operand"""
     ops: str = tasks.TaskConfig.ops
     """task: operations, a subset of '+-*'"""
+    step_format: Literal["line", "inline", "prose"] = tasks.TaskConfig.step_format
+    """task: how solutions write their steps (tasks.py): one per line; on one line, separated by '; '; or as
+    sentences in words run together ('7 plus 5 is 12.Then ...'), whose boundaries fall inside a token for some
+    families and not for others (the TBD diagnosis)"""
     train_size: int = 5000
     """training problems drawn once; prompts are sampled from them"""
     eval_size: int = 500
@@ -178,7 +186,8 @@ class Args:
 
     @property
     def task_config(self) -> tasks.TaskConfig:
-        return tasks.TaskConfig(num_steps=self.num_steps, max_operand=self.max_operand, ops=self.ops)
+        return tasks.TaskConfig(num_steps=self.num_steps, max_operand=self.max_operand, ops=self.ops,
+                                step_format=self.step_format)
 
     def policy_setup(self, scale: str) -> hardware.PolicySetup:
         return hardware.PolicySetup.of({**asdict(self), "scale": scale})
@@ -195,7 +204,7 @@ class Args:
     @property
     def curator_config(self) -> curator.CuratorConfig:
         return curator.CuratorConfig(self.fidelity_lambdas, self.theta1, self.theta2, self.ccm_beta, self.ablate,
-                                     self.process_signal)
+                                     tbd_measure=self.tbd_measure, process_signal=self.process_signal)
 
 
 @dataclass
