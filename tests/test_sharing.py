@@ -445,7 +445,7 @@ def test_none_and_xgrpo_move_no_trajectory(untrained):
 # ---------------------------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("pair, share", [("qwen-llama", "prp"), ("qwen-llama", "sgt"), ("trio", "xgrpo"),
-                                         ("trio", "prp")])
+                                         ("trio", "prp"), ("qwen-llama", "hacpo"), ("trio", "hacpo")])
 def test_a_sharing_run_trains_every_policy_and_logs_what_crossed(tmp_path, cache_dir, pair, share):
     run_dir = train.main(tiny_args(tmp_path, cache_dir, pair=pair, share=share, iterations=2))
     logged = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -453,9 +453,17 @@ def test_a_sharing_run_trains_every_policy_and_logs_what_crossed(tmp_path, cache
     names = [spec.name for spec in policies.PRESETS["tiny"][pair]]
     assert sorted({r["policy"] for r in updates}) == sorted(names) and len(updates) == 2 * len(names)
     assert all(math.isfinite(r["losses/policy_loss"]) and "sharing/received" in r for r in updates)
-    if share == "prp":  # both directions: every policy took in peer rollouts, all weights within the cap
+    if share in ("prp", "hacpo"):  # both directions: every policy took in peer rollouts
         received = {n: sum(r["sharing/received"] for r in updates if r["policy"] == n) for n in names}
         assert all(v > 0 for v in received.values()), received
-        assert all(0 < r["sharing/weight_mean"] <= 2.0 for r in updates if r["sharing/received"])
+        cap = 2.0 if share == "prp" else 1.0           # every weight within PRP's ratio cap; HACPO never upweights
+        assert all(0 < r["sharing/weight_mean"] <= cap for r in updates if r["sharing/received"])
     if share == "xgrpo":
         assert all(r["sharing/received"] == 2 * 8 * 6 for r in updates)  # two peers' rewards on 8 prompts x 6
+    if share == "hacpo":  # every policy's capability (its rolling mean reward) is logged
+        assert all(0 <= r["sharing/capability"] <= 1 for r in updates)
+
+
+def test_hacpo_refuses_more_than_one_update_per_iteration(tmp_path, cache_dir):
+    with pytest.raises(ValueError, match="--epochs 1"):
+        tiny_args(tmp_path, cache_dir, share="hacpo", epochs=2).share_config
