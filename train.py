@@ -3,6 +3,7 @@
     python train.py --pair qwen-llama                 # tiny offline policies on a CPU, small real ones on CUDA
     python train.py --pair trio --iterations 50 --seed 2
     python train.py --share prp                       # Mutual RL's data-level sharing (also xgrpo, sgt)
+    python train.py --share hacpo                     # the HACPO baseline (hacpo.py)
     python train.py --share cross-fidelity            # the curator (curator.py): diagnose, repair, admit
     python train.py --name my-run --resume            # continue a killed run from its last checkpoint
 
@@ -38,6 +39,7 @@ import coevolution
 import curator
 import eval as evaluation
 import grpo
+import hacpo
 import hardware
 import lora
 import policies
@@ -57,11 +59,13 @@ class Args:
     model_dir: str | None = None
     """a directory with one folder per real policy, named like the last part of its hub id
     (e.g. DIR/Qwen2.5-0.5B-Instruct, as `hf download` makes with --local-dir); --model-paths takes precedence"""
-    share: Literal["none", "prp", "xgrpo", "sgt", "cross-fidelity"] = "none"
+    share: Literal["none", "prp", "xgrpo", "sgt", "hacpo", "cross-fidelity"] = "none"
     """how experience crosses between policies (sharing.py): none = independent GRPO; prp = peer rollouts join the
     batch with truncated density ratios; xgrpo = peer rewards join the group baseline; sgt = peer successes
-    rescue prompts the receiver failed; cross-fidelity = the curator (curator.py) diagnoses every peer rollout,
-    repairs it and admits it to one of the three levels or rejects it"""
+    rescue prompts the receiver failed; hacpo = HACPO (hacpo.py): a capability-aware baseline over all policies'
+    rewards, and peer rollouts with sequence-level ratios clipped to [1 - delta, 1]; cross-fidelity = the
+    curator (curator.py) diagnoses every peer rollout, repairs it and admits it to one of the three levels or
+    rejects it"""
     fidelity_lambdas: tuple[float, float, float] = curator.CuratorConfig.lambdas
     """cross-fidelity: weights of the TBD, CCM and RSD terms in the degradation D (summing to 1)"""
     theta1: float = curator.CuratorConfig.theta1
@@ -87,6 +91,14 @@ class Args:
     ratio_cap: float = sharing.ShareConfig.ratio_cap
     """prp, sgt: the truncation of the group-wise density ratio pi_receiver / pi_peer (2 as in truncated
     importance sampling); no weight exceeds it"""
+    hacpo_alpha: float = sharing.ShareConfig.hacpo_alpha
+    """hacpo: a peer rollout's weight is s^(1 + alpha), s its length-normalized sequence ratio (eq. 12)"""
+    hacpo_delta: float = sharing.ShareConfig.hacpo_delta
+    """hacpo: a peer rollout crosses only with s in [1 - delta, 1] (eq. 13)"""
+    hacpo_window: int = sharing.ShareConfig.hacpo_window
+    """hacpo: iterations over which each policy's mean reward is averaged into its capability (eq. 9)"""
+    hacpo_capability_bound: float = sharing.ShareConfig.hacpo_capability_bound
+    """hacpo: capability ratios P_receiver / P_peer are clamped to [1/bound, bound]"""
     iterations: int = 100
     """training iterations; each updates every policy once"""
     prompts_per_iteration: int = 16
@@ -194,8 +206,13 @@ class Args:
 
     @property
     def share_config(self) -> sharing.ShareConfig:
+        if self.share == "hacpo" and self.epochs > 1:
+            raise ValueError("--share hacpo makes one update per iteration (--epochs 1): its stepwise clipping "
+                             "(eq. 14) and sequence ratios belong to each update, and later epochs reuse the first's")
         return sharing.ShareConfig(self.share, self.ratio_cap, scale_by_std=self.scale_by_std,
-                                   temperature=self.temperature, micro_batch=self.micro_batch)
+                                   temperature=self.temperature, micro_batch=self.micro_batch,
+                                   hacpo_alpha=self.hacpo_alpha, hacpo_delta=self.hacpo_delta,
+                                   hacpo_window=self.hacpo_window, hacpo_capability_bound=self.hacpo_capability_bound)
 
     @property
     def loss_config(self) -> grpo.LossConfig:
@@ -253,8 +270,8 @@ def make_curator(args: Args, names: list[str]) -> curator.Curator:
 def print_estimates(args: Args, pols: list[policies.Policy], prompt_len: int) -> None:
     """Parameters, memory terms and a time bound per policy (hardware.estimate), before the first iteration."""
     rollouts = args.prompts_per_iteration * args.group_size
-    received = {"none": 0, "xgrpo": 0, "sgt": rollouts // 4, "prp": rollouts, "cross-fidelity": rollouts
-                }[args.share] * (len(pols) - 1)
+    received = {"none": 0, "xgrpo": 0, "sgt": rollouts // 4, "prp": rollouts, "hacpo": rollouts,
+                "cross-fidelity": rollouts}[args.share] * (len(pols) - 1)
     print("estimate per iteration (a bound to check the fit, not a measurement):")
     per_device: dict[torch.device, int] = {}
     throughput: dict[tuple[torch.device, torch.dtype], float] = {}
@@ -349,11 +366,13 @@ def main(args: Args) -> Path:
                          for p in pols for q in task.train[:50] + task.heldout[:50])
     print_estimates(args, pols, longest_prompt)
     curation = make_curator(args, [p.name for p in pols]) if args.share == "cross-fidelity" else None
+    capabilities = hacpo.Capabilities(args.share_config.hacpo_window) if args.share == "hacpo" else None
 
     start = 0
     if args.resume and (run_dir / "checkpoints" / "latest").exists():
-        start, saved_curator = checkpoint.load_checkpoint(run_dir, pols, [t.optimizer for t in trainees])
-        curation = saved_curator or curation
+        start, saved = checkpoint.load_checkpoint(run_dir, pols, [t.optimizer for t in trainees])
+        curation = (saved or curation) if curation is not None else None        # the state of this run's --share
+        capabilities = (saved or capabilities) if capabilities is not None else None
         print(f"resumed from iteration {start}")
     for path in (metrics_path, fidelity_path):   # a resumed run repeats no line and loses none; a fresh one keeps none
         checkpoint.truncate_metrics(path, start if start else -1)
@@ -385,7 +404,7 @@ def main(args: Args) -> Path:
             for record in decisions:
                 log(fidelity_path, record)
         else:
-            received = sharing.exchange(experiences, args.share_config)
+            received = sharing.exchange(experiences, args.share_config, capabilities)
 
         # ---- 4. updates --------------------------------------------------------------------------------------
         jobs = [(t, e, received[t.policy.name]) for t, e in zip(trainees, experiences)]
@@ -407,7 +426,8 @@ def main(args: Args) -> Path:
         if done % args.eval_every == 0 or done == args.iterations:
             accuracy = log_evaluation(pols, task, transfer, args, done, started, metrics_path)
         if done % args.checkpoint_every == 0 or done == args.iterations:
-            checkpoint.save_checkpoint(run_dir, done, pols, [t.optimizer for t in trainees], curation)
+            checkpoint.save_checkpoint(run_dir, done, pols, [t.optimizer for t in trainees],
+                                       curation if curation is not None else capabilities)
         bar.set_postfix({f"{e.policy.name}_r": f"{e.rewards.mean():.2f}" for e in experiences} |
                         {f"{n}_acc": f"{a:.2f}" for n, a in accuracy.items()})
 
