@@ -383,6 +383,7 @@ def main(args: Args) -> Path:
     bar = tqdm(range(start, args.iterations), initial=start, total=args.iterations, desc="train")
     for it in bar:
         # ---- 1. rollouts -------------------------------------------------------------------------------------
+        iteration_started = time.time()
         sampler = seed_iteration(args.seed, it)
         problems = sampler.sample(task.train, args.prompts_per_iteration)
         prompts = [task.prompt(q) for q in problems]
@@ -421,6 +422,7 @@ def main(args: Args) -> Path:
             if verdicts.get(name) is not None:
                 stats["fidelity/guard_tripped"] = float(bool(verdicts[name]))
             stats["charts/finished"] = sum(e.rollouts.finished) / len(e.rollouts.finished)
+            stats["perf/iteration_s"] = time.time() - iteration_started   # the method's cost: no evaluation in it
             log(metrics_path, {"iteration": it + 1, "policy": name, "time_s": time.time() - started, **stats})
         done = it + 1
         if done % args.eval_every == 0 or done == args.iterations:

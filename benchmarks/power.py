@@ -27,6 +27,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import eval as evaluation  # noqa: E402
 EVALUATION = ["--eval-size", "2000", "--eval-every", "10", "--eval-samples", "0"]
 TESTBEDS = {
     "default": [],
@@ -134,12 +137,18 @@ def paired_summary(differences: list[float], target: float = 0.02) -> dict[str, 
     return {"mean": mean, "sd": sd, "half_width_95": half_width(sd, n), "seeds_for_2pt": seeds_needed(sd, target)}
 
 
-def run_cost(run_dir: Path) -> dict[str, float]:
-    """Wall time (the last record's time_s: warm-up excluded when it was cached) and tokens of the whole run."""
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return {"wall_s": max(r["time_s"] for r in records),
-            "rollout_tokens": sum(r.get("perf/rollout_tokens", 0.0) for r in records),
-            "update_tokens": sum(r.get("perf/update_tokens", 0.0) for r in records)}
+def run_cost(run_dir: Path, iteration: int) -> dict[str, float]:
+    """The cost of a run's first `iteration` iterations, its policies together: wall time of the iterations
+    (eval.COSTS; runs logged before perf/iteration_s existed read the time from their first training record to
+    the last one up to `iteration`, evaluations included) and rollout and update tokens."""
+    records = evaluation.load_metrics(run_dir)
+    names = list(dict.fromkeys(r["policy"] for r in records))
+    wall = evaluation.spent(records, names[0], "iteration_s").get(iteration, math.nan)
+    if math.isnan(wall):
+        times = [r["time_s"] for r in records if "losses/policy_loss" in r and r["iteration"] <= iteration]
+        wall = max(times) - min(times)
+    return {"iteration_s": wall, **{cost: sum(evaluation.spent(records, p, cost).get(iteration, math.nan) for p in names)
+                                    for cost in ("rollout_tokens", "update_tokens")}}
 
 
 def analyze(testbed: str, levels: tuple[str, str], seeds: list[int], at: list[int], runs_dir: Path,
@@ -161,7 +170,7 @@ def analyze(testbed: str, levels: tuple[str, str], seeds: list[int], at: list[in
             p = sum(accuracy_at(curves[lv, s][policy], iteration) for lv in levels for s in seeds) / (2 * len(seeds))
             out["metrics"][f"final@{iteration}/{policy}"]["binomial_se"] = math.sqrt(p * (1 - p) / eval_size)
     for level in levels:
-        costs = [run_cost(runs_dir / run_name(testbed, level, s)) for s in seeds]
+        costs = [run_cost(runs_dir / run_name(testbed, level, s), max(at)) for s in seeds]
         out["cost"][level] = {k: sum(c[k] for c in costs) / len(costs) for k in costs[0]}
     return out
 
@@ -176,8 +185,9 @@ def markdown(result: dict) -> str:
         diffs = " ".join(f"{d:+.3f}" for d in m["differences"])
         lines.append(f"| {metric} | {policy} | {diffs} | {m['mean']:+.3f} | {m['sd']:.3f} | {m['half_width_95']:.3f} "
                      f"| {m['seeds_for_2pt']} |")
-    lines += ["", "| level | wall s per run | rollout tokens | update tokens |", "|---|---|---|---|"]
-    lines += [f"| {lv} | {c['wall_s']:.0f} | {c['rollout_tokens']:.0f} | {c['update_tokens']:.0f} |"
+    lines += ["", f"| level | train s per run (to iteration {max(int(k.split('@')[1].split('/')[0]) for k in result['metrics'])}) "
+              "| rollout tokens | update tokens |", "|---|---|---|---|"]
+    lines += [f"| {lv} | {c['iteration_s']:.0f} | {c['rollout_tokens']:.0f} | {c['update_tokens']:.0f} |"
               for lv, c in result["cost"].items()]
     return "\n".join(lines) + "\n"
 
