@@ -233,10 +233,16 @@ class Trainee:
     reference: torch.nn.Module | lora.WithoutAdapters | None
 
 
-def seed_iteration(seed: int, iteration: int) -> random.Random:
-    """Seed torch for one iteration and return its prompt sampler, so a resumed run draws what it would have."""
-    torch.manual_seed(seed * 1_000_003 + iteration)
+def prompt_sampler(seed: int, iteration: int) -> random.Random:
+    """The iteration's prompt sampler, seeded by the iteration alone, so a resumed run draws what it would have."""
     return random.Random(f"{seed}/{iteration}")
+
+
+def policy_generator(phase: str, seed: int, iteration: int, policy: policies.Policy) -> torch.Generator:
+    """One policy's draws for one phase ("rollout", "evaluation") of one iteration, seeded by those alone: neither
+    the order the policies sample in, nor how many draws another policy made, nor a resume changes a draw."""
+    draw = random.Random(f"{phase}/{seed}/{iteration}/{policy.name}").getrandbits(63)
+    return torch.Generator(policy.device).manual_seed(draw)
 
 
 def load_tasks(args: Args) -> tuple[tasks.Task, tasks.Task | None]:
@@ -292,10 +298,12 @@ def print_estimates(args: Args, pols: list[policies.Policy], prompt_len: int) ->
                   f"{'fits' if total < capacity else 'DOES NOT FIT'}")
 
 
-def sample(policy: policies.Policy, prompts: list[str], args: Args) -> tuple[policies.Rollouts, dict[str, float]]:
+def sample(policy: policies.Policy, prompts: list[str], args: Args, iteration: int
+           ) -> tuple[policies.Rollouts, dict[str, float]]:
     """Phase 1 for one policy: G completions per prompt, and the phase's speed."""
     with hardware.measured(policy.device) as perf:
-        out = policy.rollout(prompts, args.group_size, args.max_new_tokens, args.temperature, args.top_p)
+        out = policy.rollout(prompts, args.group_size, args.max_new_tokens, args.temperature, args.top_p,
+                             generator=policy_generator("rollout", args.seed, iteration, policy))
     return out, hardware.perf_metrics("rollout", sum(len(ids) for ids in out.completion_ids), perf)
 
 
@@ -334,7 +342,8 @@ def log_evaluation(pols: list[policies.Policy], task: tasks.Task, transfer: task
         record = {"eval/heldout_accuracy": evaluation.heldout_accuracy(p, task.heldout, args.max_new_tokens, task)}
         if args.eval_samples:
             record["eval/heldout_sampled_accuracy"] = evaluation.heldout_accuracy(
-                p, task.heldout, args.max_new_tokens, task, temperature=args.temperature, samples=args.eval_samples)
+                p, task.heldout, args.max_new_tokens, task, temperature=args.temperature, samples=args.eval_samples,
+                generator=policy_generator("evaluation", args.seed, iteration, p))
         if transfer is not None:
             record["eval/transfer_accuracy"] = evaluation.heldout_accuracy(p, transfer.heldout, args.max_new_tokens,
                                                                            transfer)
@@ -384,10 +393,9 @@ def main(args: Args) -> Path:
     for it in bar:
         # ---- 1. rollouts -------------------------------------------------------------------------------------
         iteration_started = time.time()
-        sampler = seed_iteration(args.seed, it)
-        problems = sampler.sample(task.train, args.prompts_per_iteration)
+        problems = prompt_sampler(args.seed, it).sample(task.train, args.prompts_per_iteration)
         prompts = [task.prompt(q) for q in problems]
-        sampled = hardware.per_policy(partial(sample, prompts=prompts, args=args), pols, parallel)
+        sampled = hardware.per_policy(partial(sample, prompts=prompts, args=args, iteration=it), pols, parallel)
 
         # ---- 2. rewards and advantages -----------------------------------------------------------------------
         experiences = []
