@@ -8,7 +8,9 @@ For each pair and format: the tiny policies warmed up on reference solutions wri
 warm-up by default: enough for them to write the format, not to solve the task well), one iteration's rollouts
 (--prompts prompts x 8 at temperature 0.7) from every policy, and every rollout offered to every other policy.
 Each offer's TBD term (the mean over its steps, boundary_drift.py) is computed by the three measures: credit,
-hidden (one map per source -> receiver pair, fitted on that iteration's offers, as in training) and jaccard.
+hidden (one map per source -> receiver pair, fitted on that iteration's offers, as in training) and jaccard. The
+hidden measure is positive on every trajectory by construction (its zero point is the median 1:1 group), so its
+mean, not how often it is non-zero, is what compares.
 Writes results/tbd-firing.json and .md.
 """
 
@@ -84,9 +86,9 @@ def main() -> None:
                                 "offers": len(rows),
                                 **{f"{m}_nonzero": sum(r[m] > 0 for r in rows) / len(rows) for m in boundary_drift.MEASURES},
                                 **{f"{m}_mean": sum(r[m] for r in rows) / len(rows) for m in boundary_drift.MEASURES}})
-                fired = [r for r in rows if r["credit"] > 0]
-                if fired and example is None:
-                    example = {"format": step_format, "source": source, "receiver": receiver, **fired[0]}
+                straddled = [r for r in rows if r["hotspots"]]   # rather than one with bytes the receiver lacks
+                if straddled and example is None:
+                    example = {"format": step_format, "source": source, "receiver": receiver, **straddled[0]}
                 print(results[-1], flush=True)
     lines = ["| format | source -> receiver | offers | credit non-zero (mean) | hidden non-zero (mean) "
              "| jaccard non-zero (mean) |", "|---|---|---|---|---|---|"]
@@ -94,7 +96,7 @@ def main() -> None:
               + " | ".join(f"{r[f'{m}_nonzero']:.0%} ({r[f'{m}_mean']:.3f})" for m in boundary_drift.MEASURES) + " |"
               for r in results]
     if example:
-        lines += ["", f"A trajectory where the credit measure fires ({example['format']}, {example['source']} -> "
+        lines += ["", f"A trajectory where a step boundary is straddled ({example['format']}, {example['source']} -> "
                   f"{example['receiver']}, TBD credit {example['credit']:.3f}, hidden {example['hidden']:.3f}, "
                   f"jaccard {example['jaccard']:.3f}; step boundaries straddled on one side only: "
                   f"{example['hotspots']}):", "", "    " + repr(example["text"])]
