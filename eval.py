@@ -20,6 +20,8 @@ import json
 import math
 from pathlib import Path
 
+import torch
+
 import checkpoint
 import fidelity_record
 import hardware
@@ -28,12 +30,14 @@ import tasks
 
 
 def heldout_accuracy(policy, examples: list, max_new_tokens: int, task: tasks.Task | None = None,
-                     batch_size: int = 256, temperature: float | None = None, samples: int = 1) -> float:
+                     batch_size: int = 256, temperature: float | None = None, samples: int = 1,
+                     generator: torch.Generator | None = None) -> float:
     """Greedy pass@1 of `policy` on `examples` of `task` (default: the arithmetic task's Problems).
 
     With a `temperature`: the mean reward of `samples` completions per example sampled at it, what the training
     reward measures, on problems never trained on. RL can raise it by sharpening alone; greedy pass@1 rises only
-    where the most likely completion becomes a right one."""
+    where the most likely completion becomes a right one. Samples are drawn from `generator` (torch's global one
+    if None)."""
     if not examples:
         raise ValueError("no held-out examples to evaluate")
     task = task or tasks.load_task("arith", 0, 0, 0)
@@ -42,7 +46,7 @@ def heldout_accuracy(policy, examples: list, max_new_tokens: int, task: tasks.Ta
     for i in range(0, len(examples), batch_size):
         chunk = examples[i:i + batch_size]
         rollouts = policy.rollout([task.prompt(e) for e in chunk], samples, max_new_tokens,
-                                  temperature=temperature or 1.0, greedy=temperature is None)
+                                  temperature=temperature or 1.0, greedy=temperature is None, generator=generator)
         correct += tasks.group_rewards(task, chunk, rollouts.texts, samples).sum().item() / samples
     return correct / len(examples)
 

@@ -109,8 +109,9 @@ class Policy:
         return b"".join(self.token_bytes[i] for i in ids).decode("utf-8", errors="replace")
 
     def rollout(self, prompts: list[str], group_size: int, max_new_tokens: int, temperature: float = 1.0,
-                top_p: float = 1.0, greedy: bool = False) -> Rollouts:
-        """Sample `group_size` completions per prompt (one greedy completion each when `greedy`)."""
+                top_p: float = 1.0, greedy: bool = False, generator: torch.Generator | None = None) -> Rollouts:
+        """Sample `group_size` completions per prompt (one greedy completion each when `greedy`), drawing from
+        `generator` (torch's global one if None)."""
         if not prompts:
             raise ValueError("rollout needs at least one prompt")
         group_size = 1 if greedy else group_size
@@ -118,7 +119,7 @@ class Policy:
         was_training = self.model.training
         self.model.eval()
         new, logprobs = decode(self.model, prompt_lists, self.tokenizer.pad_token_id, self.tokenizer.eos_token_id,
-                               max_new_tokens, temperature, top_p, greedy)                 # [N, T], [N, T]
+                               max_new_tokens, temperature, top_p, greedy, generator)      # [N, T], [N, T]
         self.model.train(was_training)
         eos = self.tokenizer.eos_token_id
         result = Rollouts([], [], [], [], [], [], group_size)
@@ -142,7 +143,8 @@ def cache_keyword(model: torch.nn.Module) -> str:
 
 @torch.no_grad()
 def decode(model: torch.nn.Module, prompts: list[list[int]], pad_id: int, eos_id: int, max_new_tokens: int,
-           temperature: float = 1.0, top_p: float = 1.0, greedy: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+           temperature: float = 1.0, top_p: float = 1.0, greedy: bool = False,
+           generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Sampled (or greedy) continuations of left-padded prompts and their behaviour log-probs, both [N, T] with
     T <= max_new_tokens steps (fewer when every row has emitted EOS); after EOS a row holds pad ids, log-prob 0.
 
@@ -156,6 +158,7 @@ def decode(model: torch.nn.Module, prompts: list[list[int]], pad_id: int, eos_id
     behaviour log-probs. A preallocated (static) cache was slower eager, and its torch.compile'd decode step
     took 98 s to compile for one shape for a step no faster than eager within the noise, so neither was kept.
     The log-probs are those of the sampling distribution, logits / temperature (top-p not folded in; greedy: 1).
+    Draws come from `generator` (on the model's device), else from torch's global generator.
     """
     device = next(model.parameters()).device
     n, width = len(prompts), max(len(p) for p in prompts)
@@ -184,7 +187,7 @@ def decode(model: torch.nn.Module, prompts: list[list[int]], pad_id: int, eos_id
             chosen = scores.argmax(-1)                                                   # [R]
         else:
             probs[rows] = torch.softmax(nucleus(None, scores) if nucleus else scores, dim=-1)
-            chosen = torch.multinomial(probs, 1).squeeze(1)[rows]                        # [R]
+            chosen = torch.multinomial(probs, 1, generator=generator).squeeze(1)[rows]       # [R]
         chosen = torch.where(running, chosen, pad_id)
         tokens[rows, step] = chosen
         logprobs[rows, step] = torch.where(
@@ -242,27 +245,39 @@ def load_hub_policy(spec: PolicySpec, location: str, device: torch.device, dtype
 def load_policies(pair: str, scale: str, device: torch.device | list[torch.device], task_cfg: tasks.TaskConfig,
                   seed: int, cache_dir: str | None = None, model_paths: dict[str, str] | None = None,
                   warmup_scale: float = 1.0, model_dir: str | None = None) -> list[Policy]:
-    """The pair's policies, policy i on device[i] when `device` is a list (hardware.policy_devices).
+    """The pair's policies, policy i on device[i] when `device` is a list (hardware.policy_devices)."""
+    count = len(preset(pair, scale))
+    devices = device if isinstance(device, list) else [device] * count
+    return [load_policy(pair, scale, i, devices[i], task_cfg, seed, cache_dir, model_paths, warmup_scale, model_dir)
+            for i in range(count)]
 
-    A real policy loads from model_paths[name], else from model_dir/<last part of its hub id>, else the hub.
-    """
+
+def preset(pair: str, scale: str) -> list[PolicySpec]:
+    """The pair's policy specs at this scale; an unknown pair is refused with the known ones."""
     if pair not in PRESETS[scale]:
         raise ValueError(f"unknown pair {pair!r}; choose from {sorted(PRESETS[scale])}")
-    devices = device if isinstance(device, list) else [device] * len(PRESETS[scale][pair])
-    model_paths = model_paths or {}
-    unknown = set(model_paths) - {s.name for s in PRESETS[scale][pair]}
+    return PRESETS[scale][pair]
+
+
+def load_policy(pair: str, scale: str, index: int, device: torch.device, task_cfg: tasks.TaskConfig, seed: int,
+                cache_dir: str | None = None, model_paths: dict[str, str] | None = None, warmup_scale: float = 1.0,
+                model_dir: str | None = None) -> Policy:
+    """Policy `index` of the pair on `device`, built alone (a Ray actor builds only its own).
+
+    A real policy loads from model_paths[name], else from model_dir/<last part of its hub id>, else the hub; a tiny
+    one is seeded by its index (seed + 1000 * index), so it is the same wherever it is built.
+    """
+    specs, model_paths = preset(pair, scale), model_paths or {}
+    unknown = set(model_paths) - {s.name for s in specs}
     if unknown:
         raise ValueError(f"--model-paths names {sorted(unknown)}, not policies of {pair}/{scale}")
-    policies = []
-    for i, (spec, device) in enumerate(zip(PRESETS[scale][pair], devices)):
-        if spec.name in model_paths:
-            policies.append(load_hub_policy(spec, model_paths[spec.name], device, default_dtype(device)))
-        elif spec.tiny is not None:
-            policy = load_tiny_policy(spec, task_cfg, seed + 1000 * i, cache_dir, warmup_scale)
-            policy.model.to(device=device, dtype=default_dtype(device))
-            policy.device = device
-            policies.append(policy)
-        else:
-            location = str(Path(model_dir) / spec.hub_id.split("/")[-1]) if model_dir else spec.hub_id
-            policies.append(load_hub_policy(spec, location, device, default_dtype(device)))
-    return policies
+    spec = specs[index]
+    if spec.name in model_paths:
+        return load_hub_policy(spec, model_paths[spec.name], device, default_dtype(device))
+    if spec.tiny is not None:
+        policy = load_tiny_policy(spec, task_cfg, seed + 1000 * index, cache_dir, warmup_scale)
+        policy.model.to(device=device, dtype=default_dtype(device))
+        policy.device = device
+        return policy
+    location = str(Path(model_dir) / spec.hub_id.split("/")[-1]) if model_dir else spec.hub_id
+    return load_hub_policy(spec, location, device, default_dtype(device))
