@@ -204,12 +204,17 @@ def crossing_metrics(crossings: list[Crossing], cap: float) -> dict[str, float]:
 # One exchange between all policies
 # ---------------------------------------------------------------------------------------------------------------
 
-def exchange(experiences: list[Experience], cfg: ShareConfig) -> dict[str, Received]:
-    """Apply the sharing level cfg.mode to one iteration: every policy receives from every other one."""
+def exchange(experiences: list[Experience], cfg: ShareConfig, receiver_name: str | None = None
+             ) -> dict[str, Received]:
+    """Apply the sharing level cfg.mode to one iteration: every policy receives from every other one, or only
+    `receiver_name` does, which is how a policy's own process computes its part (backends.py): a receiver needs only
+    its own model, for its log-probs of what crosses."""
     if cfg.mode not in MODES:
         raise ValueError(f"unknown sharing mode {cfg.mode!r}: use one of {MODES}")
     out = {}
     for receiver in experiences:
+        if receiver_name is not None and receiver.policy.name != receiver_name:
+            continue
         peers = [e for e in experiences if e is not receiver]
         name = receiver.policy.name
         if cfg.mode == "none":
