@@ -72,7 +72,7 @@ class RayTeam(backends.Team):
                 f"at {self.cpus} CPUs and {self.gpus} GPUs each (its nodes: "
                 f"{[{k: r.get(k, 0) for k in ('CPU', 'GPU')} for r in nodes]}): add nodes with "
                 f"`ray start --address=HEAD_IP:6379`, or lower --cpus-per-policy / --gpus-per-policy")
-        self.placement = f"backend=ray, one actor per policy with {self.cpus} CPUs and {self.gpus} GPUs"
+        self.placement = f"backend=ray, one actor per policy with {self.cpus} CPUs and {self.gpus:g} GPUs"
 
     def start(self, task: tasks.Task, transfer: tasks.Task | None) -> None:
         worker = ray.remote(backends.PolicyWorker)
