@@ -287,7 +287,8 @@ def log(path: Path, record: dict) -> None:
 
 
 def main(args: Args) -> Path:
-    with backends.connect(args) as team:     # released at the end, or when the run fails
+    """One run on the team of policies of --backend, released at the end or when the run fails."""
+    with backends.connect(args) as team:
         return run(args, team)
 
 
