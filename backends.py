@@ -155,10 +155,11 @@ class PolicyWorker:
             self.side = receiver.ReceiverSide(self.experience, self.shared, self.task, self.args.curator_config,
                                               self.args.share_config)
 
-    def receive(self) -> sharing.Received:
-        """Phase 3 at a fixed level: this policy's part of sharing.exchange. What returns holds no crossings: they
-        stay here, where the update trains on them."""
-        self.received = sharing.exchange([self.experience, *self.shared], self.args.share_config, self.name)[self.name]
+    def receive(self, capability: dict[str, float] | None = None) -> sharing.Received:
+        """Phase 3 at a fixed level: this policy's part of sharing.exchange (`capability`: HACPO's, this
+        iteration). What returns holds no crossings: they stay here, where the update trains on them."""
+        self.received = sharing.exchange([self.experience, *self.shared], self.args.share_config, self.name,
+                                         capability)[self.name]
         return dataclasses.replace(self.received, crossings=[])
 
     def offers(self, examples: list, stats: dict) -> tuple[list, list[dict]]:

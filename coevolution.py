@@ -16,6 +16,12 @@ kept; a trip backs the context off one level below what was played. Every pair i
 receiver's guard, so with epsilon small one pair rarely explores while another does; when both do, both are
 credited with the outcome.
 
+Where the thresholds start. Fixed thresholds, and the bandit's first level, are set by a stated rule on a
+calibration seed that no comparison uses (`share_thresholds`, benchmarks/calibrate_thresholds.py): theta1 and
+theta2 are the quantiles of the repaired degradation D_repaired of every diagnosed offer of a cross-fidelity run
+that give each level a stated share of the offers, a third each by default, so that before the comparison no
+level is favoured and where the curator sends a trajectory is the diagnosis's doing.
+
 Predictor. A softmax regression in plain torch over cheap features (curator.py) predicts the admission band
 (PRP, XGRPO, SGT) of a trajectory before its expensive diagnosis (the per-step gradient norms). It is refitted
 each cycle on every fully diagnosed trajectory (a bounded buffer). A prediction is sure when its probability is
@@ -33,6 +39,18 @@ from collections import defaultdict, deque
 from dataclasses import dataclass
 
 import torch
+
+
+def share_thresholds(d_repaired: list[float], shares: tuple[float, float] = (1 / 3, 1 / 3)) -> tuple[float, float]:
+    """(theta1, theta2) that admit the given shares of the offers `d_repaired` to PRP and XGRPO (the rest to SGT):
+    the shares[0] and shares[0] + shares[1] quantiles (linear interpolation between order statistics)."""
+    values = torch.tensor([v for v in d_repaired if v == v], dtype=torch.float64)
+    if len(values) < 2:
+        raise ValueError(f"setting thresholds needs at least 2 diagnosed offers, got {len(values)}")
+    if min(shares) < 0 or sum(shares) > 1:
+        raise ValueError(f"shares are two non-negative fractions summing to at most 1, got {shares}")
+    low, high = torch.quantile(values, torch.tensor([shares[0], shares[0] + shares[1]], dtype=torch.float64))
+    return low.item(), high.item()
 
 
 @dataclass(frozen=True)

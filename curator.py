@@ -14,9 +14,10 @@ because it scored well (at PRP with A = 0 nothing else would cross). §2.3 (thre
 predictor) is in coevolution.py.
 
 The three terms, each a mean over the trajectory's K steps (lines, DESIGN.md §4.6) of a per-step value in [0, 1]:
-  TBD  the share of a step's credit that a token mixes with a neighbour step's, or that the receiver cannot
-       reproduce (tokalign.tbd_steps): 0 for a pure 1:n digit split, which the byte-boundary S_TBD would call
-       drift by construction (logged beside it as `tbd_jaccard`).
+  TBD  by default the share of a step's credit that a token mixes with a neighbour step's, or that the receiver
+       cannot reproduce: 0 for a pure 1:n digit split, which the byte-boundary S_TBD would call drift by
+       construction (logged beside it as `tbd_jaccard`); or the proposal's hidden-state S_TBD (--tbd-measure,
+       boundary_drift.py).
   CCM  mean_k (1 - R_k), R_k calibrated on the receiver's own steps so that its typical ones score 0
        (reachability.py): the share of the trajectory's credit that sits on steps the receiver cannot reach.
        This is the proposal's phantom advantage P = mean_k A_k (1 - R_k) per unit of credit, P / |A|, and not P
@@ -62,6 +63,7 @@ from dataclasses import dataclass
 
 import torch
 
+import boundary_drift
 import coevolution
 import diagnosis
 import fidelity_record
@@ -88,6 +90,8 @@ class CuratorConfig:
     """the CCM repair's exponent: A_k <- A_k R_k^beta"""
     ablate: tuple[str, ...] = ()
     """terms whose diagnosis and repair are off: any of tbd, ccm, rsd"""
+    tbd_measure: str = "credit"
+    """how the TBD term is measured (boundary_drift.MEASURES): credit, hidden or jaccard"""
     process_signal: str = "vpr"
     """RSD repair: vpr = verified step credit where a step can be checked, intrinsic elsewhere; intrinsic = the
     gradient-norm signal on every step"""
@@ -111,6 +115,8 @@ class CuratorConfig:
             raise ValueError(f"need 0 <= theta1 <= theta2, got {self.theta1}, {self.theta2}")
         if set(self.ablate) - set(TERMS) or set(self.ablate) == set(TERMS):
             raise ValueError(f"ablate takes a proper subset of {TERMS}, got {self.ablate}")
+        if self.tbd_measure not in boundary_drift.MEASURES:
+            raise ValueError(f"tbd_measure is one of {boundary_drift.MEASURES}, got {self.tbd_measure!r}")
         if self.process_signal not in ("vpr", "intrinsic"):
             raise ValueError(f"process_signal is vpr or intrinsic, got {self.process_signal!r}")
         if self.process_signal == "intrinsic" and "ccm" in self.ablate:

@@ -3,7 +3,7 @@ of its credit.
 
 An offer is a source rollout retokenized by the receiver and aligned with it (tokalign), cut into steps, with
 each step's values of the three terms (curator.py's docstring defines them): TBD from the alignment
-(tokalign.tbd_steps), RSD from the two policies' step statistics (reward_drift.rsd_steps), and CCM, the
+(boundary_drift.py), RSD from the two policies' step statistics (reward_drift.rsd_steps), and CCM, the
 expensive one, from the receiver's gradient norms once the curator measures them (reachability.py). The repair
 (proposal §2.2) turns the sequence advantage a crossing carries into per-step credit: the RSD recalibration, then
 the CCM attenuation; tokalign.token_credit then carries it onto the receiver's tokens.
@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+import boundary_drift
 import policies
 import reachability
 import reward_drift
@@ -96,7 +97,7 @@ class Offer:
     ranges: list[tuple[int, int]]            # K receiver token ranges of the steps
     process: list[reward_drift.StepReward]   # K
     diagnosis: Diagnosis
-    jaccard: float                           # 1 - tokalign's byte-boundary S_TBD, for comparison only
+    jaccard: float                           # the jaccard TBD measure of the trajectory, logged for comparison
 
     @property
     def prompt_index(self) -> int:
@@ -112,9 +113,10 @@ class Offer:
 
 
 def make_offer(source: sharing.Experience, index: int, receiver: policies.Policy, task: tasks.Task, example,
-               stats: dict[str, reward_drift.StepStats]) -> Offer | None:
+               stats: dict[str, reward_drift.StepStats], tbd_measure: str = "credit") -> Offer | None:
     """The cheap diagnosis (TBD, RSD) of one rollout for one receiver; None when no step of it reaches the
-    receiver's tokens (an empty completion, a lone cut byte)."""
+    receiver's tokens (an empty completion, a lone cut byte). The hidden TBD measure is filled in later, over all
+    the iteration's offers (`measure_hidden_tbd`)."""
     src, tgt, alignment = sharing.aligned_rollout(source, index, receiver)
     steps = tokalign.step_byte_spans(src.data, task.step_spans)
     process = reward_drift.process_rewards(task, example, source.rollouts.texts[index])
@@ -123,11 +125,28 @@ def make_offer(source: sharing.Experience, index: int, receiver: policies.Policy
     if not kept:
         return None
     steps, ranges, process = (list(x) for x in zip(*kept))
-    tbd, tbd_left = tokalign.tbd_steps(alignment, src, tgt, steps)
+    tbd, tbd_left = boundary_drift.drift_steps(tbd_measure, alignment, src, tgt, steps)
     rsd = reward_drift.rsd_steps(stats[source.policy.name], stats[receiver.name], process)
-    jaccard = 1 - mean_or_zero(tokalign.step_consistency(alignment, tokalign.boundary_similarity(alignment), steps))
+    jaccard = mean_or_zero(boundary_drift.jaccard_steps(alignment, steps))
     return Offer(source, index, src, tgt, alignment, steps, ranges, process, Diagnosis(tbd, tbd_left, rsd, None, None),
                  jaccard)
+
+
+def measure_hidden_tbd(offers: list[Offer], receiver: sharing.Experience) -> None:
+    """The hidden TBD measure of every offer, one map per source fitted on all its offers to this receiver
+    (boundary_drift.hidden_measure): the source's hidden states on its own tokens, the receiver's on its
+    re-encoding."""
+    q = receiver.policy
+    for source in {id(o.source): o.source for o in offers}.values():
+        mine = [o for o in offers if o.source is source]
+        h_src = source.policy.hidden_states([source.rollouts.prompt_ids[o.index].tolist() for o in mine],
+                                            [o.src.ids for o in mine])
+        h_tgt = q.hidden_states([q.encode_prompt(receiver.prompts[o.prompt_index]) for o in mine],
+                                [o.tgt.ids for o in mine])
+        measured = boundary_drift.hidden_measure([(o.alignment, hs, ht, o.steps) for o, hs, ht in zip(mine, h_src, h_tgt)])
+        for o, values in zip(mine, measured):
+            o.diagnosis.tbd = values
+            o.diagnosis.tbd_repaired = boundary_drift.repaired(values, o.diagnosis.tbd_repaired)
 
 
 FEATURES = ("tokens/50", "non-1:1 share", "steps/5", "reward", "|A|", "tbd", "rsd", "pair recent D",

@@ -6,11 +6,15 @@ The proposal's §3.1 metrics, per policy:
                difference of consecutive iterations (von Neumann), so a learning trend does not count as noise
   convergence  the first iteration at which held-out accuracy reaches a target
 and, for runs that share, what crossed into each policy per iteration (sharing/received: peer trajectories for
-PRP and SGT, peer rewards in the group baselines for XGRPO).
+PRP and SGT, peer rewards in the group baselines for XGRPO); and each run's cost beside its accuracy: the wall
+time of its iterations (perf/iteration_s: rollouts, rewards, exchange and update, evaluation excluded) and each
+policy's rollout and update tokens, so runs can be compared at an equal budget of any of them
+(`accuracy_within_budget`, --budget).
 
     python eval.py runs/qwen-llama-none-s1                     # one run: report.md and curves.png in it
     python eval.py runs/A runs/B runs/C --out runs/compare     # side by side
     python eval.py runs/A --task gsm8k --data-dir data/gsm8k   # transfer: the last checkpoint on another task
+    python eval.py runs/A runs/B --budget update_tokens=2e6     # accuracy once each run has spent the budget
 """
 
 from __future__ import annotations
@@ -62,6 +66,32 @@ def curve(records: list[dict], policy: str, key: str) -> list[tuple[int, float]]
     return [(r["iteration"], r[key]) for r in records if r["policy"] == policy and key in r]
 
 
+COSTS = {"iteration_s": "perf/iteration_s", "rollout_tokens": "perf/rollout_tokens",
+         "update_tokens": "perf/update_tokens"}
+"""the cost a budget can be stated in, and the per-iteration metric it sums"""
+
+
+def spent(records: list[dict], policy: str, cost: str) -> dict[int, float]:
+    """iteration -> the cost spent by the end of it (cumulative); wall time is the run's, tokens the policy's."""
+    key, total, out = COSTS[cost], 0.0, {0: 0.0}
+    rows = [r for r in records if key in r and (cost == "iteration_s" or r["policy"] == policy)]
+    by_iteration: dict[int, float] = {}
+    for r in rows:   # wall time is logged on every policy's line of an iteration: count it once
+        by_iteration[r["iteration"]] = r[key] if cost == "iteration_s" else by_iteration.get(r["iteration"], 0) + r[key]
+    for iteration in sorted(by_iteration):
+        total += by_iteration[iteration]
+        out[iteration] = total
+    return out
+
+
+def accuracy_within_budget(records: list[dict], policy: str, cost: str, budget: float) -> tuple[int, float] | None:
+    """(iteration, greedy pass@1) of the last evaluation made before the run had spent more than `budget` of
+    `cost`; None if even the first training iteration cost more."""
+    costs = spent(records, policy, cost)
+    within = [(it, acc) for it, acc in curve(records, policy, "eval/heldout_accuracy") if costs.get(it, math.inf) <= budget]
+    return within[-1] if within and within[-1][0] > 0 else None
+
+
 def reward_variance(means: list[float]) -> float:
     """Half the mean squared difference of consecutive values: the noise variance, insensitive to a trend."""
     if len(means) < 2:
@@ -86,21 +116,28 @@ def summarize(run_dir: Path, target: float) -> list[dict]:
                      "reward_var": reward_variance(rewards),
                      "received_per_iteration": sum(received) / len(received) if received else None,
                      "iterations_to_target": reached[0] if reached else None,
-                     "iterations": max((r["iteration"] for r in records), default=0)})
+                     "iterations": max((r["iteration"] for r in records), default=0),
+                     **{cost: spent(records, policy, cost).get(max(r["iteration"] for r in records), math.nan)
+                        for cost in COSTS}})
     return rows
 
 
 def markdown_table(rows: list[dict], target: float) -> str:
     head = ("| run | policy | held-out acc. start | final | best | mean train reward | reward var. "
-            f"| iterations to {target:.0%} | received / iteration |\n|---|---|---|---|---|---|---|---|---|\n")
+            f"| iterations to {target:.0%} | received / iteration | train s | rollout tokens | update tokens |\n"
+            "|---|---|---|---|---|---|---|---|---|---|---|---|\n")
     def cell(v) -> str:
         return "—" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.3f}" if isinstance(v, float) else str(v)
     return head + "".join(
         f"| {r['run']} | {r['policy']} | {cell(r['start_accuracy'])} | {cell(r['final_accuracy'])} "
         f"| {cell(r['best_accuracy'])} | {cell(r['mean_train_reward'])} | {cell(r['reward_var'])} "
         f"| {cell(r['iterations_to_target']) if r['iterations_to_target'] is not None else 'not reached'} "
-        f"| {cell(r['received_per_iteration'])} |\n"
+        f"| {cell(r['received_per_iteration'])} | " + " | ".join(whole(r[cost]) for cost in COSTS) + " |\n"
         for r in rows)
+
+
+def whole(v: float) -> str:
+    return "—" if math.isnan(v) else f"{v:.0f}"
 
 
 def plot_curves(run_dirs: list[Path], path: Path) -> None:
@@ -160,7 +197,8 @@ def evaluate_run(run_dir: Path, task_name: str, eval_size: int, data_dir: str | 
                  ) -> dict[str, float]:
     """Greedy pass@1 of a run's last checkpoint on a task's held-out split (transfer, proposal §3.3)."""
     config = json.loads((Path(run_dir) / "config.json").read_text())
-    task_cfg = tasks.TaskConfig(num_steps=config["num_steps"], max_operand=config["max_operand"], ops=config["ops"])
+    task_cfg = tasks.TaskConfig(num_steps=config["num_steps"], max_operand=config["max_operand"], ops=config["ops"],
+                                step_format=config.get("step_format", tasks.TaskConfig.step_format))
     setup = hardware.PolicySetup.of(config)
     pols = hardware.build_policies(setup, hardware.policy_devices(config["devices"], len(
         policies.PRESETS[setup.scale][setup.pair])), task_cfg)   # exactly as train.py built them
@@ -179,7 +217,19 @@ if __name__ == "__main__":
     parser.add_argument("--data-dir", default=None, help="local copy of the --task data set")
     parser.add_argument("--eval-size", type=int, default=500, help="held-out examples for --task")
     parser.add_argument("--max-new-tokens", type=int, default=None, help="for --task; default: the run's")
+    parser.add_argument("--budget", default=None, help=f"COST=VALUE, COST one of {', '.join(COSTS)}: each run's "
+                        "held-out accuracy at its last evaluation within that budget")
     cli = parser.parse_args()
+    if cli.budget:
+        cost, _, value = cli.budget.partition("=")
+        if cost not in COSTS or not value:
+            raise SystemExit(f"--budget takes COST=VALUE with COST one of {', '.join(COSTS)}, got {cli.budget!r}")
+        for run in cli.runs:
+            records = load_metrics(run)
+            for policy in dict.fromkeys(r["policy"] for r in records):
+                at = accuracy_within_budget(records, policy, cost, float(value))
+                print(f"{run} {policy}: " + (f"{at[1]:.3f} at iteration {at[0]}" if at else "over budget from the start"))
+        raise SystemExit
     if cli.task:
         for run in cli.runs:
             accuracy = evaluate_run(run, cli.task, cli.eval_size, cli.data_dir, cli.max_new_tokens)

@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+import boundary_drift
 import reachability
-import tokalign
 from diagnosis import TERMS, Diagnosis, Offer
 from sharing import LEVELS
 
@@ -73,7 +73,7 @@ def tbd_bytes(offer: Offer) -> list[tuple[int, int]]:
     """Byte spans of the TBD hotspot tokens: groups the receiver could not reproduce, and the token of the side
     that straddles a step boundary the other side does not."""
     spans = [span for span, ok in zip(offer.alignment.span, offer.alignment.exact) if not ok and span[1] > span[0]]
-    for k, side in tokalign.boundary_hotspots(offer.src, offer.tgt, offer.steps):
+    for k, side in boundary_drift.boundary_hotspots(offer.src, offer.tgt, offer.steps):
         encoding = offer.src if side == "source" else offer.tgt
         last = offer.steps[k][1] - 1
         spans += [(a, b) for a, b in encoding.offsets if a <= last < b]
@@ -141,9 +141,11 @@ def fidelity_report(run_dir: Path, worst: int = 5, windows: int = 4) -> str:
     records = [json.loads(line) for line in (Path(run_dir) / "fidelity.jsonl").read_text().splitlines() if line]
     scored = [r for r in records if "D" in r]
     pairs = sorted({(r["source"], r["receiver"]) for r in records})
+    config = Path(run_dir) / "config.json"
+    measure = json.loads(config.read_text()).get("tbd_measure", "credit") if config.exists() else "credit"
     out = ["## Fidelity (cross-fidelity curation)\n",
-           "Terms are in [0, 1]; D = sum lambda_i term_i, fidelity = 1 - D. TBD is the credit-boundary measure "
-           "(curator.py); tbd_jaccard is tokalign's byte-boundary similarity, shown for comparison. "
+           f"Terms are in [0, 1]; D = sum lambda_i term_i, fidelity = 1 - D. TBD is the {measure} measure "
+           "(boundary_drift.py); tbd_jaccard is the byte-boundary measure, shown for comparison. "
            "Cells: mean (p10 / p50 / p90) over fully diagnosed trajectories.\n",
            "| source -> receiver | diagnosed | D | TBD | CCM | RSD | tbd_jaccard | dominant term (share) "
            "| repaired D |", "|---|---|---|---|---|---|---|---|---|"]

@@ -26,6 +26,7 @@ from transformers.generation.logits_process import TopPLogitsWarper
 
 import tasks
 import tiny
+from grpo import pack_sequences
 from token_bytes import byte_offsets, encode_text, token_bytes_table
 
 
@@ -124,6 +125,20 @@ class Policy:
 
     def decode(self, ids: list[int]) -> str:
         return b"".join(self.token_bytes[i] for i in ids).decode("utf-8", errors="replace")
+
+    def hidden_states(self, prompts: list[list[int]], completions: list[list[int]], micro_batch: int = 64
+                      ) -> list[torch.Tensor]:
+        """The last layer's hidden state at every completion token given its prompt, N x [T_i, d], without grad
+        (boundary_drift's hidden measure)."""
+        out = []
+        for i in range(0, len(prompts), micro_batch):
+            chunk_p, chunk_c = prompts[i:i + micro_batch], completions[i:i + micro_batch]
+            input_ids, attention, _ = pack_sequences(chunk_p, chunk_c, self.tokenizer.pad_token_id)
+            with torch.no_grad():
+                states = self.model(input_ids=input_ids.to(self.device), attention_mask=attention.to(self.device),
+                                    output_hidden_states=True).hidden_states[-1].float().cpu()      # [n, L, d]
+            out += [h[len(p):len(p) + len(c)] for h, p, c in zip(states, chunk_p, chunk_c)]
+        return out
 
     def rollout(self, prompts: list[str], group_size: int, max_new_tokens: int, temperature: float = 1.0,
                 top_p: float = 1.0, greedy: bool = False, generator: torch.Generator | None = None) -> Rollouts:
@@ -236,7 +251,7 @@ def default_dtype(device: torch.device) -> torch.dtype:
 def load_tiny_policy(spec: PolicySpec, task_cfg: tasks.TaskConfig, seed: int, cache_dir: str | None,
                      warmup_scale: float = 1.0) -> Policy:
     """Build a tiny policy and warm it up, or load its warm-up from the on-disk cache (tiny.py)."""
-    tokenizer = tiny.tiny_tokenizer(spec.family)
+    tokenizer = tiny.tiny_tokenizer(spec.family, task_cfg.step_format)
     policy = Policy(spec.name, tiny.tiny_model(spec.family, spec.tiny, len(tokenizer), seed), tokenizer,
                     use_chat_template=False)
     tiny.warm_up_cached(policy, spec, task_cfg, seed, cache_dir, warmup_scale)

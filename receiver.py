@@ -4,7 +4,9 @@ They run wherever the receiver is: in the trainer's process (the default), or in
 under --backend ray, where the curator on the driver calls them through the policy's handle (backends.py). Per
 receiver and iteration, curator.Curator._receive calls them in this order:
   offers  the cheap diagnosis of every peer rollout: retokenized by the receiver, aligned with the source
-          (tokalign), cut into steps, with TBD and RSD per step (diagnosis.make_offer);
+          (tokalign), cut into steps, with TBD and RSD per step (diagnosis.make_offer); the hidden TBD measure
+          also needs the source's hidden states, so it runs only where the sources' models are at hand (the
+          local backend);
   reach   the expensive diagnosis of the offers the fidelity predictor did not skip: the receiver's per-step
           gradient norms and R_k, calibrated on its own steps of this iteration (reachability.py);
   cross   the admitted offers in the receiver's tokenization with their repaired per-token credit
@@ -49,12 +51,14 @@ class ReceiverSide:
         for peer in self.peers:
             for i in range(len(peer.rollouts.completion_ids)):
                 offer = diagnosis.make_offer(peer, i, self.receiver.policy, self.task,
-                                             examples[i // peer.rollouts.group_size], stats)
+                                             examples[i // peer.rollouts.group_size], stats, self.cfg.tbd_measure)
                 if offer is None:
                     records.append({"source": peer.policy.name, "index": i, "level": "rejected", "crossed": "none",
                                     "reason": "no step reaches the receiver's tokens", "repairs": []})
                 else:
                     offers.append(offer)
+        if offers and self.cfg.tbd_measure == "hidden" and "tbd" not in self.cfg.ablate:
+            diagnosis.measure_hidden_tbd(offers, self.receiver)
         self.offered = offers
         return offers, records
 

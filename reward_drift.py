@@ -47,11 +47,11 @@ class StepReward:
 
 def step_type(line: str) -> str | None:
     """The type key of a step: "+2c" for an arithmetic line `a op b = c` (operation, digits of the larger operand,
-    carry/borrow), "/2" for a line whose first annotation is `<<48/2=24>>` (its operators, digits of its largest
+    carry/borrow), written in symbols or in words, "/2" for a line whose first annotation is `<<48/2=24>>` (its operators, digits of its largest
     operand); None for a line that is neither."""
-    m = tasks.STEP_RE.match(line)
-    if m is not None:
-        a, op, b = abs(int(m.group(1))), m.group(2), abs(int(m.group(3)))
+    parsed = tasks.parse_step(line)
+    if parsed is not None:
+        a, op, b = abs(parsed[0]), parsed[1], abs(parsed[2])
         digits = len(str(max(a, b)))
         carry = (op == "+" and a % 10 + b % 10 >= 10) or (op == "-" and a % 10 < b % 10)
         return f"{op}{digits}{'c' if carry else ''}"

@@ -1,4 +1,4 @@
-"""Mutual RL's three sharing levels between heterogeneous policies: PRP, XGRPO and SGT.
+"""Mutual RL's three sharing levels between heterogeneous policies, PRP, XGRPO and SGT, and the HACPO baseline.
 
 DESIGN.md §1 (the three levels, the baselines the proposal compares against and the levels its curator admits
 trajectories to) and §4.5 (their definitions, since the Mutual RL paper body is not public):
@@ -19,6 +19,12 @@ trajectories to) and §4.5 (their definitions, since the Mutual RL paper body is
          had as members of the receiver's group (the pooled group of its failures and the rescued successes,
          so the rarer the rescue the larger the credit). Nothing else crosses.
 
+  HACPO  Heterogeneous Agent Collaborative Policy Optimization (arXiv 2603.02604), a baseline beside the three:
+         peer rewards join a baseline rescaled by the policies' rolling capabilities, and every peer rollout
+         that carries a gradient crosses as in PRP, with the sequence-level weight s^(1+alpha) and the peer's
+         advantage scaled by the capability ratio. Its equations, their numbers and the choices made where
+         the paper is silent are in hacpo.py; `hacpo_exchange` applies them.
+
 `exchange` applies one level to an iteration's experience of every policy and returns, per receiver, the
 advantages of its own rollouts and the peer trajectories it takes in, with metrics under `sharing/`.
 """
@@ -26,16 +32,17 @@ advantages of its own rollouts and the peer trajectories it takes in, with metri
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
 import grpo
+import hacpo
 import policies
 import tokalign
 
 LEVELS = ("prp", "xgrpo", "sgt")           # data, value, outcome: what the curator admits to
-MODES = ("none", *LEVELS)
+MODES = ("none", *LEVELS, "hacpo")
 
 
 @dataclass
@@ -60,6 +67,7 @@ class Crossing:
     completion_ids: list[int]        # [T] the receiver's encoding of the completion text
     advantages: torch.Tensor         # [T] the peer's advantages carried over by byte overlap
     weights: torch.Tensor            # [T] truncated density ratio of each token's aligned group
+    logprobs: torch.Tensor           # [T] log pi_receiver of each completion token at the sampling temperature
     log_ratio: torch.Tensor          # [G'] log pi_receiver(g) - log pi_peer(g), untruncated, over the aligned
                                      #      groups that hold receiver tokens
     residual: float                  # share of the peer's bytes the receiver could not reproduce
@@ -86,6 +94,14 @@ class ShareConfig:
     temperature: float = field(kw_only=True)
     """the sampling temperature: the receiver's log-probs are taken at it, as the peer's behaviour log-probs are"""
     micro_batch: int = field(kw_only=True, default=64)
+    hacpo_alpha: float = field(kw_only=True, default=1.0)
+    """HACPO: the power of the detached sequence ratio, s * sg(s)^alpha (eq. 12); 0 is GSPO's plain ratio"""
+    hacpo_delta: float = field(kw_only=True, default=0.2)
+    """HACPO: a peer rollout crosses only with its sequence ratio s in [1 - delta, 1] (eq. 13)"""
+    hacpo_window: int = field(kw_only=True, default=5)
+    """HACPO: K, the iterations over which each policy's mean reward is averaged into its capability (eq. 9)"""
+    hacpo_capability_bound: float = field(kw_only=True, default=10.0)
+    """HACPO: every capability ratio P_k / P_j is clamped to [1/bound, bound] (eq. 8 is unbounded)"""
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -182,7 +198,7 @@ def cross(source: Experience, picks: list[tuple[int, float]], receiver: policies
         carried = torch.tensor([t1 > t0 for t0, t1 in alignment.tgt])  # a cut source tail weighs no receiver token
         crossings.append(Crossing(source.policy.name, index, source.rewards.flatten()[index].item(), prompt,
                                   tgt.ids, tokalign.redistribute(alignment, src, tgt, src_advantages), weights,
-                                  log_ratio[carried], alignment.residual))
+                                  logp, log_ratio[carried], alignment.residual))
     return crossings
 
 
@@ -204,13 +220,22 @@ def crossing_metrics(crossings: list[Crossing], cap: float) -> dict[str, float]:
 # One exchange between all policies
 # ---------------------------------------------------------------------------------------------------------------
 
-def exchange(experiences: list[Experience], cfg: ShareConfig, receiver_name: str | None = None
-             ) -> dict[str, Received]:
+def exchange(experiences: list[Experience], cfg: ShareConfig, receiver_name: str | None = None,
+             capability: dict[str, float] | None = None) -> dict[str, Received]:
     """Apply the sharing level cfg.mode to one iteration: every policy receives from every other one, or only
     `receiver_name` does, which is how a policy's own process computes its part (backends.py): a receiver needs only
-    its own model, for its log-probs of what crosses."""
+    its own model, for its log-probs of what crosses.
+
+    `capability`: each policy's HACPO capability this iteration (hacpo.Capabilities, kept by the trainer across
+    iterations); only --share hacpo uses it, and it needs one.
+    """
     if cfg.mode not in MODES:
         raise ValueError(f"unknown sharing mode {cfg.mode!r}: use one of {MODES}")
+    if cfg.mode == "hacpo":
+        if capability is None:
+            raise ValueError("--share hacpo needs the policies' capabilities of this iteration (hacpo.Capabilities, "
+                             "kept across iterations)")
+        return hacpo_exchange(experiences, cfg, capability, receiver_name)
     out = {}
     for receiver in experiences:
         if receiver_name is not None and receiver.policy.name != receiver_name:
@@ -251,4 +276,50 @@ def sgt_picks(own: torch.Tensor, peers: list[Experience], cfg: ShareConfig) -> l
         credit = rescue_advantages(own[b], rewards, cfg.scale_by_std)                           # [S]
         for (k, j), a in zip(members, credit.tolist()):
             out[k].append((b * peers[k].rollouts.group_size + j, a))
+    return out
+
+
+def hacpo_exchange(experiences: list[Experience], cfg: ShareConfig, capability: dict[str, float],
+                   receiver_name: str | None = None) -> dict[str, Received]:
+    """HACPO (hacpo.py) on one iteration, given each policy's capability: per receiver k (only `receiver_name`,
+    if given), the advantages of its own rollouts against its capability-aware baseline, and every peer rollout
+    that carries a gradient, retokenized by cross, with advantage w(j,k) A (eq. 10) and weight s^(1+alpha)
+    (eq. 11-13)."""
+    missing = [e.policy.name for e in experiences if e.policy.name not in capability]
+    if missing:
+        raise KeyError(f"no capability given for {missing}")
+    capability = torch.tensor([capability[e.policy.name] for e in experiences], dtype=torch.float64)  # [n]
+    ratios = hacpo.capability_ratios(capability, cfg.hacpo_capability_bound)                    # [n, n]
+    rewards = torch.cat([e.rewards for e in experiences], dim=1)                                # [B, M]
+    source = torch.cat([torch.full((e.rewards.shape[1],), j) for j, e in enumerate(experiences)])  # [M]
+    out = {}
+    for k, receiver in enumerate(experiences):
+        if receiver_name is not None and receiver.policy.name != receiver_name:
+            continue
+        advantages = hacpo.capability_advantages(rewards, ratios[k, source].float(), source == k,
+                                                 cfg.scale_by_std)                               # [B, M]
+        offered = []
+        for j, peer in enumerate(experiences):
+            if j != k:
+                credit = (ratios[j, k] * advantages[:, source == j]).flatten().tolist()         # [B*G_j]
+                picks = [(i, a) for i, a in enumerate(credit) if a != 0]
+                offered += [(peer, c) for c in cross(peer, picks, receiver.policy, cfg)]
+        log_ratio = torch.tensor([hacpo.sequence_log_ratio(c.logprobs, peer.rollouts.logprobs[c.index]).item()
+                                  for peer, c in offered], dtype=torch.float64)                  # [S]
+        weights = hacpo.cross_weights(log_ratio, cfg.hacpo_alpha, cfg.hacpo_delta)                # [S]
+        crossings = [replace(c, weights=torch.full_like(c.weights, w))
+                     for (_, c), w in zip(offered, weights.tolist()) if w > 0]
+        own = advantages[:, source == k]                                                         # [B, G]
+        peers = [j for j in range(len(experiences)) if j != k]
+        metrics = {**{name: v for name, v in crossing_metrics(crossings, cfg.ratio_cap).items()
+                      if "truncated" not in name},   # the ratio cap is PRP's; HACPO clips the sequence ratio
+                   "sharing/capability": capability[k].item(),
+                   "sharing/capability_ratio": ratios[peers, k].mean().item(),
+                   "sharing/baseline_shift": (own - receiver.advantages).abs().mean().item(),
+                   "sharing/offered": float(len(offered))}
+        if offered:
+            metrics["sharing/sequence_log_ratio_mean"] = log_ratio.mean().item()
+            metrics["sharing/clipped_high"] = (log_ratio > 0).double().mean().item()
+            metrics["sharing/clipped_low"] = (log_ratio.exp() < 1 - cfg.hacpo_delta).double().mean().item()
+        out[receiver.policy.name] = Received(own, crossings, metrics)
     return out

@@ -2,14 +2,21 @@
 (the task domains of proposal §3.1 and the transfer tasks of §3.3).
 
 The embedded default task (DESIGN.md §5) is generated multi-step arithmetic word problems whose reference
-solution is one checkable step per line and a final answer line:
+solution is a sequence of checkable steps and a final answer, written in one of three step formats
+(`TaskConfig.step_format`):
 
     question:  "Ava has 7 apples. She gets 5 more. She gives away 3. How many apples does Ava have now?"
-    solution:  "7 + 5 = 12\n12 - 3 = 9\nAnswer: 9"
+    line:      "7 + 5 = 12\n12 - 3 = 9\nAnswer: 9"             one step per line (the default)
+    inline:    "7 + 5 = 12; 12 - 3 = 9; Answer: 9"              the steps on one line
+    prose:     "7 plus 5 is 12.Then 12 minus 3 is 9.Answer: 9"   sentences in words, run together
 
-`answer_reward` is its outcome reward (1 for the right final answer, else 0) and `step_verdicts` its step
-verifier (DESIGN.md §4.6, §4.9): a step is a line, its span lives in characters of the completion, and a line
-is either a correct step, a wrong step, or not a step at all. Neither raises on malformed text: garbage, an
+The formats decide where step boundaries fall against tokens (tokalign's TBD): no token of the Qwen2, Llama-3 or
+Mistral vocabularies holds bytes after a newline or around "; ", so line and inline steps never share a token,
+while Qwen2 and Llama-3 merge ".Then" and ".An" (a step's period with the next step's first letters) and Mistral
+splits them. `answer_reward` is the outcome reward (1 for the right final answer, else 0) and `step_verdicts` the
+step verifier (DESIGN.md §4.6, §4.9): a step is a piece of the completion (a line, a "; " piece, a sentence), its
+span lives in characters of the completion, and a piece is a correct step, a wrong step, or not a step at all;
+a step is checked by its arithmetic whichever way it is written. Neither raises on malformed text: garbage, an
 empty completion or a missing answer scores 0.
 
 `load_task` gives every task, the arithmetic one included, one interface (`Task`), whose callables all take
@@ -28,6 +35,7 @@ import random
 import re
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable
 
@@ -47,7 +55,12 @@ ANSWER_PREFIX = "Answer:"
 MAX_DIGITS = 100
 NUMBER = rf"(-?\d{{1,{MAX_DIGITS}}})"
 STEP_RE = re.compile(rf"^\s*{NUMBER}\s*([+\-*])\s*{NUMBER}\s*=\s*{NUMBER}\s*$")
+OP_WORDS = {"+": "plus", "-": "minus", "*": "times"}
+PROSE_STEP_RE = re.compile(rf"^\s*(?:Then )?{NUMBER} ({'|'.join(OP_WORDS.values())}) {NUMBER} is {NUMBER}\.\s*$")
 ANSWER_RE = re.compile(rf"^\s*Answer:\s*{NUMBER}\s*$")
+STEP_FORMATS = ("line", "inline", "prose")
+PIECE_RE = {"inline": re.compile(r"[^;\n]+"), "prose": re.compile(r"[^.\n]+\.?")}
+"""what one step (or the answer) of a completion is where steps are not lines"""
 
 
 @dataclass(frozen=True)
@@ -64,6 +77,12 @@ class TaskConfig:
     """operations to draw from, a subset of '+-*'"""
     heldout_fraction: float = 0.2
     """share of the problem space reserved for the held-out split (decided by a hash, so splits never overlap)"""
+    step_format: str = "line"
+    """how solutions write their steps (the module docstring): line, inline or prose"""
+
+    def __post_init__(self):
+        if self.step_format not in STEP_FORMATS:
+            raise ValueError(f"step_format is one of {STEP_FORMATS}, got {self.step_format!r}")
 
 
 @dataclass(frozen=True)
@@ -77,21 +96,30 @@ class Problem:
     def numbers(self) -> set[int]:
         return {self.start, *(b for _, b in self.steps)}
 
-    @property
-    def solution(self) -> str:
-        lines, value = [], self.start
-        for op, b in self.steps:
-            new = apply(op, value, b)
-            lines.append(f"{value} {op} {b} = {new}")
-            value = new
-        return "\n".join(lines + [f"{ANSWER_PREFIX} {value}"])
+
+def write_step(k: int, a: int, op: str, b: int, c: int, step_format: str) -> str:
+    """Step k (from 0) of a solution, `a op b = c`, as `step_format` writes it."""
+    if step_format == "prose":
+        return f"{'Then ' if k else ''}{a} {OP_WORDS[op]} {b} is {c}."
+    return f"{a} {op} {b} = {c}"
 
 
-def premature_solution(problem: Problem) -> str:
+def solution(problem: Problem, step_format: str = "line", steps: int | None = None) -> str:
+    """The reference solution in `step_format`; with `steps`, stopped after that many steps and answering with
+    the last one's result."""
+    written, value = [], problem.start
+    for k, (op, b) in enumerate(problem.steps[:steps]):
+        new = apply(op, value, b)
+        written.append(write_step(k, value, op, b, new, step_format))
+        value = new
+    joiner = {"line": "\n", "inline": "; ", "prose": ""}[step_format]
+    return joiner.join(written + [f"{ANSWER_PREFIX} {value}"])
+
+
+def premature_solution(problem: Problem, step_format: str = "line") -> str:
     """The solution stopped after its first step, answering with that step's result: complete in form, every
     written step right, and (with two or more steps) a wrong final answer."""
-    first = problem.solution.split("\n", 1)[0]
-    return f"{first}\n{ANSWER_PREFIX} {first.rsplit('=', 1)[1].strip()}"
+    return solution(problem, step_format, steps=1)
 
 
 def apply(op: str, a: int, b: int) -> int:
@@ -150,35 +178,62 @@ def prompt_text(problem: Problem) -> str:
     return f"{problem.question}\n"
 
 
-def parse_answer(completion: str) -> int | None:
-    """The integer on the last `Answer:` line, or None if the completion has none."""
-    for line in reversed(completion.splitlines()):
-        m = ANSWER_RE.match(line)
+def step_spans(text: str, step_format: str = "line") -> list[tuple[int, int]]:
+    """Character spans of the pieces of `text` that can be steps or the answer: its non-empty lines, or within
+    lines its "; " pieces (inline) or sentences with their period (prose), surrounding spaces excluded."""
+    if step_format == "line":
+        return line_spans(text)
+    spans = []
+    for m in PIECE_RE[step_format].finditer(text):
+        piece = m.group()
+        if piece.strip():
+            start = m.start() + len(piece) - len(piece.lstrip())
+            spans.append((start, m.start() + len(piece.rstrip())))
+    return spans
+
+
+def parse_step(text: str) -> tuple[int, str, int, int] | None:
+    """(a, op, b, c) of a step written `a op b = c` or in words `a plus b is c.`, else None."""
+    m = STEP_RE.match(text)
+    if m is not None:
+        return int(m.group(1)), m.group(2), int(m.group(3)), int(m.group(4))
+    m = PROSE_STEP_RE.match(text)
+    if m is not None:
+        op = next(op for op, word in OP_WORDS.items() if word == m.group(2))
+        return int(m.group(1)), op, int(m.group(3)), int(m.group(4))
+    return None
+
+
+def parse_answer(completion: str, step_format: str = "line") -> int | None:
+    """The integer of the last `Answer:` piece, or None if the completion has none."""
+    for start, end in reversed(step_spans(completion, step_format)):
+        m = ANSWER_RE.match(completion[start:end])
         if m:
             return int(m.group(1))
     return None
 
 
-def answer_reward(problem: Problem, completion: str) -> float:
+def answer_reward(problem: Problem, completion: str, step_format: str = "line") -> float:
     """Outcome reward: 1.0 if the final answer is right, else 0.0 (malformed completions included)."""
-    return float(parse_answer(completion) == problem.answer)
+    return float(parse_answer(completion, step_format) == problem.answer)
 
 
-def step_verdicts(problem: Problem, completion: str) -> list[tuple[tuple[int, int], bool | None]]:
-    """The step verifier: for each non-empty line, its character span and a verdict.
+def step_verdicts(problem: Problem, completion: str, step_format: str = "line"
+                  ) -> list[tuple[tuple[int, int], bool | None]]:
+    """The step verifier: for each piece of `step_spans`, its character span and a verdict.
 
     True:  `a op b = c` holds and each operand is available, i.e. a number of the problem or the result of an
            earlier correct step (so the step follows from the problem, not just from arithmetic);
-    False: the line has the form of a step but the equation is wrong or uses a number from nowhere;
-    None:  the line is not a step (the answer line, prose, garbage); it is not scored.
+    False: the piece has the form of a step but the equation is wrong or uses a number from nowhere;
+    None:  the piece is not a step (the answer, other words, garbage); it is not scored.
     """
     available, verdicts = set(problem.numbers), []
-    for start, end in line_spans(completion):
-        m = STEP_RE.match(completion[start:end])
-        if m is None:
+    for start, end in step_spans(completion, step_format):
+        parsed = parse_step(completion[start:end])
+        if parsed is None:
             verdicts.append(((start, end), None))
             continue
-        a, op, b, c = int(m.group(1)), m.group(2), int(m.group(3)), int(m.group(4))
+        a, op, b, c = parsed
         ok = apply(op, a, b) == c and a in available and b in available
         if ok:
             available.add(c)
@@ -415,9 +470,12 @@ def load_task(name: str, seed: int, train_size: int, eval_size: int, cfg: TaskCo
         raise ValueError(f"{name} reads no data set (data_dir={data_dir!r}): it is generated or ships in a package")
     cfg = cfg or TaskConfig()
     if name == "arith":
+        fmt = cfg.step_format
         return Task(name, generate_problems(train_size, "train", seed, cfg),
                     generate_problems(eval_size, "heldout", seed, cfg), prompt_text,
-                    answer_reward, lambda problem, completion: [v for _, v in step_verdicts(problem, completion)])
+                    partial(answer_reward, step_format=fmt),
+                    lambda problem, completion: [v for _, v in step_verdicts(problem, completion, fmt)],
+                    partial(step_spans, step_format=fmt))
     benchmark = BENCHMARKS[name]
     train, heldout = _benchmark_splits(benchmark, cfg, data_dir)
     return Task(name, _sample(train, train_size, seed, "train"), _sample(heldout, eval_size, seed, "heldout"),

@@ -89,14 +89,15 @@ def full_tokenizer_json(family: str) -> dict:
     return converted
 
 
-def task_corpus(n_problems: int = 3000) -> list[str]:
-    """Text the task can produce: prompts and solutions over wide knobs, and every digit group of any number."""
+def task_corpus(step_format: str = "line", n_problems: int = 3000) -> list[str]:
+    """Text the task can produce in `step_format`: prompts and solutions over wide knobs, and every digit group of
+    any number."""
     texts = []
     for i, cfg in enumerate([tasks.TaskConfig(num_steps=s, max_operand=m, ops="+-*")
                              for s in (1, 2, 4) for m in (9, 99, 999)]):
         for split in ("train", "heldout"):
             for p in tasks.generate_problems(n_problems // 18, split, seed=i, cfg=cfg):
-                texts.append(tasks.prompt_text(p) + p.solution)
+                texts.append(tasks.prompt_text(p) + tasks.solution(p, step_format))
     texts.append(" ".join(f"{n} = {n}\n{n}" for n in range(10_000)))
     texts.append(" ".join(f"999{n:03d}" for n in range(1000)))  # 3-digit groups with leading zeros, as in 533022
     return texts
@@ -152,10 +153,11 @@ def full_tokenizer(family: str) -> PreTrainedTokenizerFast:
 
 
 @lru_cache(maxsize=None)
-def tiny_tokenizer(family: str) -> PreTrainedTokenizerFast:
-    """The family's packaged tokenizer trimmed to the task vocabulary, with its EOS as the only special token."""
+def tiny_tokenizer(family: str, step_format: str = "line") -> PreTrainedTokenizerFast:
+    """The family's packaged tokenizer trimmed to the task vocabulary in `step_format`, with its EOS as the only
+    special token."""
     eos = PACKAGED_TOKENIZERS[family][2]
-    return wrap_tokenizer(trim_bpe(full_tokenizer_json(family), task_corpus(), keep_special=[eos]), eos)
+    return wrap_tokenizer(trim_bpe(full_tokenizer_json(family), task_corpus(step_format), keep_special=[eos]), eos)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -190,7 +192,8 @@ def supervised_warmup(policy: Policy, steps: int, task_cfg: tasks.TaskConfig, se
         idx = torch.randint(len(problems), (batch_size,), generator=generator).tolist()
         premature = (torch.rand(batch_size, generator=generator) < premature_share).tolist()
         prompts = [policy.encode_prompt(tasks.prompt_text(problems[i])) for i in idx]
-        completions = [policy.encode_completion(tasks.premature_solution(problems[i]) if cut else problems[i].solution,
+        completions = [policy.encode_completion((tasks.premature_solution if cut else tasks.solution)(
+                                                    problems[i], task_cfg.step_format),
                                                 eos=True) for i, cut in zip(idx, premature)]
         input_ids, attention, mask = (t.to(policy.device) for t in
                                       pack_sequences(prompts, completions, policy.tokenizer.pad_token_id))

@@ -1,28 +1,18 @@
-"""The tokenizer heterogeneity layer (THL) and the token alignment graph: TBD diagnosis and repair.
+"""The tokenizer heterogeneity layer (THL): retokenization, the token alignment graph and the TBD repair.
 
-Proposal §1.1: a shared trajectory is retokenized by the target, source and target tokens are aligned into
-groups (1:1, 1:n, n:1 and, per DESIGN.md §4.3, n:m), the step consistency
-    S_TBD = 1/|A| * sum over aligned groups g of sim(h_src(g), h_tgt(g))
-is measured, and drift hotspots are the non-1:1 groups whose similarity is low. §2.2, TBD repair: the source's
-per-token advantages are redistributed onto the target's tokens in proportion to the bytes they share.
+Proposal §1.1: a shared trajectory is retokenized by the target, and source and target tokens are aligned into
+groups (1:1, 1:n, n:1 and, per DESIGN.md §4.3, n:m) that cover the same bytes; what the groups say about drift,
+the TBD diagnosis, is boundary_drift.py. §2.2, TBD repair: the source's per-token advantages are redistributed
+onto the target's tokens in proportion to the bytes they share.
 
 Decisions relied on (DESIGN.md §4):
   4.2  sharing happens on text: the target re-encodes the completion text only, never the source ids; special
        tokens (EOS) are mapped explicitly, never aligned as text.
   4.3  groups come from byte offsets by a two-pointer walk, O(n + m), not from an edit-distance DP.
   4.4  the density ratio is taken per group: log r_g = sum_{t in g} log pi_tgt(t) - sum_{s in g} log pi_src(s).
-  4.7  h, default: byte-level, no hidden states. A group's similarity is the Jaccard index of the token
-       boundaries the two sides put in it: 1 for 1:1, 1/(n+m-1) for a minimal n:m group, 0 where the bytes
-       differ; a group is as consistent as its two segmentations agree. `hidden_similarity` is the proposal's
-       "light mapping network" alternative: a least-squares linear map from source to target hidden states,
-       fitted on the exact 1:1 groups, then cosine similarity of the groups' mean states.
 
-The curator's TBD term per step (`tbd_steps`, DESIGN.md §4.7): tokens change a step's credit only where one holds
-bytes of two steps, or where the receiver cannot reproduce the bytes; so step k's value is max(its byte share
-in inexact groups, 1/2 per boundary with a neighbour step that exactly one side straddles, `boundary_hotspots`),
-0 for a pure 1:n digit split, and what the repair leaves of it is its inexact share. The credit of each step
-reaches the receiver's tokens through `token_credit`: separators and the EOS carry the step they close
-(`credit_spans`), and the TBD repair moves it by byte overlap (`redistribute`).
+The credit of each step reaches the receiver's tokens through `token_credit`: separators and the EOS carry the
+step they close (`credit_spans`), and the TBD repair moves it by byte overlap (`redistribute`).
 
 Where the target cannot reproduce the source's bytes (Qwen normalizes to NFC, a completion cut inside a
 multi-byte character), the layer trims the incomplete tail, aligns what differs as inexact groups around the
@@ -195,41 +185,6 @@ def align(source: Encoding, target: Encoding) -> Alignment:
     return Alignment(groups_src, groups_tgt, spans, exact, inexact / len(source.data) if source.data else 0.0)
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# TBD diagnosis: similarity, S_TBD, hotspots
-# ---------------------------------------------------------------------------------------------------------------
-
-def boundary_similarity(alignment: Alignment) -> torch.Tensor:
-    """[G] the default sim of each group: Jaccard of the two sides' token boundaries, 1/(n+m-1); 0 if inexact."""
-    sims = [1.0 / (a + b - 1) if ok else 0.0 for (a, b), ok in zip(alignment.sizes, alignment.exact)]
-    return torch.tensor(sims, dtype=torch.float32)
-
-
-def hidden_similarity(alignment: Alignment, h_src: torch.Tensor, h_tgt: torch.Tensor) -> torch.Tensor:
-    """[G] cosine similarity of each group's mean hidden state, the source's mapped into the target's space.
-
-    h_src [n, d_src], h_tgt [m, d_tgt]: hidden states of the tokens (text and special). The map W [d_src, d_tgt]
-    is the least-squares fit of h_src[i] W = h_tgt[j] over the exact 1:1 groups (i, j); inexact groups get 0.
-    """
-    pairs = [(s0, t0) for (s0, s1), (t0, t1), ok in zip(alignment.src, alignment.tgt, alignment.exact)
-             if ok and s1 - s0 == 1 and t1 - t0 == 1]
-    if len(pairs) < 2:
-        raise ValueError(f"fitting the linear map needs at least 2 exact 1:1 groups, the alignment has {len(pairs)}")
-    idx_s, idx_t = torch.tensor(pairs).T
-    w = torch.linalg.lstsq(h_src[idx_s].double(), h_tgt[idx_t].double()).solution.to(h_src.dtype)  # [d_src, d_tgt]
-    src_mean = segment_mean(h_src @ w, alignment.group_ids("src"), len(alignment.src))             # [G, d_tgt]
-    tgt_mean = segment_mean(h_tgt, alignment.group_ids("tgt"), len(alignment.tgt))                 # [G, d_tgt]
-    sims = torch.nn.functional.cosine_similarity(src_mean, tgt_mean, dim=-1)
-    return torch.where(torch.tensor(alignment.exact), sims, torch.zeros_like(sims))
-
-
-def segment_mean(values: torch.Tensor, segment: torch.Tensor, count: int) -> torch.Tensor:
-    """[count, ...] the mean of `values` rows over each segment id (empty segments give 0)."""
-    sums = torch.zeros((count, *values.shape[1:]), dtype=values.dtype).index_add_(0, segment, values)
-    sizes = torch.zeros(count, dtype=values.dtype).index_add_(0, segment, torch.ones_like(segment, dtype=values.dtype))
-    return sums / sizes.clamp(min=1).view(-1, *([1] * (values.ndim - 1)))
-
-
 def char_to_byte_spans(text: str, spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
     """Character spans of `text` as UTF-8 byte spans; a lone surrogate (an invalid byte decoded with
     surrogateescape) counts as its one byte."""
@@ -244,38 +199,6 @@ def step_byte_spans(data: bytes, spans_of) -> list[tuple[int, int]]:
     `data` is not valid UTF-8."""
     text = data.decode("utf-8", errors="surrogateescape")
     return char_to_byte_spans(text, spans_of(text))
-
-
-def step_consistency(alignment: Alignment, similarity: torch.Tensor, step_spans: list[tuple[int, int]]
-                     ) -> torch.Tensor:
-    """[K] S_TBD of each step (byte span): the mean similarity of the groups that overlap it."""
-    starts = [a for a, _ in alignment.span]
-    out = []
-    for a, b in step_spans:
-        first = max(bisect.bisect_right(starts, a) - 1, 0)
-        touching = [g for g in range(first, len(starts)) if starts[g] < b and alignment.span[g][1] > a]
-        out.append(similarity[touching].mean().item() if touching else float("nan"))
-    return torch.tensor(out)
-
-
-def boundary_hotspots(source: Encoding, target: Encoding, step_spans: list[tuple[int, int]]
-                      ) -> list[tuple[int, str]]:
-    """Boundaries between steps k and k+1 that one side straddles and the other does not: (k, side).
-
-    A side straddles the boundary when one of its tokens covers bytes of both steps: its credit for the two steps
-    is mixed in one token, while the other side can give each step its own.
-    """
-    def straddles(encoding: Encoding, starts: list[int], k: int) -> bool:
-        last_byte, next_first = step_spans[k][1] - 1, step_spans[k + 1][0]
-        t = bisect.bisect_right(starts, last_byte) - 1            # the token holding step k's last byte
-        return t >= 0 and encoding.offsets[t][1] > next_first
-    src_starts, tgt_starts = [a for a, _ in source.offsets], [a for a, _ in target.offsets]
-    out = []
-    for k in range(len(step_spans) - 1):
-        s, t = straddles(source, src_starts, k), straddles(target, tgt_starts, k)
-        if s != t:
-            out.append((k, "source" if s else "target"))
-    return out
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -324,21 +247,6 @@ def redistribute(alignment: Alignment, source: Encoding, target: Encoding, src_v
     return total / mass.clamp(min=1e-12)
 
 
-def tbd_steps(alignment: Alignment, source: Encoding, target: Encoding,
-              steps: list[tuple[int, int]]) -> tuple[torch.Tensor, torch.Tensor]:
-    """[K] the TBD value of each step, and [K] what the repair leaves of it (its inexact byte share)."""
-    inexact = torch.zeros(len(steps), dtype=torch.float64)
-    for (g0, g1), ok in zip(alignment.span, alignment.exact):
-        if not ok:
-            for k, (a, b) in enumerate(steps):
-                inexact[k] += max(0, min(b, g1) - max(a, g0)) / max(b - a, 1)
-    straddled = torch.zeros(len(steps), dtype=torch.float64)
-    for k, _ in boundary_hotspots(source, target, steps):
-        straddled[k] += 0.5
-        straddled[k + 1] += 0.5
-    return torch.maximum(inexact.clamp(max=1.0), straddled), inexact.clamp(max=1.0)
-
-
 def credit_spans(steps: list[tuple[int, int]], length: int) -> list[tuple[int, int]]:
     """The byte spans whose tokens carry each step's credit: step k from its first byte (the first step from 0) up
     to the next step's first byte (the last step to the end), so a separator or the EOS carries the step it
@@ -371,43 +279,3 @@ def group_log_ratio(alignment: Alignment, src_logprobs: torch.Tensor, tgt_logpro
     tgt = torch.zeros(g, dtype=tgt_logprobs.dtype).index_add_(0, alignment.group_ids("tgt"), tgt_logprobs)
     src = torch.zeros(g, dtype=src_logprobs.dtype).index_add_(0, alignment.group_ids("src"), src_logprobs)
     return tgt - src
-
-
-if __name__ == "__main__":
-    # One solution under the real Qwen2 and Llama-3 tokenizers: groups with their modes, steps and hotspots.
-    import tasks
-    import tiny
-    from token_bytes import token_bytes_table
-
-    def show(token_id: int, tok, table: list[bytes]) -> str:
-        return repr(table[token_id].decode("utf-8", errors="replace")) if table[token_id] else tok.convert_ids_to_tokens(token_id)
-
-    problem = tasks.generate_problems(1, "train", seed=3, cfg=tasks.TaskConfig(num_steps=3, max_operand=250))[0]
-    text = problem.solution + "\nDone. ✓"
-    sides = {}
-    for family in ("qwen2", "llama"):
-        tok = tiny.full_tokenizer(family)
-        table = token_bytes_table(tok)
-        sides[family] = (tok, table)
-    qwen_tok, qwen_table = sides["qwen2"]
-    source = Encoding.from_ids(qwen_tok(text, add_special_tokens=False)["input_ids"] + [qwen_tok.eos_token_id],
-                               qwen_table)
-    target = retokenize(source, *sides["llama"])
-    alignment = align(source, target)
-    sim = boundary_similarity(alignment)
-    steps = char_to_byte_spans(text, tasks.line_spans(text))
-    print(f"question: {problem.question}\nsource: Qwen2 ({len(source.ids)} tokens)   target: Llama-3 "
-          f"({len(target.ids)} tokens)   groups: {len(alignment.src)}   residual: {alignment.residual:.3f}\n")
-    step_sim = step_consistency(alignment, sim, steps)
-    for k, (a, b) in enumerate(steps):
-        print(f"step {k}: {source.data[a:b].decode()!r}   S_TBD = {step_sim[k]:.2f}")
-        for g, (g0, g1) in enumerate(alignment.span):
-            if g0 < b and g1 > a or (g0 == g1 == len(source.data) and k == len(steps) - 1):
-                (s0, s1), (t0, t1) = alignment.src[g], alignment.tgt[g]
-                src = " ".join(show(i, *sides["qwen2"]) for i in source.ids[s0:s1])
-                tgt = " ".join(show(i, *sides["llama"]) for i in target.ids[t0:t1])
-                print(f"   {alignment.modes[g]:>4}  sim {sim[g]:.2f}  {src:<30} | {tgt}")
-    tbd, left = tbd_steps(alignment, source, target, steps)
-    print(f"\ntrajectory S_TBD (mean over groups) = {sim.mean():.3f}; step boundaries straddled on one side only: "
-          f"{boundary_hotspots(source, target, steps)}; the curator's TBD per step {tbd.tolist()}, after repair "
-          f"{left.tolist()}")

@@ -3,6 +3,7 @@
     python train.py --pair qwen-llama                 # tiny offline policies on a CPU, small real ones on CUDA
     python train.py --pair trio --iterations 50 --seed 2
     python train.py --share prp                       # Mutual RL's data-level sharing (also xgrpo, sgt)
+    python train.py --share hacpo                     # the HACPO baseline (hacpo.py)
     python train.py --share cross-fidelity            # the curator (curator.py): diagnose, repair, admit
     python train.py --name my-run --resume            # continue a killed run from its last checkpoint
     python train.py --backend ray --ray-address auto  # each policy a Ray actor, on a cluster (ray_team.py)
@@ -48,6 +49,7 @@ import coevolution
 import curator
 import eval as evaluation
 import grpo
+import hacpo
 import hardware
 import sharing
 import tasks
@@ -65,11 +67,13 @@ class Args:
     model_dir: str | None = None
     """a directory with one folder per real policy, named like the last part of its hub id
     (e.g. DIR/Qwen2.5-0.5B-Instruct, as `hf download` makes with --local-dir); --model-paths takes precedence"""
-    share: Literal["none", "prp", "xgrpo", "sgt", "cross-fidelity"] = "none"
+    share: Literal["none", "prp", "xgrpo", "sgt", "hacpo", "cross-fidelity"] = "none"
     """how experience crosses between policies (sharing.py): none = independent GRPO; prp = peer rollouts join the
     batch with truncated density ratios; xgrpo = peer rewards join the group baseline; sgt = peer successes
-    rescue prompts the receiver failed; cross-fidelity = the curator (curator.py) diagnoses every peer rollout,
-    repairs it and admits it to one of the three levels or rejects it"""
+    rescue prompts the receiver failed; hacpo = HACPO (hacpo.py): a capability-aware baseline over all policies'
+    rewards, and peer rollouts with sequence-level ratios clipped to [1 - delta, 1]; cross-fidelity = the
+    curator (curator.py) diagnoses every peer rollout, repairs it and admits it to one of the three levels or
+    rejects it"""
     fidelity_lambdas: tuple[float, float, float] = curator.CuratorConfig.lambdas
     """cross-fidelity: weights of the TBD, CCM and RSD terms in the degradation D (summing to 1)"""
     theta1: float = curator.CuratorConfig.theta1
@@ -83,6 +87,10 @@ class Args:
     """cross-fidelity: diagnoses (and their repairs) switched off"""
     thresholds: Literal["fixed", "adaptive"] = "fixed"
     """cross-fidelity: theta1, theta2 as given, or co-evolving per pair (coevolution.py's bandit)"""
+    tbd_measure: Literal["credit", "hidden", "jaccard"] = curator.CuratorConfig.tbd_measure
+    """cross-fidelity: how the TBD term is measured (boundary_drift.py): the credit tokens mix across step
+    boundaries; the proposal's hidden-state similarity through a linear map fitted on exact 1:1 groups; or the
+    byte-boundary Jaccard index (differs wherever the tokenizations do)"""
     process_signal: Literal["vpr", "intrinsic"] = curator.CuratorConfig.process_signal
     """cross-fidelity: RSD repair with verified step credit where a step can be checked, or the intrinsic
     gradient-norm signal on every step"""
@@ -91,6 +99,14 @@ class Args:
     ratio_cap: float = sharing.ShareConfig.ratio_cap
     """prp, sgt: the truncation of the group-wise density ratio pi_receiver / pi_peer (2 as in truncated
     importance sampling); no weight exceeds it"""
+    hacpo_alpha: float = sharing.ShareConfig.hacpo_alpha
+    """hacpo: a peer rollout's weight is s^(1 + alpha), s its length-normalized sequence ratio (eq. 12)"""
+    hacpo_delta: float = sharing.ShareConfig.hacpo_delta
+    """hacpo: a peer rollout crosses only with s in [1 - delta, 1] (eq. 13)"""
+    hacpo_window: int = sharing.ShareConfig.hacpo_window
+    """hacpo: iterations over which each policy's mean reward is averaged into its capability (eq. 9)"""
+    hacpo_capability_bound: float = sharing.ShareConfig.hacpo_capability_bound
+    """hacpo: capability ratios P_receiver / P_peer are clamped to [1/bound, bound]"""
     iterations: int = 100
     """training iterations; each updates every policy once"""
     prompts_per_iteration: int = 16
@@ -139,6 +155,10 @@ class Args:
     """task: operands are drawn from 1..max_operand"""
     ops: str = tasks.TaskConfig.ops
     """task: operations, a subset of '+-*'"""
+    step_format: Literal["line", "inline", "prose"] = tasks.TaskConfig.step_format
+    """task: how solutions write their steps (tasks.py): one per line; on one line, separated by '; '; or as
+    sentences in words run together ('7 plus 5 is 12.Then ...'), whose boundaries fall inside a token for some
+    families and not for others (the TBD diagnosis)"""
     train_size: int = 5000
     """training problems drawn once; prompts are sampled from them"""
     eval_size: int = 500
@@ -196,6 +216,9 @@ class Args:
                              f"{self.prompts_per_iteration} and {self.group_size}")
         if self.backend == "local" and (self.ray_address is not None or self.gpus_per_policy is not None):
             raise ValueError("--ray-address and --gpus-per-policy place Ray actors: add --backend ray")
+        if self.backend == "ray" and self.share == "cross-fidelity" and self.tbd_measure == "hidden":
+            raise ValueError("--tbd-measure hidden needs the sources' hidden states beside the receiver's, which do not "
+                             "cross between Ray actors: use --backend local, or another --tbd-measure")
         if self.backend == "ray" and self.devices is not None:
             raise ValueError("under --backend ray, Ray gives each policy's actor its devices: drop --devices and "
                              "set --gpus-per-policy")
@@ -205,15 +228,21 @@ class Args:
 
     @property
     def task_config(self) -> tasks.TaskConfig:
-        return tasks.TaskConfig(num_steps=self.num_steps, max_operand=self.max_operand, ops=self.ops)
+        return tasks.TaskConfig(num_steps=self.num_steps, max_operand=self.max_operand, ops=self.ops,
+                                step_format=self.step_format)
 
     def policy_setup(self, scale: str) -> hardware.PolicySetup:
         return hardware.PolicySetup.of({**asdict(self), "scale": scale})
 
     @property
     def share_config(self) -> sharing.ShareConfig:
+        if self.share == "hacpo" and self.epochs > 1:
+            raise ValueError("--share hacpo makes one update per iteration (--epochs 1): its stepwise clipping "
+                             "(eq. 14) and sequence ratios belong to each update, and later epochs reuse the first's")
         return sharing.ShareConfig(self.share, self.ratio_cap, scale_by_std=self.scale_by_std,
-                                   temperature=self.temperature, micro_batch=self.micro_batch)
+                                   temperature=self.temperature, micro_batch=self.micro_batch,
+                                   hacpo_alpha=self.hacpo_alpha, hacpo_delta=self.hacpo_delta,
+                                   hacpo_window=self.hacpo_window, hacpo_capability_bound=self.hacpo_capability_bound)
 
     @property
     def loss_config(self) -> grpo.LossConfig:
@@ -222,7 +251,7 @@ class Args:
     @property
     def curator_config(self) -> curator.CuratorConfig:
         return curator.CuratorConfig(self.fidelity_lambdas, self.theta1, self.theta2, self.ccm_beta, self.ablate,
-                                     self.process_signal)
+                                     tbd_measure=self.tbd_measure, process_signal=self.process_signal)
 
 
 def prompt_sampler(seed: int, iteration: int) -> random.Random:
@@ -256,8 +285,8 @@ def print_estimates(args: Args, team: backends.Team, prompt_len: int) -> None:
     """Parameters, memory terms and a time bound per policy (hardware.estimate, where each policy is), before the
     first iteration; on CUDA, whether the policies on each device fit on it."""
     rollouts = args.prompts_per_iteration * args.group_size
-    received = {"none": 0, "xgrpo": 0, "sgt": rollouts // 4, "prp": rollouts, "cross-fidelity": rollouts
-                }[args.share] * (len(team.policies) - 1)
+    received = {"none": 0, "xgrpo": 0, "sgt": rollouts // 4, "prp": rollouts, "hacpo": rollouts,
+                "cross-fidelity": rollouts}[args.share] * (len(team.policies) - 1)
     work = hardware.Workload(rollouts, prompt_len, args.max_new_tokens, min(args.micro_batch, rollouts + received),
                              rollouts + received, args.gradient_checkpointing,
                              reference_copy=args.beta > 0 and not args.lora_rank)
@@ -306,12 +335,14 @@ def run(args: Args, team: backends.Team) -> Path:
     samples = [task.prompt(q) for q in task.train[:50] + task.heldout[:50]]
     print_estimates(args, team, max(team.get([p.longest_prompt(samples) for p in team.policies])))
     curation = make_curator(args, names) if args.share == "cross-fidelity" else None
+    capabilities = hacpo.Capabilities(args.share_config.hacpo_window) if args.share == "hacpo" else None
 
     start = 0
     if args.resume and (run_dir / "checkpoints" / "latest").exists():
-        start, folder, saved_curator = checkpoint.latest_checkpoint(run_dir)
+        start, folder, saved = checkpoint.latest_checkpoint(run_dir)
         team.get([p.load(str(folder)) for p in team.policies])
-        curation = saved_curator or curation
+        curation = (saved or curation) if curation is not None else None        # the state of this run's --share
+        capabilities = (saved or capabilities) if capabilities is not None else None
         print(f"resumed from iteration {start}")
     for path in (metrics_path, fidelity_path):   # a resumed run repeats no line and loses none; a fresh one keeps none
         checkpoint.truncate_metrics(path, start if start else -1)
@@ -322,6 +353,7 @@ def run(args: Args, team: backends.Team) -> Path:
     bar = tqdm(range(start, args.iterations), initial=start, total=args.iterations, desc="train")
     for it in bar:
         # ---- 1. rollouts, every policy at once -------------------------------------------------------------
+        iteration_started = time.time()
         problems = prompt_sampler(args.seed, it).sample(task.train, args.prompts_per_iteration)
         prompts = [task.prompt(q) for q in problems]
         sampled = [p.rollout(it, prompts) for p in team.policies]
@@ -342,7 +374,12 @@ def run(args: Args, team: backends.Team) -> Path:
             for record in decisions:
                 log(fidelity_path, record)
         else:
-            received = dict(zip(names, team.get([p.receive() for p in team.policies])))
+            capability = None
+            if capabilities is not None:   # HACPO's state across iterations stays here; each receiver gets its values
+                for e in experiences:
+                    capabilities.observe(e.policy.name, e.rewards)
+                capability = dict(zip(names, capabilities.of(names).tolist()))
+            received = dict(zip(names, team.get([p.receive(capability) for p in team.policies])))
 
         # ---- 4. updates, every policy at once ----------------------------------------------------------------
         updates = team.get([p.update(guarded) for p in team.policies])
@@ -358,13 +395,14 @@ def run(args: Args, team: backends.Team) -> Path:
             if verdicts.get(name) is not None:
                 stats["fidelity/guard_tripped"] = float(bool(verdicts[name]))
             stats["charts/finished"] = sum(e.rollouts.finished) / len(e.rollouts.finished)
+            stats["perf/iteration_s"] = time.time() - iteration_started   # the method's cost: no evaluation in it
             log(metrics_path, {"iteration": it + 1, "policy": name, "time_s": time.time() - started, **stats})
         done = it + 1
         if done % args.eval_every == 0 or done == args.iterations:
             accuracy = log_evaluation(team, args, done, started, metrics_path)
         if done % args.checkpoint_every == 0 or done == args.iterations:
             team.get([p.save(str(checkpoint.checkpoint_folder(run_dir, done))) for p in team.policies])
-            checkpoint.commit_checkpoint(run_dir, done, names, curation)
+            checkpoint.commit_checkpoint(run_dir, done, names, curation if curation is not None else capabilities)
         bar.set_postfix({f"{e.policy.name}_r": f"{e.rewards.mean():.2f}" for e in experiences} |
                         {f"{n}_acc": f"{a:.2f}" for n, a in accuracy.items()})
 

@@ -10,7 +10,7 @@ Every run evaluates greedy pass@1 on 2,000 held-out problems every 10 iterations
 
 `analyze` reads each policy's held-out curve and reports, per metric (the final accuracy at iteration I, and the
 area under the curve up to I as the mean accuracy over its evaluations, trapezoid rule), the paired difference
-between the two levels seed by seed: its mean, its standard deviation across seeds, the 95% half-width of the mean
+between each level and the first one seed by seed: its mean, its standard deviation across seeds, the 95% half-width of the mean
 (Student t) and the number of seeds that would bring that half-width to 2 points. It also reports each run's cost:
 wall time and rollout and update tokens. The result goes to results/power-TESTBED.json and .md.
 """
@@ -24,9 +24,13 @@ import os
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
+from functools import lru_cache
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import eval as evaluation  # noqa: E402
 EVALUATION = ["--eval-size", "2000", "--eval-every", "10", "--eval-samples", "0"]
 TESTBEDS = {
     "default": [],
@@ -91,7 +95,8 @@ def area_under(curve: list[tuple[int, float]], iteration: int) -> float:
     return area / (points[-1][0] - points[0][0])
 
 
-def t_quantile(p: float, dof: int, intervals: int = 4000) -> float:
+@lru_cache(maxsize=None)
+def t_quantile(p: float, dof: int, intervals: int = 1000) -> float:
     """The `p` quantile (p > 1/2) of Student's t with `dof` degrees of freedom: bisection on its CDF, integrated
     from 0 by Simpson's rule over (1 + x^2/dof)^(-(dof+1)/2)."""
     scale = math.exp(math.lgamma((dof + 1) / 2) - math.lgamma(dof / 2)) / math.sqrt(dof * math.pi)
@@ -134,50 +139,62 @@ def paired_summary(differences: list[float], target: float = 0.02) -> dict[str, 
     return {"mean": mean, "sd": sd, "half_width_95": half_width(sd, n), "seeds_for_2pt": seeds_needed(sd, target)}
 
 
-def run_cost(run_dir: Path) -> dict[str, float]:
-    """Wall time (the last record's time_s: warm-up excluded when it was cached) and tokens of the whole run."""
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return {"wall_s": max(r["time_s"] for r in records),
-            "rollout_tokens": sum(r.get("perf/rollout_tokens", 0.0) for r in records),
-            "update_tokens": sum(r.get("perf/update_tokens", 0.0) for r in records)}
+def run_cost(run_dir: Path, iteration: int) -> dict[str, float]:
+    """The cost of a run's first `iteration` iterations, its policies together: wall time of the iterations
+    (eval.COSTS; runs logged before perf/iteration_s existed read the time from their first training record to
+    the last one up to `iteration`, evaluations included) and rollout and update tokens."""
+    records = evaluation.load_metrics(run_dir)
+    names = list(dict.fromkeys(r["policy"] for r in records))
+    wall = evaluation.spent(records, names[0], "iteration_s").get(iteration, math.nan)
+    if math.isnan(wall):
+        times = [r["time_s"] for r in records if "losses/policy_loss" in r and r["iteration"] <= iteration]
+        wall = max(times) - min(times)
+    return {"iteration_s": wall, **{cost: sum(evaluation.spent(records, p, cost).get(iteration, math.nan) for p in names)
+                                    for cost in ("rollout_tokens", "update_tokens")}}
 
 
-def analyze(testbed: str, levels: tuple[str, str], seeds: list[int], at: list[int], runs_dir: Path,
+def analyze(testbed: str, levels: list[str], seeds: list[int], at: list[int], runs_dir: Path,
             eval_size: int = 2000) -> dict:
-    base, other = levels
+    """Every level after the first against the first, seed by seed."""
+    base = levels[0]
     curves = {(level, seed): held_out_curves(runs_dir / run_name(testbed, level, seed))
               for level in levels for seed in seeds}
     policies = list(curves[base, seeds[0]])
-    out: dict = {"testbed": testbed, "flags": TESTBEDS[testbed], "levels": list(levels), "seeds": seeds,
-                 "difference": f"{other} - {base}", "metrics": {}, "cost": {}}
+    out: dict = {"testbed": testbed, "flags": TESTBEDS[testbed], "levels": levels, "seeds": seeds, "metrics": {},
+                 "cost": {}}
+    for other in levels[1:]:
+        for iteration in at:
+            for metric, read in (("final", accuracy_at), ("auc", area_under)):
+                for policy in policies:
+                    values = {lv: [read(curves[lv, s][policy], iteration) for s in seeds] for lv in (base, other)}
+                    differences = [b - a for a, b in zip(values[base], values[other])]
+                    out["metrics"][f"{other} - {base}/{metric}@{iteration}/{policy}"] = {
+                        "per_seed": values, "differences": differences, **paired_summary(differences)}
     for iteration in at:
-        for metric, read in (("final", accuracy_at), ("auc", area_under)):
-            for policy in policies:
-                values = {lv: [read(curves[lv, s][policy], iteration) for s in seeds] for lv in levels}
-                differences = [b - a for a, b in zip(values[base], values[other])]
-                out["metrics"][f"{metric}@{iteration}/{policy}"] = {
-                    "per_seed": values, "differences": differences, **paired_summary(differences)}
         for policy in policies:   # the binomial standard error of one final accuracy, at the mean accuracy
-            p = sum(accuracy_at(curves[lv, s][policy], iteration) for lv in levels for s in seeds) / (2 * len(seeds))
-            out["metrics"][f"final@{iteration}/{policy}"]["binomial_se"] = math.sqrt(p * (1 - p) / eval_size)
+            p = sum(accuracy_at(curves[lv, s][policy], iteration) for lv in levels for s in seeds) / (len(levels) * len(seeds))
+            out[f"binomial_se@{iteration}/{policy}"] = math.sqrt(p * (1 - p) / eval_size)
     for level in levels:
-        costs = [run_cost(runs_dir / run_name(testbed, level, s)) for s in seeds]
+        costs = [run_cost(runs_dir / run_name(testbed, level, s), max(at)) for s in seeds]
         out["cost"][level] = {k: sum(c[k] for c in costs) / len(costs) for k in costs[0]}
     return out
 
 
 def markdown(result: dict) -> str:
-    lines = [f"# power: testbed {result['testbed']} {' '.join(result['flags'])}, {result['difference']}, seeds "
+    lines = [f"# power: testbed {result['testbed']} {' '.join(result['flags'])}, seeds "
              f"{' '.join(map(str, result['seeds']))}\n",
-             "| metric | policy | per-seed difference | mean | SD | 95% half-width | seeds for +-2 pt |",
-             "|---|---|---|---|---|---|---|"]
+             "| difference | metric | policy | per-seed difference | mean | SD | 95% half-width | seeds for +-2 pt |",
+             "|---|---|---|---|---|---|---|---|"]
     for key, m in result["metrics"].items():
-        metric, policy = key.split("/")
+        difference, metric, policy = key.split("/")
         diffs = " ".join(f"{d:+.3f}" for d in m["differences"])
-        lines.append(f"| {metric} | {policy} | {diffs} | {m['mean']:+.3f} | {m['sd']:.3f} | {m['half_width_95']:.3f} "
-                     f"| {m['seeds_for_2pt']} |")
-    lines += ["", "| level | wall s per run | rollout tokens | update tokens |", "|---|---|---|---|"]
-    lines += [f"| {lv} | {c['wall_s']:.0f} | {c['rollout_tokens']:.0f} | {c['update_tokens']:.0f} |"
+        lines.append(f"| {difference} | {metric} | {policy} | {diffs} | {m['mean']:+.3f} | {m['sd']:.3f} "
+                     f"| {m['half_width_95']:.3f} | {m['seeds_for_2pt']} |")
+    lines += ["", "Binomial standard error of one final accuracy: " + ", ".join(
+        f"{k.split('/', 1)[1]} {k.split('@')[1].split('/')[0]} it. {v:.3f}" for k, v in result.items()
+        if k.startswith("binomial_se")), "",
+        "| level | train s per run | rollout tokens | update tokens |", "|---|---|---|---|"]
+    lines += [f"| {lv} | {c['iteration_s']:.0f} | {c['rollout_tokens']:.0f} | {c['update_tokens']:.0f} |"
               for lv, c in result["cost"].items()]
     return "\n".join(lines) + "\n"
 
@@ -186,7 +203,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("command", choices=["run", "analyze"])
     parser.add_argument("--testbed", choices=sorted(TESTBEDS), default="default")
-    parser.add_argument("--levels", nargs=2, default=["none", "prp"], help="the pair of levels compared")
+    parser.add_argument("--levels", nargs="+", default=["none", "prp"],
+                        help="levels to run; analyze compares each after the first with the first")
+    parser.add_argument("--order", choices=["level", "seed"], default="level",
+                        help="run: level by level (seeds apart, so warm-ups run apart), or seed by seed (each "
+                             "seed's levels together: a partial grid is still paired)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3, 4, 5, 6])
     parser.add_argument("--iterations", type=int, default=100, help="run: train every run to this iteration")
     parser.add_argument("--at", type=int, nargs="+", default=[100], help="analyze: iterations to read")
@@ -197,14 +218,13 @@ def main() -> None:
     runs_dir = Path(args.runs_dir)
     if args.command == "run":
         runs_dir.mkdir(parents=True, exist_ok=True)
-        # level by level, so the runs going at once are different seeds and warm up different policies; a
-        # seed's later levels then find its warm-up cached
-        jobs = [(args.testbed, level, seed) for level in args.levels for seed in args.seeds]
+        jobs = ([(args.testbed, level, seed) for level in args.levels for seed in args.seeds] if args.order == "level"
+                else [(args.testbed, level, seed) for seed in args.seeds for level in args.levels])
         with ThreadPoolExecutor(args.jobs) as pool:
             for line in pool.map(lambda job: train_one(*job, args.iterations, runs_dir, args.extra), jobs):
                 print(line, flush=True)
         return
-    result = analyze(args.testbed, tuple(args.levels), args.seeds, args.at, runs_dir)
+    result = analyze(args.testbed, args.levels, args.seeds, args.at, runs_dir)
     out = ROOT / "results" / f"power-{args.testbed}"
     out.with_suffix(".json").write_text(json.dumps(result, indent=1))
     out.with_suffix(".md").write_text(markdown(result))

@@ -49,7 +49,7 @@ def completion_of(tokens: int, tokenizer) -> str:
     text = ""
     problems = iter(tasks.generate_problems(10_000, "train", 0, tasks.TaskConfig(num_steps=4, max_operand=999)))
     while len(tokenizer(text, add_special_tokens=False)["input_ids"]) < tokens:
-        text += next(problems).solution + "\n"
+        text += tasks.solution(next(problems)) + "\n"
     ids = tokenizer(text, add_special_tokens=False)["input_ids"][:tokens]
     return tokenizer.decode(ids)
 

@@ -10,6 +10,15 @@ torch.set_num_threads(int(os.environ.get("TEST_THREADS", "2")))   # TEST_THREADS
 
 
 @pytest.fixture(scope="session")
+def real():
+    """family -> (its full packaged tokenizer, that tokenizer's token bytes)"""
+    import tiny
+    import token_bytes
+    return {f: (tiny.full_tokenizer(f), token_bytes.token_bytes_table(tiny.full_tokenizer(f)))
+            for f in ("qwen2", "llama", "mistral")}
+
+
+@pytest.fixture(scope="session")
 def cache_dir(tmp_path_factory) -> str:
     """One warm-up cache for the whole session, so tiny policies are warmed up once."""
     return str(tmp_path_factory.mktemp("cache"))

@@ -326,6 +326,19 @@ def test_thresholds_force_each_level_and_rescues_cross_at_all_of_them(theta, lev
     assert {c.index for c in received["llama"].crossings} >= rescued
 
 
+@pytest.mark.parametrize("measure", ["hidden", "jaccard"])
+def test_the_tbd_measure_chosen_is_the_tbd_term_of_every_record(measure):
+    _, _, credit = hand_exchange(curator.CuratorConfig(theta1=0.9, theta2=0.95))
+    _, _, other = hand_exchange(curator.CuratorConfig(theta1=0.9, theta2=0.95, tbd_measure=measure))
+    tbd = [r["terms"]["tbd"] for r in other if "terms" in r]
+    assert all(0.0 <= t <= 1.0 for t in tbd)
+    # the hand-made texts are digits and lines: no boundary is straddled, so the credit measure reads 0 while
+    # Qwen2's single digits against Llama-3's groups are drift to the hidden map and to the Jaccard index
+    assert all(r["terms"]["tbd"] == 0.0 for r in credit if "terms" in r) and max(tbd) > 0
+    assert [r["terms"]["ccm"] for r in credit if "terms" in r] == [r["terms"]["ccm"] for r in other if "terms" in r]
+    assert [r.get("tbd_jaccard") for r in other] == [r.get("tbd_jaccard") for r in credit]
+
+
 def test_an_ablated_ccm_computes_no_gradient_norms(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("gradient norms computed with CCM ablated")
@@ -385,3 +398,16 @@ def test_calibration_steps_come_from_every_prompt():
     assert len(items) == 3 and len(prompts) == 3                # one rollout of each of the 3 prompts, not one group
     texts = [pols["llama"].decode(c) for _, c, _ in items]
     assert texts[0].startswith(TEXTS[0][0][:9]) and texts[1].startswith(TEXTS[1][1][:10])   # sample b mod G
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.floats(0.0, 1.0), min_size=30, max_size=300, unique=True),
+       st.floats(0.0, 0.6), st.floats(0.0, 0.4))
+def test_thresholds_by_shares_admit_each_level_its_share_counted_by_hand(values, prp, xgrpo):
+    theta1, theta2 = coevolution.share_thresholds(values, (prp, xgrpo))
+    n = len(values)
+    bands = [curator.admission_band(v, theta1, theta2) for v in values]
+    assert abs(bands.count(0) / n - prp) <= 1.5 / n
+    assert abs(bands.count(1) / n - xgrpo) <= 2.5 / n
+    with pytest.raises(ValueError, match="2 diagnosed"):
+        coevolution.share_thresholds([0.1], (prp, xgrpo))

@@ -32,6 +32,28 @@ def test_what_crossed_is_averaged_over_iterations_and_absent_without_sharing(tmp
     assert evaluation.summarize(run, 0.5)[0]["received_per_iteration"] == 3.0
 
 
+def test_costs_add_up_per_run_and_policy_and_a_budget_reads_the_last_evaluation_within_it(tmp_path):
+    run = tmp_path / "a"
+    run.mkdir()
+    lines = [{"iteration": 0, "policy": p, "eval/heldout_accuracy": a} for p, a in (("p", 0.1), ("q", 0.2))]
+    for it in (1, 2, 3, 4):   # wall time is the iteration's, logged on both policies' lines
+        lines += [{"iteration": it, "policy": p, "perf/iteration_s": 2.0, "perf/rollout_tokens": n,
+                   "perf/update_tokens": 10 * n} for p, n in (("p", 100.0), ("q", 300.0))]
+        if it % 2 == 0:
+            lines += [{"iteration": it, "policy": p, "eval/heldout_accuracy": 0.1 * it + d} for p, d in
+                      (("p", 0.0), ("q", 0.05))]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    rows = {r["policy"]: r for r in evaluation.summarize(run, 0.9)}
+    assert (rows["p"]["iteration_s"], rows["p"]["rollout_tokens"], rows["p"]["update_tokens"]) == (8.0, 400.0, 4000.0)
+    assert (rows["q"]["iteration_s"], rows["q"]["rollout_tokens"]) == (8.0, 1200.0)
+    records = evaluation.load_metrics(run)
+    # 5 s of wall time covers iterations 1-2 (4 s), not 3; q's 700 rollout tokens cover iterations 1-2 (600)
+    assert evaluation.accuracy_within_budget(records, "p", "iteration_s", 5.0) == (2, pytest.approx(0.2))
+    assert evaluation.accuracy_within_budget(records, "q", "rollout_tokens", 700.0) == (2, pytest.approx(0.25))
+    assert evaluation.accuracy_within_budget(records, "p", "update_tokens", 4000.0) == (4, pytest.approx(0.4))
+    assert evaluation.accuracy_within_budget(records, "q", "rollout_tokens", 100.0) is None
+
+
 def test_a_linear_trend_is_not_counted_as_reward_variance():
     assert evaluation.reward_variance([0.1 * i for i in range(10)]) == pytest.approx(0.005)  # 0.01 / 2, not var
     assert evaluation.reward_variance([0.5] * 5) == 0.0

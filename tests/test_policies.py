@@ -32,7 +32,7 @@ def test_trimmed_tokenizer_segments_task_text_like_the_full_one(family, full_tok
     for seed, cfg in enumerate([tasks.TaskConfig(), tasks.TaskConfig(num_steps=3, max_operand=500, ops="+-*"),
                                 tasks.TaskConfig(num_steps=5, max_operand=60, ops="*+")]):
         for p in tasks.generate_problems(1000, "train", 100 + seed, cfg):
-            texts += [tasks.prompt_text(p), p.solution, tasks.prompt_text(p) + p.solution]
+            texts += [tasks.prompt_text(p), tasks.solution(p), tasks.prompt_text(p) + tasks.solution(p)]
     ours = trimmed.backend_tokenizer.encode_batch(texts, add_special_tokens=False)
     theirs = full_tokenizer.encode_batch(texts, add_special_tokens=False)
     mismatches = [t for t, a, b in zip(texts, ours, theirs) if a.tokens != b.tokens]

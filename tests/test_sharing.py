@@ -1,4 +1,5 @@
-"""The three sharing levels against hand-computed examples, naive loops and properties; runs of each mode."""
+"""The three sharing levels and HACPO against hand-computed examples, naive loops and properties; runs of each
+mode."""
 
 import json
 import math
@@ -9,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import grpo
+import hacpo
 import policies
 import sharing
 import tasks
@@ -92,6 +94,142 @@ def test_a_receiver_probability_of_zero_gives_weight_zero():
 def test_bad_ratios_or_caps_are_refused(log_ratio, cap):
     with pytest.raises(ValueError):
         sharing.truncated_weights(log_ratio, cap)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# HACPO's equations (hacpo.py)
+# ---------------------------------------------------------------------------------------------------------------
+
+def test_hacpo_capability_is_the_mean_reward_of_the_last_window_iterations(tmp_path):
+    caps = hacpo.Capabilities(window=2)
+    for rewards in ([[0.0, 0.0], [0.0, 0.0]], [[1.0, 1.0], [1.0, 1.0]], [[1.0, 0.0]]):   # iteration means 0, 1, 1/2
+        caps.observe("a", torch.tensor(rewards))
+    caps.observe("b", torch.tensor([[1.0, 0.0, 0.0, 0.0]]))
+    expected = torch.tensor([0.75, 0.25], dtype=torch.float64)                  # a: the last two, (1 + 1/2) / 2
+    torch.testing.assert_close(caps.of(["a", "b"]), expected)
+    torch.save(caps, tmp_path / "state.pt")                                     # what a checkpoint keeps
+    torch.testing.assert_close(torch.load(tmp_path / "state.pt", weights_only=False).of(["a", "b"]), expected)
+    with pytest.raises(KeyError, match="no rewards"):
+        caps.of(["a", "c"])
+    for bad in (torch.tensor([[float("nan"), 1.0]]), torch.zeros(2, 0)):
+        with pytest.raises(ValueError, match="finite reward"):
+            caps.observe("a", bad)
+    with pytest.raises(ValueError, match="window"):
+        hacpo.Capabilities(window=0)
+
+
+def test_hacpo_capability_ratios_by_hand_and_at_their_bounds():
+    # P = 0.6, 0.3, 0.01 and 0 (never succeeded): 0.6 / 0.01 = 60 and 0.3 / 0 hit the bound 10 (or 1/10);
+    # two policies that both never succeeded are equals
+    ratios = hacpo.capability_ratios(torch.tensor([0.6, 0.3, 0.01, 0.0], dtype=torch.float64), bound=10.0)
+    torch.testing.assert_close(ratios, torch.tensor([[1.0, 2.0, 10.0, 10.0],
+                                                     [0.5, 1.0, 10.0, 10.0],
+                                                     [0.1, 0.1, 1.0, 10.0],
+                                                     [0.1, 0.1, 0.1, 1.0]], dtype=torch.float64))
+    torch.testing.assert_close(hacpo.capability_ratios(torch.tensor([0.0, 0.0]), bound=10.0), torch.ones(2, 2))
+    torch.testing.assert_close(hacpo.capability_ratios(torch.tensor([0.9, 0.1]), bound=1.0), torch.ones(2, 2))
+    with pytest.raises(ValueError, match="bound"):
+        hacpo.capability_ratios(torch.tensor([0.5, 0.5]), bound=0.5)
+    with pytest.raises(ValueError, match="non-negative"):
+        hacpo.capability_ratios(torch.tensor([0.5, -0.1]), bound=10.0)
+
+
+def test_hacpo_advantages_by_hand():
+    # a receiver half as capable as its peer: its own rewards count once, the peer's half (eq. 7), the std is the
+    # joint group's (eq. 6)
+    reweight, own = torch.tensor([1.0, 1.0, 0.5, 0.5]), torch.tensor([True, True, False, False])
+    rewards = torch.tensor([[1.0, 0.0, 1.0, 1.0],   # baseline (1 + 0 + 1/2 + 1/2) / 4 = 1/2; std sqrt(3)/4
+                            [1.0, 1.0, 1.0, 1.0],   # every response alike: no signal, whatever the weights
+                            [0.0, 0.0, 0.0, 0.0]])
+    s = math.sqrt(3) / 4
+    torch.testing.assert_close(hacpo.capability_advantages(rewards, reweight, own),
+                               torch.tensor([[0.5 / (s + EPS), -0.5 / (s + EPS), 0.5 / (s + EPS), 0.5 / (s + EPS)],
+                                             [0.0] * 4, [0.0] * 4]))
+    torch.testing.assert_close(hacpo.capability_advantages(rewards, reweight, own, scale_by_std=False),
+                               torch.tensor([[0.5, -0.5, 0.5, 0.5], [0.0] * 4, [0.0] * 4]))
+    # the float32 mean of three rewards 0.8223115 misses it by 6e-8: still exactly no signal
+    uniform = hacpo.capability_advantages(torch.full((1, 5), 0.822311520576477), torch.tensor([1, 1, 1, 0.3, 0.3]),
+                                          torch.tensor([True, True, True, False, False]))
+    assert uniform.tolist() == [[0.0] * 5]
+    # a receiver four times as capable as its peer: the peer's success counts 4, the baseline (1 + 1 + 4) / 4 = 3/2
+    # would exceed every reward, so the receiver's own mean 1 is the baseline
+    torch.testing.assert_close(hacpo.capability_advantages(torch.tensor([[1.0, 1.0, 1.0, 0.0]]),
+                                                           torch.tensor([1.0, 1.0, 4.0, 4.0]), own),
+                               torch.tensor([[0.0, 0.0, 0.0, -1 / (s + EPS)]]))
+
+
+def naive_capability_advantages(rewards, reweight, own, scale_by_std):
+    out = []
+    for row in rewards.tolist():
+        baseline = sum(w * r for w, r in zip(reweight.tolist(), row)) / len(row)
+        if not min(row) <= baseline <= max(row):
+            mine = [r for r, o in zip(row, own.tolist()) if o]
+            baseline = sum(mine) / len(mine)
+        mean = sum(row) / len(row)
+        std = math.sqrt(sum((r - mean) ** 2 for r in row) / len(row))
+        scale = std + EPS if scale_by_std else 1.0
+        out.append([0.0 if max(row) == min(row) else (r - baseline) / scale for r in row])
+    return torch.tensor(out)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 5), st.lists(st.integers(1, 4), min_size=2, max_size=3), st.booleans(),
+       st.integers(0, 2**31 - 1))
+def test_hacpo_advantages_equal_a_naive_loop_and_with_equal_capabilities_xgrpo(groups, sizes, scale_by_std, seed):
+    gen = torch.Generator().manual_seed(seed)
+    rewards = [torch.randint(0, 3, (groups, g), generator=gen).float() / 2 for g in sizes]   # rewards 0, 1/2, 1
+    pooled, own = torch.cat(rewards, dim=1), torch.arange(sum(sizes)) < sizes[0]
+    reweight = torch.where(own, 1.0, 0.1 + 9.9 * torch.rand(sum(sizes), generator=gen))
+    torch.testing.assert_close(hacpo.capability_advantages(pooled, reweight, own, scale_by_std),
+                               naive_capability_advantages(pooled, reweight, own, scale_by_std))
+    equal = hacpo.capability_advantages(pooled, torch.ones(sum(sizes)), own, scale_by_std)[:, own]
+    torch.testing.assert_close(equal, sharing.xgrpo_advantages(rewards[0], rewards[1:], scale_by_std))
+
+
+@pytest.mark.parametrize("rewards, reweight, own", [
+    (torch.zeros(2, 0), torch.ones(0), torch.ones(0, dtype=torch.bool)),                       # empty groups
+    (torch.tensor([[1.0, float("nan")]]), torch.ones(2), torch.tensor([True, False])),
+    (torch.ones(1, 2), torch.ones(3), torch.tensor([True, False])),                              # a weight too many
+    (torch.ones(1, 2), torch.tensor([1.0, 0.0]), torch.tensor([True, False])),                  # a zero weight
+    (torch.ones(1, 2), torch.ones(2), torch.tensor([False, False]))])                           # no own response
+def test_hacpo_advantages_refuse_bad_groups(rewards, reweight, own):
+    with pytest.raises(ValueError):
+        hacpo.capability_advantages(rewards, reweight, own)
+
+
+def test_hacpo_sequence_ratio_normalizes_each_side_by_its_own_length():
+    # the receiver's three tokens average -0.4, the source's two -0.2: s = exp(-0.2) (eq. 11)
+    log_s = hacpo.sequence_log_ratio(torch.tensor([-0.2, -0.4, -0.6]), torch.tensor([-0.1, -0.3]))
+    assert log_s.item() == pytest.approx(-0.2)
+    with pytest.raises(ValueError, match="NaN"):
+        hacpo.sequence_log_ratio(torch.tensor([-0.2, float("nan")]), torch.tensor([-0.1]))
+    with pytest.raises(ValueError, match="at least one token"):
+        hacpo.sequence_log_ratio(torch.tensor([]), torch.tensor([-0.1]))
+
+
+def test_hacpo_weights_by_hand_inside_and_outside_the_clip_range():
+    s = torch.tensor([0.9, 0.81, 0.79, 1.0, 1.05, 0.0], dtype=torch.float64)   # log 0 = -inf
+    # delta 0.2: [0.8, 1] holds 0.9, 0.81 and 1; 0.79, 1.05 and 0 carry no gradient
+    torch.testing.assert_close(hacpo.cross_weights(s.log(), alpha=1.0, delta=0.2),
+                               torch.tensor([0.81, 0.6561, 0, 1, 0, 0], dtype=torch.float64))
+    torch.testing.assert_close(hacpo.cross_weights(s.log(), alpha=0.0, delta=0.2),
+                               torch.tensor([0.9, 0.81, 0, 1, 0, 0], dtype=torch.float64))
+    torch.testing.assert_close(hacpo.cross_weights(s.log(), alpha=2.0, delta=0.25),
+                               torch.tensor([0.729, 0.81 ** 3, 0.79 ** 3, 1, 0, 0], dtype=torch.float64))
+    for alpha, delta, log_s in ((-0.5, 0.2, s.log()), (1.0, 1.5, s.log()), (1.0, 0.2, torch.tensor([float("nan")]))):
+        with pytest.raises(ValueError):
+            hacpo.cross_weights(log_s, alpha, delta)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.floats(-50, 50), min_size=1, max_size=30), st.floats(0, 4), st.floats(0, 1))
+def test_hacpo_weights_never_upweight_and_vanish_outside_the_clip_range(log_ratios, alpha, delta):
+    log_s = torch.tensor(log_ratios, dtype=torch.float64)
+    weights = hacpo.cross_weights(log_s, alpha, delta)
+    assert ((weights >= 0) & (weights <= 1)).all()
+    outside = (log_s > 0) | (log_s.exp() < 1 - delta)
+    assert (weights[outside] == 0).all()
+    torch.testing.assert_close(weights[~outside], log_s[~outside].exp() ** (1 + alpha))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -250,6 +388,46 @@ def test_sgt_pools_the_successes_of_every_peer_on_a_prompt(untrained):
         torch.testing.assert_close(c.advantages, torch.full((len(c.completion_ids),), 0.4 / (s + EPS)))
 
 
+def test_hacpo_sends_the_peer_rollouts_inside_the_clip_range_with_hand_computed_credit(untrained):
+    qwen, llama = untrained["qwen2"], untrained["llama"]
+    peer = experience(qwen, PROMPTS[:2], TEXTS[:2], [[1.0, 0.0], [1.0, 0.0]])          # capability 1/2
+    receiver = experience(llama, PROMPTS[:2], TEXTS[:2], [[0.0, 0.0], [1.0, 0.0]])     # capability 1/4
+    texts = [t for row in TEXTS[:2] for t in row]
+    encoded = [llama.encode_completion(t, eos=True) for t in texts]
+    target = [naive_logprobs(llama.model, llama.encode_prompt(PROMPTS[i // 2]), ids, 0.7)
+              for i, ids in enumerate(encoded)]
+    wanted = [0.9, 1.1, 0.5, 0.95]   # each peer rollout's s: inside [0.8, 1], above 1, below 0.8, inside
+    peer.rollouts.logprobs = [torch.full((len(ids),), logp.mean().item() - math.log(s))
+                              for ids, logp, s in zip(peer.rollouts.completion_ids, target, wanted)]
+    cfg = sharing.ShareConfig("hacpo", temperature=0.7, hacpo_alpha=1.0, hacpo_delta=0.2)
+    with pytest.raises(ValueError, match="capabilities"):
+        sharing.exchange([receiver, peer], cfg)
+    with pytest.raises(KeyError, match="qwen2"):
+        sharing.exchange([receiver, peer], cfg, capability={"llama": 0.25})
+    capabilities = hacpo.Capabilities(window=5)
+    for e in (receiver, peer):
+        capabilities.observe(e.policy.name, e.rewards)
+    torch.testing.assert_close(capabilities.of(["llama", "qwen2"]), torch.tensor([0.25, 0.5], dtype=torch.float64))
+    received = sharing.exchange([receiver, peer], cfg, capability={"llama": 0.25, "qwen2": 0.5})
+    assert sharing.exchange([receiver, peer], cfg, "llama", {"llama": 0.25, "qwen2": 0.5}).keys() == {"llama"}
+    # llama's baseline counts qwen's rewards at half weight. Prompt 0 pools [0, 0 | 1, 0]: baseline 1/8, std
+    # sqrt(3)/4; prompt 1 pools [1, 0 | 1, 0]: baseline 3/8, std 1/2. A qwen rollout's advantage is doubled (eq. 10)
+    s3, s2 = math.sqrt(3) / 4 + EPS, 0.5 + EPS
+    mine = received["llama"]
+    torch.testing.assert_close(mine.advantages, torch.tensor([[-0.125 / s3, -0.125 / s3], [0.625 / s2, -0.375 / s2]]))
+    assert [c.index for c in mine.crossings] == [0, 3]
+    for c, advantage, weight in zip(mine.crossings, [2 * 0.875 / s3, 2 * -0.375 / s2], [0.9 ** 2, 0.95 ** 2]):
+        assert c.completion_ids == encoded[c.index] and c.source == "qwen2"
+        torch.testing.assert_close(c.advantages, torch.full((len(encoded[c.index]),), advantage))
+        torch.testing.assert_close(c.weights, torch.full((len(encoded[c.index]),), weight), atol=1e-4, rtol=0)
+    assert mine.metrics["sharing/offered"] == 4 and mine.metrics["sharing/received"] == 2
+    assert mine.metrics["sharing/clipped_high"] == mine.metrics["sharing/clipped_low"] == 0.25
+    assert mine.metrics["sharing/capability_ratio"] == pytest.approx(2.0)
+    # qwen's baseline counts llama's rewards twice: prompt 0 [0, 0 | 1, 0] gives 1/4, prompt 1 [1, 0 | 1, 0] 3/4
+    torch.testing.assert_close(received["qwen2"].advantages,
+                               torch.tensor([[0.75 / s3, -0.25 / s3], [0.25 / s2, -0.75 / s2]]))
+
+
 def test_none_and_xgrpo_move_no_trajectory(untrained):
     peer = experience(untrained["qwen2"], PROMPTS, TEXTS, [[1.0, 0.0], [1.0, 1.0], [0.0, 1.0]])
     receiver = experience(untrained["llama"], PROMPTS, TEXTS, [[0.0, 0.0], [1.0, 0.0], [0.0, 0.0]])
@@ -272,7 +450,7 @@ def test_none_and_xgrpo_move_no_trajectory(untrained):
 # ---------------------------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("pair, share", [("qwen-llama", "prp"), ("qwen-llama", "sgt"), ("trio", "xgrpo"),
-                                         ("trio", "prp")])
+                                         ("trio", "prp"), ("qwen-llama", "hacpo"), ("trio", "hacpo")])
 def test_a_sharing_run_trains_every_policy_and_logs_what_crossed(tmp_path, cache_dir, pair, share):
     run_dir = train.main(tiny_args(tmp_path, cache_dir, pair=pair, share=share, iterations=2))
     logged = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -280,9 +458,17 @@ def test_a_sharing_run_trains_every_policy_and_logs_what_crossed(tmp_path, cache
     names = [spec.name for spec in policies.PRESETS["tiny"][pair]]
     assert sorted({r["policy"] for r in updates}) == sorted(names) and len(updates) == 2 * len(names)
     assert all(math.isfinite(r["losses/policy_loss"]) and "sharing/received" in r for r in updates)
-    if share == "prp":  # both directions: every policy took in peer rollouts, all weights within the cap
+    if share in ("prp", "hacpo"):  # both directions: every policy took in peer rollouts
         received = {n: sum(r["sharing/received"] for r in updates if r["policy"] == n) for n in names}
         assert all(v > 0 for v in received.values()), received
-        assert all(0 < r["sharing/weight_mean"] <= 2.0 for r in updates if r["sharing/received"])
+        cap = 2.0 if share == "prp" else 1.0           # every weight within PRP's ratio cap; HACPO never upweights
+        assert all(0 < r["sharing/weight_mean"] <= cap for r in updates if r["sharing/received"])
     if share == "xgrpo":
         assert all(r["sharing/received"] == 2 * 8 * 6 for r in updates)  # two peers' rewards on 8 prompts x 6
+    if share == "hacpo":  # every policy's capability (its rolling mean reward) is logged
+        assert all(0 <= r["sharing/capability"] <= 1 for r in updates)
+
+
+def test_hacpo_refuses_more_than_one_update_per_iteration(tmp_path, cache_dir):
+    with pytest.raises(ValueError, match="--epochs 1"):
+        tiny_args(tmp_path, cache_dir, share="hacpo", epochs=2).share_config

@@ -30,17 +30,47 @@ def test_generation_is_seeded_and_splits_never_overlap():
     assert train and heldout and not train & heldout
 
 
+@pytest.mark.parametrize("step_format", tasks.STEP_FORMATS)
 @pytest.mark.parametrize("cfg", [CFG, tasks.TaskConfig(num_steps=4, max_operand=30, ops="+-*")])
-def test_reference_solutions_verify_and_amounts_stay_non_negative(cfg):
+def test_reference_solutions_verify_and_amounts_stay_non_negative(cfg, step_format):
     for p in tasks.generate_problems(300, "train", 0, cfg):
         value = p.start
         for op, b in p.steps:
             value = {"+": value + b, "-": value - b, "*": value * b}[op]
             assert value >= 0
         assert value == p.answer
-        assert tasks.answer_reward(p, p.solution) == 1.0
-        verdicts = [v for _, v in tasks.step_verdicts(p, p.solution)]
+        reference = tasks.solution(p, step_format)
+        assert tasks.answer_reward(p, reference, step_format) == 1.0
+        verdicts = [v for _, v in tasks.step_verdicts(p, reference, step_format)]
         assert verdicts == [True] * cfg.num_steps + [None]
+        cut = tasks.premature_solution(p, step_format)
+        assert [v for _, v in tasks.step_verdicts(p, cut, step_format)] == [True, None]
+        op, b = p.steps[0]
+        first = {"+": p.start + b, "-": p.start - b, "*": p.start * b}[op]
+        assert tasks.answer_reward(p, cut, step_format) == float(first == p.answer)
+
+
+@pytest.mark.parametrize("step_format, text, pieces", [
+    ("inline", "7 + 5 = 12; 12 - 3 = 9; Answer: 9", ["7 + 5 = 12", "12 - 3 = 9", "Answer: 9"]),
+    ("prose", "7 plus 5 is 12.Then 12 minus 3 is 9.Answer: 9", ["7 plus 5 is 12.", "Then 12 minus 3 is 9.", "Answer: 9"]),
+    ("prose", "7 plus 5 is 13.Then 13 minus 3 is 10. Answer: 10", ["7 plus 5 is 13.", "Then 13 minus 3 is 10.",
+                                                                  "Answer: 10"]),
+])
+def test_the_step_formats_cut_a_completion_into_the_pieces_a_reader_sees(step_format, text, pieces):
+    assert [text[a:b] for a, b in tasks.step_spans(text, step_format)] == pieces
+    right = text.startswith("7 plus 5 is 12") or text.startswith("7 + 5 = 12")
+    assert [v for _, v in tasks.step_verdicts(problem(), text, step_format)] == [right, right, None]
+    assert tasks.answer_reward(problem(), text, step_format) == float(right)
+    assert tasks.answer_reward(problem(), text.replace("Answer", "answer"), step_format) == 0.0
+
+
+def test_the_task_of_a_step_format_scores_with_it():
+    task = tasks.load_task("arith", 0, 5, 0, tasks.TaskConfig(step_format="prose"))
+    p = problem()
+    assert task.reward(p, "7 plus 5 is 12.Then 12 minus 3 is 9.Answer: 9") == 1.0
+    assert task.step_spans("7 plus 5 is 12.Answer: 12") == [(0, 15), (15, 25)]
+    with pytest.raises(ValueError, match="step_format"):
+        tasks.TaskConfig(step_format="latex")
 
 
 @pytest.mark.parametrize("completion, reward", [

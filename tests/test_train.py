@@ -13,7 +13,7 @@ import train
 TRAIN_KEYS = {"iteration", "policy", "time_s", "losses/policy_loss", "losses/clip_ratio", "losses/kl",
               "losses/entropy", "losses/grad_norm", "charts/completion_len", "charts/reward_mean",
               "charts/reward_std", "charts/zero_std_groups", "charts/finished", "perf/rollout_tokens_per_s",
-              "perf/update_tokens_per_s", "perf/rollout_tokens", "perf/update_tokens"}
+              "perf/update_tokens_per_s", "perf/rollout_tokens", "perf/update_tokens", "perf/iteration_s"}
 EVAL_KEYS = {"iteration", "policy", "time_s", "eval/heldout_accuracy", "eval/heldout_sampled_accuracy"}
 
 

@@ -1,0 +1,146 @@
+"""HACPO's equations: Heterogeneous Agent Collaborative Policy Optimization, the baseline `--share hacpo`.
+
+Zhang et al., "Heterogeneous Agent Collaborative Reinforcement Learning", arXiv 2603.02604 (v1; the equation
+numbers are those of the PDF linked from the authors' project page, whose verl recipe cites a later version's
+Appendix E numbers). Receiver k trains on its own G rollouts and on every peer j's rollouts on the same prompts,
+the peer's entering by text, retokenized by the receiver as PRP's are (sharing.cross).
+
+  capability          P_k = policy k's mean reward per iteration, averaged over its last K iterations, the
+    (§3.1, eq. 9)     current one included (Assumption D.1)
+  capability ratio    w(k,j) = P_k / P_j, clamped to [1/bound, bound]
+    (eq. 8)
+  baseline            mu_k = (1/M) sum over the M = nG rewards of a prompt of w(k, source) R, and
+    (§3.1, eq. 6-7)   A = (R - mu_k) / std(the M rewards), for the receiver's own responses and the peers' alike:
+                      peer rewards join the baseline, as in XGRPO, but rescaled by capability
+  discrepancy coef.   a peer response trains the receiver with advantage w(j,k) A: more from a stronger peer
+    (§3.2, eq. 10)
+  sequence ratio      s = exp(mean log pi_k(y) - mean log pi_j(y)), each mean over that policy's own tokens of
+    (§3.3, eq. 11)    the text; pi_j's are its behaviour log-probs at the sampling temperature (top-p not folded
+                      in, as in PRP)
+  exponential IS      s * sg(s)^alpha
+    (eq. 12)
+  asymmetric clip     s in [1 - delta, 1]
+    (§3.4, eq. 13)
+
+The peer term's gradient (Appendix E, eq. 50 with 52; Proposition D.6, eq. 29) is w(j,k) A s^(1+alpha) times
+the per-token mean of grad log pi_k where s lies in the clip range, and 0 outside it: the clipped objective is
+constant there, so a sample above 1 is dropped like one below 1 - delta (the paper calls s > 1 rare, and says a
+sample below 1 - delta "is discarded"). So a peer sample crosses as a trajectory with the constant token weight
+s^(1+alpha) and advantage w(j,k) A. With one update per iteration, grpo's gradient of that batch is HACPO's: the
+ratio there is 1 and each sequence's loss is the mean over its tokens. For the same reason the receiver's own
+rollouts keep the run's loss: on the first update its gradient is GSPO's (eq. 47-49), whatever the clip range.
+
+Choices where the paper is silent, ambiguous or contradicts itself:
+  - A peer response's A is taken against the receiver's baseline mu_k, as Appendix E writes it (eq. 50: A^(1) for
+    agent 1's update) and the recipe computes it; eq. 10 writes A^(j).
+  - delta = 0.2: §3.4 says "in practice, we typically set delta = 0.2", as the recipe does; Appendix A's Table 5
+    lists 0.8 and 0.9 under delta, read here as the lower bound 1 - delta.
+  - Stepwise clipping (eq. 14) raises the lower bound by delta_step per parameter update within one iteration,
+    not across training; this loop makes one update per iteration (train.py refuses --share hacpo with
+    --epochs > 1), so eq. 14 is eq. 13 here and delta_step has no flag.
+  - The capability ratio is bounded (eq. 8 is not): a peer that has not succeeded for K iterations would
+    otherwise get an infinite weight. Both capabilities are floored at CAPABILITY_FLOOR first, so two policies
+    that both failed are equals (ratio 1). The bound 10 is the recipe's, K = 5 Appendix A's.
+  - Where the reweighted baseline falls outside the joint group's reward range, the receiver's own group mean is
+    the baseline: a weak peer's lucky successes, reweighted, can push it above the best reward, and every
+    response of the group would be pushed down (the recipe guards binary rewards above 1 the same way). A group
+    whose rewards are all equal gets advantage exactly 0, as in GRPO, where eq. 6 would divide a non-zero
+    numerator by a zero std.
+  - The std is the population std plus 1e-4, and --no-scale-by-std drops it, as in grpo.group_advantages.
+  - Peer samples with advantage 0 or a clipped ratio carry no gradient and are not sent, as PRP does not send
+    zero-advantage rollouts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+CAPABILITY_FLOOR = 1e-8   # a policy that never succeeded in the window still has a finite ratio to another one
+
+
+@dataclass
+class Capabilities:
+    """Each policy's capability P (eq. 9): its mean reward per iteration over its last `window` iterations.
+
+    The state HACPO keeps across iterations: the trainer adds every policy's rewards each iteration and hands
+    the capabilities to the exchange (sharing.exchange); the checkpoint saves it.
+    """
+
+    window: int
+    history: dict[str, list[float]] = field(default_factory=dict)   # name -> mean reward of its last iterations
+
+    def __post_init__(self):
+        if self.window < 1:
+            raise ValueError(f"the capability window must be at least one iteration, got {self.window}")
+
+    def observe(self, name: str, rewards: torch.Tensor) -> None:
+        """Add one iteration's rewards [B, G] of policy `name`."""
+        if rewards.numel() == 0 or not torch.isfinite(rewards).all():
+            raise ValueError(f"{name}: capability needs at least one finite reward, got {rewards.tolist()}")
+        self.history[name] = (self.history.get(name, []) + [rewards.float().mean().item()])[-self.window:]
+
+    def of(self, names: list[str]) -> torch.Tensor:
+        """[n] the capabilities of `names`, each observed at least once."""
+        unseen = [n for n in names if not self.history.get(n)]
+        if unseen:
+            raise KeyError(f"no rewards observed yet for {unseen}")
+        return torch.tensor([sum(self.history[n]) / len(self.history[n]) for n in names], dtype=torch.float64)
+
+
+def capability_ratios(capability: torch.Tensor, bound: float) -> torch.Tensor:
+    """[n, n] w[k, j] = P_k / P_j clamped to [1/bound, bound] (eq. 8), from capabilities [n]; w[k, k] = 1."""
+    if bound < 1:
+        raise ValueError(f"the capability bound must be at least 1, got {bound}")
+    if not torch.isfinite(capability).all() or (capability < 0).any():
+        raise ValueError(f"capabilities must be finite and non-negative, got {capability.tolist()}")
+    floored = capability.clamp(min=CAPABILITY_FLOOR)                                              # [n]
+    return (floored[:, None] / floored[None, :]).clamp(1 / bound, bound)                          # [n, n]
+
+
+def capability_advantages(rewards: torch.Tensor, reweight: torch.Tensor, own: torch.Tensor,
+                          scale_by_std: bool = True, eps: float = 1e-4) -> torch.Tensor:
+    """[B, M] the advantage of every response of the joint groups for one receiver (eq. 6-7).
+
+    rewards [B, M]: per prompt, the M responses of all policies; reweight [M]: w(receiver, source) of each column;
+    own [M] bool: the receiver's own columns (the fallback baseline where the reweighted one leaves the group's
+    reward range). `scale_by_std` and `eps` as in grpo.group_advantages.
+    """
+    if rewards.ndim != 2 or rewards.shape[1] == 0 or not rewards.shape[1] == reweight.numel() == own.numel():
+        raise ValueError(f"need rewards [B, M] with M > 0 and M column weights, got {tuple(rewards.shape)}, "
+                         f"{tuple(reweight.shape)}, {tuple(own.shape)}")
+    if not torch.isfinite(rewards).all() or not torch.isfinite(reweight).all() or (reweight <= 0).any():
+        raise ValueError("rewards must be finite and the capability weights finite and positive")
+    if not own.any():
+        raise ValueError("the joint group holds none of the receiver's own responses")
+    low, high = rewards.min(1, keepdim=True).values, rewards.max(1, keepdim=True).values        # [B, 1]
+    baseline = (rewards * reweight).mean(1, keepdim=True)                                         # [B, 1]  eq. 7
+    baseline = torch.where((baseline < low) | (baseline > high), rewards[:, own].mean(1, keepdim=True), baseline)
+    centred = rewards - baseline                                                                  # [B, M]
+    if scale_by_std:
+        centred = centred / (rewards.std(1, keepdim=True, unbiased=False) + eps)                 # eq. 6
+    # a uniform group's baseline is its reward, but a float mean of equal rewards can miss it by a rounding
+    # residue, which the std's eps would blow up: no signal means exactly 0
+    return torch.where(high > low, centred, torch.zeros_like(centred))
+
+
+def sequence_log_ratio(receiver_logprobs: torch.Tensor, source_logprobs: torch.Tensor) -> torch.Tensor:
+    """[] log s = mean receiver log-prob [m] - mean source log-prob [n] of one text (eq. 11)."""
+    if receiver_logprobs.numel() == 0 or source_logprobs.numel() == 0:
+        raise ValueError("a sequence ratio needs at least one token on each side")
+    if torch.isnan(receiver_logprobs).any() or torch.isnan(source_logprobs).any():
+        raise ValueError("log-probs contain NaN")
+    return receiver_logprobs.double().mean() - source_logprobs.double().mean()
+
+
+def cross_weights(log_ratio: torch.Tensor, alpha: float, delta: float) -> torch.Tensor:
+    """[S] the gradient weight s^(1+alpha) of S peer samples from their log s [S] (eq. 12), 0 where s is
+    outside the clip range [1 - delta, 1] (eq. 13). Computed in log space: no overflow, and a log s of -inf
+    (probability 0 under the receiver) is weight 0."""
+    if alpha < 0 or not 0 <= delta <= 1:
+        raise ValueError(f"need alpha >= 0 and 0 <= delta <= 1, got alpha={alpha}, delta={delta}")
+    if torch.isnan(log_ratio).any():
+        raise ValueError("sequence log ratios contain NaN")
+    inside = (log_ratio <= 0) & (log_ratio.exp() >= 1 - delta)                                    # [S]
+    return torch.where(inside, torch.exp((1 + alpha) * log_ratio.clamp(max=0)), torch.zeros_like(log_ratio))

@@ -1,0 +1,154 @@
+"""The TBD term (boundary_drift.py): its three measures by hand, on real tokenizers in each step format, and the
+hidden-state map against a known linear map."""
+
+import pytest
+import torch
+
+import boundary_drift
+import tasks
+import tiny
+import tokalign
+from test_tokalign import encode, encoding
+
+
+def test_step_consistency_and_boundary_hotspots_by_hand(real):
+    text = "7 + 5 = 12\n12 - 3 = 9"
+    source = encode(real, "qwen2", text)
+    target = tokalign.retokenize(source, *real["llama"])
+    alignment = tokalign.align(source, target)
+    sim = boundary_drift.boundary_similarity(alignment)
+    steps = tokalign.char_to_byte_spans(text, [(0, 10), (11, 21)])
+    # step 0 groups: 7 | ' +' | ' ' | 5 | ' =' | ' ' | 12 (2:1, sim 1/2); step 1: 12 (1/2) ' -' ' ' 3 ' =' ' ' 9
+    expected = [(6 + 0.5) / 7, (6 + 0.5) / 7]
+    assert boundary_drift.step_consistency(alignment, sim, steps).tolist() == pytest.approx(expected)
+    assert [m for m in alignment.modes if m != "1:1"] == ["n:1", "n:1"]          # the two 2:1 digit groups
+    assert boundary_drift.boundary_hotspots(source, target, steps) == []
+
+
+
+
+def test_a_token_straddling_a_step_boundary_on_one_side_is_a_hotspot(real):
+    tok, table = real["qwen2"]
+    split = tokalign.Encoding.from_ids(tok("a b", add_special_tokens=False)["input_ids"], table)   # 'a' ' b'
+    merged = tokalign.Encoding(ids=[0], offsets=[(0, 3)], data=b"a b")                               # 'a b'
+    steps = [(0, 1), (2, 3)]
+    assert boundary_drift.boundary_hotspots(merged, split, steps) == [(0, "source")]
+    assert boundary_drift.boundary_hotspots(split, merged, steps) == [(0, "target")]
+    assert boundary_drift.boundary_hotspots(split, split, steps) == []
+    assert tokalign.char_to_byte_spans("é x", [(0, 1), (2, 3)]) == [(0, 2), (3, 4)]
+
+
+
+
+def test_tbd_counts_a_straddled_step_boundary_not_a_digit_split():
+    data = b"123+4=127\n1+2=3"
+    steps = [(0, 9), (10, 15)]
+    qwen_like = encoding(data, list(range(1, len(data))))                   # one byte per token
+    llama_like = encoding(data, [3, 4, 5, 6, 9, 10, 11, 12, 13, 14])        # "123" one token: a 3:1 group
+    alignment = tokalign.align(qwen_like, llama_like)
+    tbd, left = boundary_drift.drift_steps("credit", alignment, qwen_like, llama_like, steps)
+    torch.testing.assert_close(tbd, torch.zeros(2, dtype=torch.float64))  # the 1:n split changes no step's credit
+    jaccard = boundary_drift.step_consistency(alignment, boundary_drift.boundary_similarity(alignment), steps)
+    assert jaccard[0] < 1                                                   # while the byte-boundary sim calls it drift
+    straddling = encoding(data, [3, 4, 5, 6, 8, 11, 12, 13, 14])            # one token "7\n1" holds bytes of both steps
+    alignment = tokalign.align(qwen_like, straddling)
+    tbd, left = boundary_drift.drift_steps("credit", alignment, qwen_like, straddling, steps)
+    torch.testing.assert_close(tbd, torch.tensor([0.5, 0.5], dtype=torch.float64))
+    torch.testing.assert_close(left, torch.zeros(2, dtype=torch.float64))  # redistribution resolves it all
+
+
+def naive_step_mean(alignment, values, steps):
+    """The mean of per-group values over the groups whose bytes overlap each step, by a plain loop."""
+    out = []
+    for a, b in steps:
+        touching = [float(values[g]) for g, (g0, g1) in enumerate(alignment.span) if g0 < b and g1 > a]
+        out.append(sum(touching) / len(touching))
+    return out
+
+
+def test_the_jaccard_measure_is_one_minus_the_mean_boundary_jaccard_by_a_plain_loop(real):
+    text = "123 + 4567 = 4690\nAnswer: 4690"
+    source = encode(real, "qwen2", text)
+    alignment = tokalign.align(source, tokalign.retokenize(source, *real["llama"]))
+    jaccard = [1 / (n + m - 1) for n, m in alignment.sizes]
+    steps = tokalign.char_to_byte_spans(text, tasks.step_spans(text))
+    expected = [1 - v for v in naive_step_mean(alignment, jaccard, steps)]
+    values, left = boundary_drift.drift_steps("jaccard", alignment, source, source, steps)
+    assert values.tolist() == pytest.approx(expected) and min(expected) > 0   # digits differ: always non-zero
+    assert left.tolist() == [0.0, 0.0]                                        # every byte is reproduced
+    with pytest.raises(ValueError, match="credit"):
+        boundary_drift.drift_steps("bytes", alignment, source, source, steps)
+
+
+@pytest.mark.parametrize("step_format", tasks.STEP_FORMATS)
+def test_prose_steps_straddle_tokens_that_mistral_splits_and_lines_never_do(real, step_format):
+    problem = tasks.Problem("", 7, (("+", 5), ("-", 3)), 9)
+    text = tasks.solution(problem, step_format)
+    steps = tokalign.char_to_byte_spans(text, tasks.step_spans(text, step_format))
+    hotspots = {}
+    for pair in [("qwen2", "llama"), ("qwen2", "mistral"), ("mistral", "llama")]:
+        source = encode(real, pair[0], text)
+        target = tokalign.retokenize(source, *real[pair[1]])
+        hotspots[pair] = boundary_drift.boundary_hotspots(source, target, steps)
+        values, _ = boundary_drift.drift_steps("credit", tokalign.align(source, target), source, target, steps)
+        expected = [0.0] * len(steps)
+        for k, _ in hotspots[pair]:
+            expected[k] += 0.5
+            expected[k + 1] += 0.5
+        assert values.tolist() == expected
+    # "12.Then", "9.Answer": Qwen2 and Llama-3 both hold the period with the next step's first letters, Mistral
+    # splits after the period; a newline or "; " ends every family's token
+    if step_format == "prose":
+        assert hotspots[("qwen2", "llama")] == []
+        assert hotspots[("qwen2", "mistral")] == [(0, "source"), (1, "source")]
+        assert hotspots[("mistral", "llama")] == [(0, "target"), (1, "target")]
+    else:
+        assert all(h == [] for h in hotspots.values())
+
+
+def test_the_tiny_tokenizer_of_a_format_segments_it_as_the_full_one():
+    text = tasks.solution(tasks.Problem("", 17, (("*", 3), ("-", 12)), 39), "prose")
+    for family in ("qwen2", "mistral"):
+        full, trimmed = tiny.full_tokenizer(family), tiny.tiny_tokenizer(family, "prose")
+        assert full.tokenize(text) == trimmed.tokenize(text)
+
+
+def test_the_hidden_map_recovers_a_linear_map_and_scores_what_it_cannot_explain(real):
+    text = "1 + 2 = 34\nAnswer: 34"
+    source = encode(real, "qwen2", text)
+    target = tokalign.retokenize(source, *real["llama"])
+    alignment = tokalign.align(source, target)                     # "34": two Qwen digits, one Llama token
+    steps = tokalign.char_to_byte_spans(text, tasks.step_spans(text))
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(4, 3, generator=g, dtype=torch.float64)
+    trajectories = []
+    for consistent in (True, False):
+        h_src = torch.randn(len(source.ids), 4, generator=g, dtype=torch.float64)
+        h_tgt = torch.zeros(len(target.ids), 3, dtype=torch.float64)
+        for (s0, s1), (t0, t1) in zip(alignment.src, alignment.tgt):
+            mapped = h_src[s0:s1].mean(0) @ w
+            h_tgt[t0:t1] = mapped if consistent or s1 - s0 == 1 else torch.randn(3, generator=g, dtype=torch.float64)
+        trajectories.append((alignment, h_src, h_tgt, steps))
+    fitted = boundary_drift.fit_hidden_map(
+        torch.cat([h[[i for i, _ in boundary_drift.one_to_one_pairs(alignment)]] for _, h, _, _ in trajectories]),
+        torch.cat([h[[j for _, j in boundary_drift.one_to_one_pairs(alignment)]] for _, _, h, _ in trajectories]))
+    torch.testing.assert_close(fitted, w, atol=1e-2, rtol=1e-2)
+    consistent, inconsistent = boundary_drift.hidden_measure(trajectories)
+    assert consistent.tolist() == pytest.approx([0.0, 0.0], abs=1e-4)
+    # the digit groups of the second trajectory: 1 - cos(mapped source mean, its random target state), by hand
+    _, h_src, h_tgt, _ = trajectories[1]
+    drift = []
+    for (s0, s1), (t0, t1) in zip(alignment.src, alignment.tgt):
+        a, b = h_src[s0:s1].mean(0) @ w, h_tgt[t0:t1].mean(0)
+        drift.append(min(max(1 - float(a @ b / (a.norm() * b.norm())), 0.0), 1.0))
+    assert inconsistent.tolist() == pytest.approx(naive_step_mean(alignment, drift, steps), abs=1e-3)
+    assert min(inconsistent.tolist()) > 0
+    no_pairs = tokalign.align(encode(real, "qwen2", "123"), encode(real, "llama", "123"))   # one 3:1 group
+    with pytest.raises(ValueError, match="1:1"):
+        boundary_drift.hidden_measure([(no_pairs, torch.zeros(3, 4), torch.zeros(1, 3), [(0, 3)])])
+
+
+def test_what_the_repair_leaves_is_the_inexact_share_at_most_the_value():
+    values = torch.tensor([0.0, 0.5, 1.0, float("nan")], dtype=torch.float64)
+    inexact = torch.tensor([0.2, 0.2, 0.7, 0.3], dtype=torch.float64)
+    assert boundary_drift.repaired(values, inexact).tolist() == pytest.approx([0.0, 0.2, 0.7, 0.3])
