@@ -2,9 +2,10 @@
 
 runs/NAME holds config.json, metrics.jsonl, fidelity.jsonl (cross-fidelity) and checkpoints/. A checkpoint is
 written in full, then `latest` is pointed at it, then older ones are dropped, so a run killed at any moment
-resumes from a complete checkpoint. Under LoRA a checkpoint keeps the adapters only (the frozen base is reloaded
-from where it came from). On --resume the metric lines logged after the checkpoint are dropped, so a resumed run
-repeats none and loses none, and a resume with other settings than the run's is refused.
+resumes from a complete checkpoint. Each policy's part is written by whoever holds the policy (its Ray actor
+under --backend ray), the rest by the trainer. Under LoRA a checkpoint keeps the adapters only (the frozen base is
+reloaded from where it came from). On --resume the metric lines logged after the checkpoint are dropped, so a
+resumed run repeats none and loses none, and a resume with other settings than the run's is refused.
 """
 
 from __future__ import annotations
@@ -18,16 +19,20 @@ import torch
 import policies
 
 
+RESUMABLE = ("resume", "iterations", "backend", "ray_address")
+"""the settings a resume may change: --iterations (no schedule depends on the horizon, so a run extended from 100 to
+200 iterations is the run that would have gone to 200 from the start) and where the policies run (both backends
+give the same metrics)"""
+
+
 def open_run(run_dir: Path, config: dict, resume: bool) -> None:
     """Make the run directory and write its config.json; a directory that holds a run needs `resume`, and a
-    resume must not change the run's settings, except --iterations: no schedule depends on the horizon, so a run
-    extended from 100 to 200 iterations is the run that would have gone to 200 from the start."""
+    resume must not change the run's settings but those of RESUMABLE."""
     saved = run_dir / "config.json"
     if run_dir.exists() and not resume and (run_dir / "metrics.jsonl").exists():
         raise FileExistsError(f"{run_dir} holds a run; pass --resume to continue it or --name for a new one")
     if resume and saved.exists():
-        changed = {k for k, v in json.loads(saved.read_text()).items() if k not in ("resume", "iterations")
-                   and config.get(k) != v}
+        changed = {k for k, v in json.loads(saved.read_text()).items() if k not in RESUMABLE and config.get(k) != v}
         if changed:
             raise ValueError(f"--resume with other settings than the run's ({sorted(changed)}); resume as it was")
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -64,16 +69,27 @@ def load_trainable_state(model: torch.nn.Module, state: dict[str, torch.Tensor])
                          f"{sorted(trainable & set(missing))}, unexpected {sorted(unexpected)}")
 
 
-def save_checkpoint(run_dir: Path, iteration: int, pols: list[policies.Policy],
-                    optimizers: list[torch.optim.Optimizer], state: object = None) -> None:
-    """Write iteration's checkpoint in full (with `state`, the run's other state, if any), then point `latest` at
-    it, then drop older ones."""
-    root = run_dir / "checkpoints"
-    target = root / f"iter-{iteration:06d}"
-    target.mkdir(parents=True, exist_ok=True)
-    for policy, optimizer in zip(pols, optimizers):
-        torch.save({"model": trainable_state(policy.model), "optimizer": optimizer.state_dict()},
-                   target / f"{policy.name}.pt")
+def checkpoint_folder(run_dir: Path, iteration: int) -> Path:
+    return run_dir / "checkpoints" / f"iter-{iteration:06d}"
+
+
+def save_policy(folder: Path, policy: policies.Policy, optimizer: torch.optim.Optimizer) -> None:
+    """One policy's part of a checkpoint, written by whoever holds the policy (its Ray actor, under Ray)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    torch.save({"model": trainable_state(policy.model), "optimizer": optimizer.state_dict()},
+               folder / f"{policy.name}.pt")
+
+
+def commit_checkpoint(run_dir: Path, iteration: int, names: list[str], state: object = None) -> None:
+    """Once every policy's part is written: `state` (the run's other state, if any), then point `latest` at the
+    checkpoint, then drop older ones. A part this process cannot see is refused before `latest` moves, so a
+    checkpoint never points at files that are elsewhere (on a cluster, an actor on another node writes to its own
+    disk unless --runs-dir is on storage every node mounts)."""
+    root, target = run_dir / "checkpoints", checkpoint_folder(run_dir, iteration)
+    missing = [name for name in names if not (target / f"{name}.pt").exists()]
+    if missing:
+        raise FileNotFoundError(f"{target} lacks {missing}'s checkpoint: on a cluster, put --runs-dir on storage "
+                                "that every node mounts at the same path")
     if state is not None:
         torch.save(state, target / "state.pt")
     tmp = root / "latest.tmp"
@@ -84,18 +100,30 @@ def save_checkpoint(run_dir: Path, iteration: int, pols: list[policies.Policy],
             shutil.rmtree(old)
 
 
-def load_checkpoint(run_dir: Path, pols: list[policies.Policy], optimizers: list[torch.optim.Optimizer] | None
-                    ) -> tuple[int, object]:
-    """Restore the last checkpoint (the optimizers too, unless None); returns how many iterations it had done and
-    the run's other state saved with it (None if none was)."""
+def latest_checkpoint(run_dir: Path) -> tuple[int, Path, object]:
+    """The last checkpoint: how many iterations it had done, its folder, and the run's other state saved with it
+    (None if none was)."""
     latest = run_dir / "checkpoints" / "latest"
     if not latest.exists():
         raise FileNotFoundError(f"{run_dir} has no checkpoint")
     folder = latest.parent / latest.read_text().strip()
-    for i, policy in enumerate(pols):
-        state = torch.load(folder / f"{policy.name}.pt", map_location=policy.device)
-        load_trainable_state(policy.model, state["model"])
-        if optimizers is not None:
-            optimizers[i].load_state_dict(state["optimizer"])
     other = torch.load(folder / "state.pt", weights_only=False) if (folder / "state.pt").exists() else None
-    return int(folder.name.split("-")[1]), other
+    return int(folder.name.split("-")[1]), folder, other
+
+
+def load_policy(folder: Path, policy: policies.Policy, optimizer: torch.optim.Optimizer | None) -> None:
+    """Restore one policy's part of a checkpoint (its optimizer too, unless None)."""
+    state = torch.load(folder / f"{policy.name}.pt", map_location=policy.device)
+    load_trainable_state(policy.model, state["model"])
+    if optimizer is not None:
+        optimizer.load_state_dict(state["optimizer"])
+
+
+def load_checkpoint(run_dir: Path, pols: list[policies.Policy], optimizers: list[torch.optim.Optimizer] | None
+                    ) -> tuple[int, object]:
+    """Restore the last checkpoint (the optimizers too, unless None); returns how many iterations it had done and
+    the run's other state saved with it (None if none was)."""
+    iteration, folder, other = latest_checkpoint(run_dir)
+    for i, policy in enumerate(pols):
+        load_policy(folder, policy, optimizers[i] if optimizers is not None else None)
+    return iteration, other

@@ -56,7 +56,6 @@ diagnosed term, so that a trajectory worse on any term never gets a finer level,
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import time
 from collections import defaultdict
@@ -74,8 +73,8 @@ import reachability
 import reward_drift
 import sharing
 import tasks
-import tokalign
 from diagnosis import TERMS, Offer
+from receiver import ReceiverSide
 from sharing import LEVELS
 
 
@@ -260,8 +259,13 @@ class Curator:
         return self.bandit.judge(receiver, reward_std) if self.bandit else None
 
     def exchange(self, experiences: list[sharing.Experience], task: tasks.Task, examples: list,
-                 share: sharing.ShareConfig, iteration: int) -> tuple[dict[str, sharing.Received], list[dict]]:
+                 share: sharing.ShareConfig, iteration: int, sides: dict[str, ReceiverSide] | None = None
+                 ) -> tuple[dict[str, sharing.Received], list[dict]]:
         """Curate what every policy receives from every other one. examples [B]: the iteration's prompts' items.
+
+        `sides`: each receiver's side of the curation (receiver.py), by name, where its model is; by default made
+        here, from the experiences' own policies. Under --backend ray they are the actors' (backends.py), and what
+        is returned holds no crossings: those stay with the receiver, which trains on them.
 
         Returns per receiver what it trains on (metrics under fidelity/ and sharing/) and one record per offered
         trajectory (fidelity.jsonl)."""
@@ -275,51 +279,13 @@ class Curator:
         out, records = {}, []
         for receiver in experiences:
             peers = [e for e in experiences if e is not receiver]
-            out[receiver.policy.name], mine = self._receive(receiver, peers, task, examples, share, iteration)
+            side = sides[receiver.policy.name] if sides else ReceiverSide(receiver, peers, task, self.cfg, share)
+            out[receiver.policy.name], mine = self._receive(receiver, side, peers, examples, share, iteration)
             metrics = out[receiver.policy.name].metrics
             metrics["fidelity/time_s/statistics"] = stats_s / len(experiences)
             metrics["fidelity/time_s/curation"] += stats_s / len(experiences)
             records += mine
         return out, records
-
-    def measure_reach(self, receiver: sharing.Experience, offers: list[Offer], task: tasks.Task) -> None:
-        """The expensive diagnosis: the receiver's step gradient norms of `offers`, and R_k calibrated on its own
-        steps of this iteration (a receiver without any keeps its last calibration). Nothing is measured with CCM
-        ablated: the intrinsic RSD signal is then off too (module docstring)."""
-        cfg, q = self.cfg, receiver.policy
-        if not offers or "ccm" in cfg.ablate:
-            return
-        params = reachability.parameter_subset(q.model, cfg.reach_subset)
-        prompt_ids = {b: q.encode_prompt(receiver.prompts[b]) for b in {o.prompt_index for o in offers}}
-        items = [(prompt_ids[o.prompt_index], o.tgt.ids, o.ranges) for o in offers]
-        norms = reachability.step_norms(q, items, params)
-        own = reachability.step_norms(q, reachability.own_steps(q, receiver.rollouts, task.step_spans,
-                                                                 cfg.calibration_rollouts), params)
-        if own:
-            self.calibration[q.name] = reachability.calibrate(torch.cat(own), cfg.reach_quantile,
-                                                              cfg.reach_zero_quantile)
-        if q.name not in self.calibration:
-            raise ValueError(f"{q.name}'s rollouts have no step to calibrate reachability on yet")
-        for o, g in zip(offers, norms):
-            o.diagnosis.norms = g
-            o.diagnosis.reach = reachability.reachability(g, self.calibration[q.name])
-
-    def _offers(self, receiver: sharing.Experience, peers: list[sharing.Experience], task: tasks.Task,
-                examples: list) -> tuple[list[Offer], list[dict]]:
-        """The cheap diagnosis of every peer rollout for this receiver, and a record for each that cannot be."""
-        offers, records = [], []
-        for peer in peers:
-            for i in range(len(peer.rollouts.completion_ids)):
-                offer = diagnosis.make_offer(peer, i, receiver.policy, task, examples[i // peer.rollouts.group_size],
-                                             self.stats, self.cfg.tbd_measure)
-                if offer is None:
-                    records.append({"source": peer.policy.name, "index": i, "level": "rejected", "crossed": "none",
-                                    "reason": "no step reaches the receiver's tokens", "repairs": []})
-                else:
-                    offers.append(offer)
-        if offers and self.cfg.tbd_measure == "hidden" and "tbd" not in self.cfg.ablate:
-            diagnosis.measure_hidden_tbd(offers, receiver)
-        return offers, records
 
     def _predict(self, receiver: sharing.Experience, offers: list[Offer], gaps: dict[str, float],
                  share: sharing.ShareConfig) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[bool], list[bool]]:
@@ -340,9 +306,11 @@ class Curator:
             skipped.append(skip and not crosses_tokens(int(predicted[k]), o, receiver.rewards, share.success))
         return features, predicted, prob, sure, skipped
 
-    def _receive(self, receiver: sharing.Experience, peers: list[sharing.Experience], task: tasks.Task,
+    def _receive(self, receiver: sharing.Experience, side: ReceiverSide, peers: list[sharing.Experience],
                  examples: list, share: sharing.ShareConfig, iteration: int) -> tuple[sharing.Received, list[dict]]:
-        cfg, q, name = self.cfg, receiver.policy, receiver.policy.name
+        """The curation of one receiver: the receiver's side diagnoses (receiver.py), the curator predicts, scores,
+        learns and admits, the receiver's side crosses what was admitted."""
+        cfg, name = self.cfg, receiver.policy.name
         timer, clock = defaultdict(float), [time.perf_counter()]
 
         def lap(phase: str) -> None:
@@ -351,13 +319,18 @@ class Curator:
             clock[0] = now
         gaps = {p.policy.name: p.rewards.mean().item() - receiver.rewards.mean().item() for p in peers}
         thetas = {source: self.thresholds(source, name, gap) for source, gap in gaps.items()}
-        offers, records = self._offers(receiver, peers, task, examples)
+        offers, records = side.offers(examples, self.stats)
         lap("diagnosis")
 
         features, predicted, prob, sure, skipped = self._predict(receiver, offers, gaps, share)
         lap("prediction")
 
-        self.measure_reach(receiver, [o for o, skip in zip(offers, skipped) if not skip], task)
+        measured = [k for k, skip in enumerate(skipped) if not skip]
+        diagnoses, calibration = side.reach(measured, self.calibration.get(name))
+        for k, d in zip(measured, diagnoses):     # the same objects in this process, copies from an actor
+            offers[k].diagnosis = d
+        if calibration is not None:
+            self.calibration[name] = calibration
         lap("gradnorms")
 
         scores = [None if skip else score(o, cfg, thetas[o.source.policy.name]) for o, skip in zip(offers, skipped)]
@@ -375,7 +348,7 @@ class Curator:
         decisions, picks, advantages = admit(offers, bands, receiver, share)
         lap("admission")
 
-        crossings, crossed = self._cross(peers, offers, picks, q, share)
+        crossed, received = side.cross({k: a for k, (_, a) in picks.items()}, advantages, self.stats[name])
         lap("crossing")
 
         for k, (o, s) in enumerate(zip(offers, scores)):
@@ -391,32 +364,11 @@ class Curator:
                                         int(predicted[k]), prob[k].item(), skipped[k]))
         for r in records:
             r.update(iteration=iteration, receiver=name)
-        metrics = {**sharing.crossing_metrics(crossings, share.ratio_cap),
+        metrics = {**received.metrics,
                    **fidelity_record.fidelity_metrics(records, thetas, self.predictor.accuracy(name) if self.predictor else None),
                    **{f"fidelity/time_s/{phase}": t for phase, t in timer.items()},
                    "fidelity/time_s/curation": sum(timer.values())}
-        return sharing.Received(advantages, crossings, metrics), records
-
-    def _cross(self, peers: list[sharing.Experience], offers: list[Offer], picks: dict[int, tuple[Offer, float]],
-               receiver: policies.Policy, share: sharing.ShareConfig
-               ) -> tuple[list[sharing.Crossing], dict[int, dict]]:
-        """The picked offers as the receiver trains on them, with their repaired per-token credit; and per offer
-        position, what the repairs did to it (`credit_record`)."""
-        crossings, crossed = [], {}
-        for peer in peers:
-            mine = {o.index: (k, a) for k, (o, a) in picks.items() if o.source is peer}
-            aligned = {offers[k].index: (offers[k].src, offers[k].tgt, offers[k].alignment) for k, _ in mine.values()}
-            for c in sharing.cross(peer, [(i, a) for i, (_, a) in sorted(mine.items())], receiver, share, aligned):
-                k, a = mine[c.index]
-                o = offers[k]
-                credit, recalibrated = diagnosis.step_credit(a, o.process, o.diagnosis, self.stats[receiver.name], self.cfg)
-                tokens = tokalign.token_credit(o.src, o.tgt, o.alignment, o.steps, credit, "tbd" not in self.cfg.ablate)
-                crossings.append(dataclasses.replace(c, advantages=tokens))
-                done = {"tbd": bool((o.diagnosis.tbd > 0).any()), "ccm": o.diagnosis.reach is not None,
-                        "rsd": bool(recalibrated.any())}
-                crossed[k] = fidelity_record.credit_record(o, a, credit, tokens,
-                                           [t for t in TERMS if t not in self.cfg.ablate and done[t]])
-        return crossings, crossed
+        return sharing.Received(received.advantages, received.crossings, metrics), records
 
 
 if __name__ == "__main__":

@@ -64,7 +64,8 @@ CAPABILITY_FLOOR = 1e-8   # a policy that never succeeded in the window still ha
 class Capabilities:
     """Each policy's capability P (eq. 9): its mean reward per iteration over its last `window` iterations.
 
-    The state HACPO keeps across iterations; sharing.exchange updates it, the checkpoint saves it.
+    The state HACPO keeps across iterations: the trainer adds every policy's rewards each iteration and hands
+    the capabilities to the exchange (sharing.exchange); the checkpoint saves it.
     """
 
     window: int

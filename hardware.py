@@ -4,7 +4,8 @@ memory and time estimate printed at start.
 The design card's promise (DESIGN.md §1, §3): `python train.py --pair qwen-llama` runs on one GPU, the paper
 pair (7B + 8B) included, with LoRA (lora.py). What else makes that true:
   - `--devices cuda:0,cuda:1` places policy i on device i (round robin when there are fewer devices). Policies on
-    distinct CUDA devices roll out and update in parallel threads; they meet only at the exchange.
+    distinct CUDA devices roll out and update in parallel threads (backends.LocalHandle); they meet only at the
+    exchange. Past one machine, --backend ray places each policy in a Ray actor (ray_team.py).
   - `estimate`: weights, gradients, optimizer state and step, activations of one micro-batch, logits and the
     rollouts' KV cache and logits, from the loaded model's measured parameter counts and its config, and their
     peak over the phases that do not overlap; and the FLOPs of an iteration turned into a lower bound on its
@@ -15,18 +16,14 @@ pair (7B + 8B) included, with LoRA (lora.py). What else makes that true:
 from __future__ import annotations
 
 import time
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, fields
-from typing import Callable, Iterator, TypeVar
+from typing import Iterator
 
 import torch
 
 import lora
 import policies
-
-T = TypeVar("T")
-R = TypeVar("R")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -82,14 +79,6 @@ def perf_metrics(phase: str, tokens: float, measurement: dict[str, float]) -> di
     if "peak_gib" in measurement:
         out[f"perf/{phase}_peak_gib"] = measurement["peak_gib"]
     return out
-
-
-def per_policy(fn: Callable[[T], R], items: list[T], parallel: bool) -> list[R]:
-    """fn over the policies' items, in order; concurrently in threads when `parallel`."""
-    if not parallel:
-        return [fn(item) for item in items]
-    with ThreadPoolExecutor(max_workers=len(items)) as pool:
-        return list(pool.map(fn, items))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -285,15 +274,19 @@ class PolicySetup:
 
 
 def build_policies(setup: PolicySetup, devices: list[torch.device], task_cfg) -> list[policies.Policy]:
-    """The run's policies as training starts: loaded (tiny warm-ups from the cache), adapters and checkpointing
-    as configured."""
+    """The run's policies as training starts, policy i on devices[i] (`build_policy`)."""
+    return [build_policy(setup, i, device, task_cfg) for i, device in enumerate(devices)]
+
+
+def build_policy(setup: PolicySetup, index: int, device: torch.device, task_cfg) -> policies.Policy:
+    """Policy `index` of the run as training starts: loaded (a tiny warm-up from the cache), adapters and
+    checkpointing as configured."""
     model_paths = dict(item.split("=", 1) for item in setup.model_paths)
-    pols = policies.load_policies(setup.pair, setup.scale, devices, task_cfg, setup.seed, setup.cache_dir,
-                                  model_paths, setup.warmup_scale, setup.model_dir)
-    for p in pols:
-        p.model.train()  # from_pretrained leaves eval mode, in which transformers skips gradient checkpointing
-        if setup.lora_rank:
-            p.model = lora.add_lora(p.model, setup.lora_rank, setup.lora_alpha)
-        if setup.gradient_checkpointing:
-            p.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    return pols
+    p = policies.load_policy(setup.pair, setup.scale, index, device, task_cfg, setup.seed, setup.cache_dir,
+                             model_paths, setup.warmup_scale, setup.model_dir)
+    p.model.train()  # from_pretrained leaves eval mode, in which transformers skips gradient checkpointing
+    if setup.lora_rank:
+        p.model = lora.add_lora(p.model, setup.lora_rank, setup.lora_alpha)
+    if setup.gradient_checkpointing:
+        p.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return p

@@ -86,6 +86,23 @@ class Rollouts:
     finished: list[bool]                 # N             EOS emitted before max_new_tokens
     group_size: int
 
+    ROWS = ("prompt_ids", "completion_ids", "logprobs")
+
+    def __getstate__(self) -> dict:
+        """Pickled (as rollouts cross to a Ray actor) with each list of per-row tensors as one flat tensor and the
+        rows' lengths: a pickled tensor apiece would take more bytes of framing than of values."""
+        state = dict(self.__dict__)
+        for name in self.ROWS:
+            rows = state[name]
+            state[name] = (torch.cat(rows) if rows else None, [len(r) for r in rows])
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        for name in self.ROWS:
+            flat, lengths = state[name]
+            state[name] = list(flat.split(lengths)) if flat is not None else []
+        self.__dict__.update(state)
+
 
 class Policy:
     """A model and its tokenizer, with prompt formatting and batched rollouts."""
@@ -143,7 +160,7 @@ class Policy:
             ids = row[:length]
             result.prompt_ids.append(torch.tensor(prompt))
             result.completion_ids.append(torch.tensor(ids))
-            result.logprobs.append(lp[:length])
+            result.logprobs.append(lp[:length].clone())   # its own storage: a pickled view carries the batch's
             result.texts.append(self.decode(ids))
             result.offsets.append(byte_offsets(ids, self.token_bytes))
             result.finished.append(eos in row)

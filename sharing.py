@@ -220,22 +220,26 @@ def crossing_metrics(crossings: list[Crossing], cap: float) -> dict[str, float]:
 # One exchange between all policies
 # ---------------------------------------------------------------------------------------------------------------
 
-def exchange(experiences: list[Experience], cfg: ShareConfig, capabilities: hacpo.Capabilities | None = None
-             ) -> dict[str, Received]:
-    """Apply the sharing level cfg.mode to one iteration: every policy receives from every other one.
+def exchange(experiences: list[Experience], cfg: ShareConfig, receiver_name: str | None = None,
+             capability: dict[str, float] | None = None) -> dict[str, Received]:
+    """Apply the sharing level cfg.mode to one iteration: every policy receives from every other one, or only
+    `receiver_name` does, which is how a policy's own process computes its part (backends.py): a receiver needs only
+    its own model, for its log-probs of what crosses.
 
-    `capabilities` is HACPO's state across iterations (the policies' recent rewards), which the exchange updates;
-    only --share hacpo uses it, and it needs one.
+    `capability`: each policy's HACPO capability this iteration (hacpo.Capabilities, kept by the trainer across
+    iterations); only --share hacpo uses it, and it needs one.
     """
     if cfg.mode not in MODES:
         raise ValueError(f"unknown sharing mode {cfg.mode!r}: use one of {MODES}")
     if cfg.mode == "hacpo":
-        if capabilities is None:
-            raise ValueError("--share hacpo needs the policies' rolling capabilities (hacpo.Capabilities), kept "
-                             "across iterations")
-        return hacpo_exchange(experiences, cfg, capabilities)
+        if capability is None:
+            raise ValueError("--share hacpo needs the policies' capabilities of this iteration (hacpo.Capabilities, "
+                             "kept across iterations)")
+        return hacpo_exchange(experiences, cfg, capability, receiver_name)
     out = {}
     for receiver in experiences:
+        if receiver_name is not None and receiver.policy.name != receiver_name:
+            continue
         peers = [e for e in experiences if e is not receiver]
         name = receiver.policy.name
         if cfg.mode == "none":
@@ -275,19 +279,23 @@ def sgt_picks(own: torch.Tensor, peers: list[Experience], cfg: ShareConfig) -> l
     return out
 
 
-def hacpo_exchange(experiences: list[Experience], cfg: ShareConfig, capabilities: hacpo.Capabilities
-                   ) -> dict[str, Received]:
-    """HACPO (hacpo.py) on one iteration: the capabilities take in its rewards; then per receiver k, the
-    advantages of its own rollouts against its capability-aware baseline, and every peer rollout that carries a
-    gradient, retokenized by cross, with advantage w(j,k) A (eq. 10) and weight s^(1+alpha) (eq. 11-13)."""
-    for e in experiences:
-        capabilities.observe(e.policy.name, e.rewards)
-    capability = capabilities.of([e.policy.name for e in experiences])                          # [n]
+def hacpo_exchange(experiences: list[Experience], cfg: ShareConfig, capability: dict[str, float],
+                   receiver_name: str | None = None) -> dict[str, Received]:
+    """HACPO (hacpo.py) on one iteration, given each policy's capability: per receiver k (only `receiver_name`,
+    if given), the advantages of its own rollouts against its capability-aware baseline, and every peer rollout
+    that carries a gradient, retokenized by cross, with advantage w(j,k) A (eq. 10) and weight s^(1+alpha)
+    (eq. 11-13)."""
+    missing = [e.policy.name for e in experiences if e.policy.name not in capability]
+    if missing:
+        raise KeyError(f"no capability given for {missing}")
+    capability = torch.tensor([capability[e.policy.name] for e in experiences], dtype=torch.float64)  # [n]
     ratios = hacpo.capability_ratios(capability, cfg.hacpo_capability_bound)                    # [n, n]
     rewards = torch.cat([e.rewards for e in experiences], dim=1)                                # [B, M]
     source = torch.cat([torch.full((e.rewards.shape[1],), j) for j, e in enumerate(experiences)])  # [M]
     out = {}
     for k, receiver in enumerate(experiences):
+        if receiver_name is not None and receiver.policy.name != receiver_name:
+            continue
         advantages = hacpo.capability_advantages(rewards, ratios[k, source].float(), source == k,
                                                  cfg.scale_by_std)                               # [B, M]
         offered = []

@@ -6,18 +6,29 @@
     python train.py --share hacpo                     # the HACPO baseline (hacpo.py)
     python train.py --share cross-fidelity            # the curator (curator.py): diagnose, repair, admit
     python train.py --name my-run --resume            # continue a killed run from its last checkpoint
+    python train.py --backend ray --ray-address auto  # each policy a Ray actor, on a cluster (ray_team.py)
 
-Each iteration, read top to bottom in `main`:
+Each iteration, read top to bottom in `run`. Each policy is a handle (backends.py) whose work runs where the
+policy is: in this process (--backend local) or in its Ray actor (--backend ray), where its calls return futures
+that `team.get` waits for; the loop is the same for both.
   1. rollouts     one set of prompts for all policies (so groups on the same prompt exist for sharing), G
                   completions per prompt from every policy;
-  2. rewards      outcome rewards and each policy's own group advantages (grpo.py);
-  3. exchange     what the sharing level lets cross from every peer (sharing.py), or the curator's diagnosis,
-                  repair and admission of every peer trajectory (curator.py);
+  2. rewards      outcome rewards and each policy's own group advantages (grpo.py), where the policy is;
+  3. exchange     every policy's trajectories to every peer; then what the sharing level lets cross (sharing.py),
+                  each receiver's part where it is, or the curator's diagnosis, repair and admission of every peer
+                  trajectory (curator.py);
   4. updates      one GRPO update per policy on its own rollouts and what it received;
   5. bookkeeping  metrics, held-out evaluation, checkpoint.
+Where each curator step runs: the cheap diagnosis (retokenization, alignment, TBD, RSD), the gradient norms and
+the calibration of reachability, and the crossing with its repaired credit need the receiver's tokenizer or model,
+so they run where the receiver is (receiver.py); the step statistics, the thresholds and their bandit, the fidelity
+predictor, the scores and the admission need every policy's view or the curator's memory, so they run in this
+process. Hence only trajectories and diagnoses cross between a policy and the trainer, never weights; a receiver's
+crossings stay with it (backends.py's docstring lists what crosses).
 Metrics go to runs/NAME/metrics.jsonl, one line per policy and iteration, under stable names (charts/, losses/,
 sharing/, fidelity/, eval/, perf/); a cross-fidelity run logs every curation decision to runs/NAME/fidelity.jsonl;
-checkpoints to runs/NAME/checkpoints (checkpoint.py); the evaluation report (eval.py) to runs/NAME at the end.
+checkpoints to runs/NAME/checkpoints (checkpoint.py; each policy writes its own part); the evaluation report
+(eval.py) to runs/NAME at the end.
 """
 
 from __future__ import annotations
@@ -26,14 +37,13 @@ import json
 import random
 import time
 from dataclasses import asdict, dataclass
-from functools import partial
 from pathlib import Path
 from typing import Literal
 
-import torch
 import tyro
 from tqdm import tqdm
 
+import backends
 import checkpoint
 import coevolution
 import curator
@@ -41,8 +51,6 @@ import eval as evaluation
 import grpo
 import hacpo
 import hardware
-import lora
-import policies
 import sharing
 import tasks
 
@@ -184,6 +192,17 @@ class Args:
     """LoRA scaling numerator (the update is scaled by lora_alpha / lora_rank)"""
     gradient_checkpointing: bool = False
     """recompute each block's activations in the backward pass: less memory, about a third more update time"""
+    backend: Literal["local", "ray"] = "local"
+    """where each policy's work runs (backends.py): in this process, or in a Ray actor of its own on this machine
+    or across a cluster (ray_team.py); on a CPU both give the same metrics for the same seed"""
+    ray_address: str | None = None
+    """--backend ray: the cluster to join, `auto` for the one `ray start` made on this node or HEAD_IP:6379.
+    Default: a Ray of this machine's own, started for the run and stopped after it"""
+    cpus_per_policy: int = 1
+    """--backend ray: CPUs that Ray reserves for each policy's actor, which are its torch threads too"""
+    gpus_per_policy: float | None = None
+    """--backend ray: GPUs that Ray reserves for each policy's actor, at most 1 (a policy trains on one device; a
+    fraction packs several actors on one GPU). Default: 1 where the cluster has a GPU, else 0"""
 
     def __post_init__(self):
         malformed = [item for item in self.model_paths if "=" not in item]
@@ -195,6 +214,17 @@ class Args:
         if self.prompts_per_iteration < 1 or self.group_size < 2:
             raise ValueError(f"need at least one prompt and two completions per prompt (a group), got "
                              f"{self.prompts_per_iteration} and {self.group_size}")
+        if self.backend == "local" and (self.ray_address is not None or self.gpus_per_policy is not None):
+            raise ValueError("--ray-address and --gpus-per-policy place Ray actors: add --backend ray")
+        if self.backend == "ray" and self.share == "cross-fidelity" and self.tbd_measure == "hidden":
+            raise ValueError("--tbd-measure hidden needs the sources' hidden states beside the receiver's, which do not "
+                             "cross between Ray actors: use --backend local, or another --tbd-measure")
+        if self.backend == "ray" and self.devices is not None:
+            raise ValueError("under --backend ray, Ray gives each policy's actor its devices: drop --devices and "
+                             "set --gpus-per-policy")
+        if self.cpus_per_policy < 1 or not 0 <= (self.gpus_per_policy or 0) <= 1:
+            raise ValueError(f"--cpus-per-policy must be at least 1 and --gpus-per-policy within [0, 1], got "
+                             f"{self.cpus_per_policy} and {self.gpus_per_policy}")
 
     @property
     def task_config(self) -> tasks.TaskConfig:
@@ -224,25 +254,10 @@ class Args:
                                      tbd_measure=self.tbd_measure, process_signal=self.process_signal)
 
 
-@dataclass
-class Trainee:
-    """One policy in training: the policy (model, tokenizer, device), its optimizer and its KL reference."""
-
-    policy: policies.Policy
-    optimizer: torch.optim.Optimizer
-    reference: torch.nn.Module | lora.WithoutAdapters | None
-
-
 def prompt_sampler(seed: int, iteration: int) -> random.Random:
-    """The iteration's prompt sampler, seeded by the iteration alone, so a resumed run draws what it would have."""
+    """The iteration's prompt sampler, seeded by the iteration alone, so a resumed run draws what it would have
+    (each policy seeds its own sampling: backends.PolicyWorker.generator)."""
     return random.Random(f"{seed}/{iteration}")
-
-
-def policy_generator(phase: str, seed: int, iteration: int, policy: policies.Policy) -> torch.Generator:
-    """One policy's draws for one phase ("rollout", "evaluation") of one iteration, seeded by those alone: neither
-    the order the policies sample in, nor how many draws another policy made, nor a resume changes a draw."""
-    draw = random.Random(f"{phase}/{seed}/{iteration}/{policy.name}").getrandbits(63)
-    return torch.Generator(policy.device).manual_seed(draw)
 
 
 def load_tasks(args: Args) -> tuple[tasks.Task, tasks.Task | None]:
@@ -259,13 +274,6 @@ def load_tasks(args: Args) -> tuple[tasks.Task, tasks.Task | None]:
     return task, transfer
 
 
-def make_trainees(args: Args, scale: str, devices: list[torch.device]) -> list[Trainee]:
-    pols = hardware.build_policies(args.policy_setup(scale), devices, args.task_config)
-    return [Trainee(p, torch.optim.AdamW([w for w in p.model.parameters() if w.requires_grad], lr=args.lr,
-                                         weight_decay=0.0),
-                    lora.reference_policy(p.model) if args.beta > 0 else None) for p in pols]
-
-
 def make_curator(args: Args, names: list[str]) -> curator.Curator:
     """The curator of --share cross-fidelity, configured by the run's flags."""
     return curator.Curator(args.curator_config, names, args.seed,
@@ -273,83 +281,33 @@ def make_curator(args: Args, names: list[str]) -> curator.Curator:
                            coevolution.PredictorConfig() if args.predictor else None)
 
 
-def print_estimates(args: Args, pols: list[policies.Policy], prompt_len: int) -> None:
-    """Parameters, memory terms and a time bound per policy (hardware.estimate), before the first iteration."""
+def print_estimates(args: Args, team: backends.Team, prompt_len: int) -> None:
+    """Parameters, memory terms and a time bound per policy (hardware.estimate, where each policy is), before the
+    first iteration; on CUDA, whether the policies on each device fit on it."""
     rollouts = args.prompts_per_iteration * args.group_size
     received = {"none": 0, "xgrpo": 0, "sgt": rollouts // 4, "prp": rollouts, "hacpo": rollouts,
-                "cross-fidelity": rollouts}[args.share] * (len(pols) - 1)
+                "cross-fidelity": rollouts}[args.share] * (len(team.policies) - 1)
+    work = hardware.Workload(rollouts, prompt_len, args.max_new_tokens, min(args.micro_batch, rollouts + received),
+                             rollouts + received, args.gradient_checkpointing,
+                             reference_copy=args.beta > 0 and not args.lora_rank)
     print("estimate per iteration (a bound to check the fit, not a measurement):")
-    per_device: dict[torch.device, int] = {}
-    throughput: dict[tuple[torch.device, torch.dtype], float] = {}
-    for p in pols:
-        work = hardware.Workload(rollouts, prompt_len, args.max_new_tokens, min(args.micro_batch, rollouts + received),
-                                 rollouts + received, args.gradient_checkpointing,
-                                 reference_copy=args.beta > 0 and not args.lora_rank)
-        est = hardware.estimate(p.model, work)
-        per_device[p.device] = per_device.get(p.device, 0) + est.total_bytes
-        key = (p.device, next(p.model.parameters()).dtype)
-        if key not in throughput:
-            throughput[key] = hardware.matmul_flops_per_s(*key, n=512 if p.device.type == "cpu" else 4096)
-        print(hardware.describe(p.name, est, throughput[key]))
-    for device, total in per_device.items():
-        if device.type == "cuda":
-            capacity = torch.cuda.mem_get_info(device)[1]
-            print(f"  {device}: ~{total / 1024 ** 3:.1f} GiB of {capacity / 1024 ** 3:.1f} GiB: "
+    per_device: dict[str, tuple[int, int | None]] = {}
+    for line, place, total, capacity in team.get([p.estimate(work) for p in team.policies]):
+        print(line)
+        per_device[place] = (per_device.get(place, (0, None))[0] + total, capacity)
+    for place, (total, capacity) in per_device.items():
+        if capacity is not None:
+            print(f"  {place}: ~{total / 1024 ** 3:.1f} GiB of {capacity / 1024 ** 3:.1f} GiB: "
                   f"{'fits' if total < capacity else 'DOES NOT FIT'}")
 
 
-def sample(policy: policies.Policy, prompts: list[str], args: Args, iteration: int
-           ) -> tuple[policies.Rollouts, dict[str, float]]:
-    """Phase 1 for one policy: G completions per prompt, and the phase's speed."""
-    with hardware.measured(policy.device) as perf:
-        out = policy.rollout(prompts, args.group_size, args.max_new_tokens, args.temperature, args.top_p,
-                             generator=policy_generator("rollout", args.seed, iteration, policy))
-    return out, hardware.perf_metrics("rollout", sum(len(ids) for ids in out.completion_ids), perf)
-
-
-def training_batch(policy: policies.Policy, rollouts: policies.Rollouts, received: sharing.Received
-                   ) -> grpo.TrainBatch:
-    """The policy's own rollouts, their advantages spread over every completion token with weight 1, and the
-    peer trajectories it received with their own per-token advantages and weights."""
-    advantages = received.advantages.flatten()                                          # [B*G]
-    prompts = [p.tolist() for p in rollouts.prompt_ids] + [c.prompt_ids for c in received.crossings]
-    completions = [c.tolist() for c in rollouts.completion_ids] + [c.completion_ids for c in received.crossings]
-    token_advantages = ([a.expand(len(ids)) for a, ids in zip(advantages, rollouts.completion_ids)]
-                        + [c.advantages for c in received.crossings])
-    token_weights = ([torch.ones(len(ids)) for ids in rollouts.completion_ids]
-                     + [c.weights for c in received.crossings])
-    return grpo.build_batch(prompts, completions, token_advantages, policy.tokenizer.pad_token_id, token_weights)
-
-
-def update(job: tuple[Trainee, sharing.Experience, sharing.Received], args: Args, measure_kl: bool
-           ) -> dict[str, float]:
-    """Phase 4 for one policy: a GRPO update on its own rollouts and what it received, and the phase's speed."""
-    trainee, experience, received = job
-    batch = training_batch(trainee.policy, experience.rollouts, received)
-    with hardware.measured(trainee.policy.device) as perf:
-        stats = grpo.grpo_step(trainee.policy.model, trainee.optimizer, batch, args.loss_config, args.epochs,
-                               args.micro_batch, args.max_grad_norm, trainee.reference, args.temperature,
-                               measure_kl=measure_kl)
-    return {**stats, **hardware.perf_metrics("update", batch.mask.sum().item() * args.epochs, perf)}
-
-
-def log_evaluation(pols: list[policies.Policy], task: tasks.Task, transfer: tasks.Task | None, args: Args,
-                   iteration: int, started: float, path: Path) -> dict[str, float]:
-    """Phase 5's evaluation, one line per policy in metrics.jsonl: greedy pass@1 on the held-out split, accuracy
-    sampled at the training temperature, greedy pass@1 on the transfer task. Returns each policy's greedy pass@1."""
-    accuracy = {}
-    for p in pols:
-        record = {"eval/heldout_accuracy": evaluation.heldout_accuracy(p, task.heldout, args.max_new_tokens, task)}
-        if args.eval_samples:
-            record["eval/heldout_sampled_accuracy"] = evaluation.heldout_accuracy(
-                p, task.heldout, args.max_new_tokens, task, temperature=args.temperature, samples=args.eval_samples,
-                generator=policy_generator("evaluation", args.seed, iteration, p))
-        if transfer is not None:
-            record["eval/transfer_accuracy"] = evaluation.heldout_accuracy(p, transfer.heldout, args.max_new_tokens,
-                                                                           transfer)
-        log(path, {"iteration": iteration, "policy": p.name, "time_s": time.time() - started, **record})
-        accuracy[p.name] = record["eval/heldout_accuracy"]
-    return accuracy
+def log_evaluation(team: backends.Team, args: Args, iteration: int, started: float, path: Path) -> dict[str, float]:
+    """Phase 5's evaluation, one line per policy in metrics.jsonl (backends.PolicyWorker.evaluate). Returns each
+    policy's greedy pass@1."""
+    records = team.get([p.evaluate(iteration) for p in team.policies])
+    for name, record in zip(team.names, records):
+        log(path, {"iteration": iteration, "policy": name, "time_s": time.time() - started, **record})
+    return {name: record["eval/heldout_accuracy"] for name, record in zip(team.names, records)}
 
 
 def log(path: Path, record: dict) -> None:
@@ -358,69 +316,76 @@ def log(path: Path, record: dict) -> None:
 
 
 def main(args: Args) -> Path:
+    """One run on the team of policies of --backend, released at the end or when the run fails."""
+    with backends.connect(args) as team:
+        return run(args, team)
+
+
+def run(args: Args, team: backends.Team) -> Path:
     # ---- set-up: run directory, tasks, policies, curator; a resumed run restores its last checkpoint ----------
-    scale = args.scale or policies.default_scale()
-    devices = hardware.policy_devices(args.devices, len(policies.PRESETS[scale][args.pair]))
-    parallel = hardware.runs_in_parallel(devices)
-    run_dir = Path(args.runs_dir) / (args.name or f"{args.pair}-{args.share}-s{args.seed}")
+    run_dir = Path(args.runs_dir).resolve() / (args.name or f"{args.pair}-{args.share}-s{args.seed}")
     metrics_path, fidelity_path = run_dir / "metrics.jsonl", run_dir / "fidelity.jsonl"
-    config = json.loads(json.dumps({**asdict(args), "scale": scale}))  # as it reads back from config.json
-    print(f"pair={args.pair} scale={scale} devices={','.join(map(str, devices))} run={run_dir}")
+    config = json.loads(json.dumps({**asdict(args), "scale": team.scale}))  # as it reads back from config.json
+    print(f"pair={args.pair} scale={team.scale} {team.placement} run={run_dir}")
     task, transfer = load_tasks(args)
     checkpoint.open_run(run_dir, config, args.resume)
     started = time.time()
-    trainees = make_trainees(args, scale, devices)
-    pols = [t.policy for t in trainees]
-    longest_prompt = max(len(p.encode_prompt(task.prompt(q)))
-                         for p in pols for q in task.train[:50] + task.heldout[:50])
-    print_estimates(args, pols, longest_prompt)
-    curation = make_curator(args, [p.name for p in pols]) if args.share == "cross-fidelity" else None
+    team.start(task, transfer)
+    names = team.names
+    samples = [task.prompt(q) for q in task.train[:50] + task.heldout[:50]]
+    print_estimates(args, team, max(team.get([p.longest_prompt(samples) for p in team.policies])))
+    curation = make_curator(args, names) if args.share == "cross-fidelity" else None
     capabilities = hacpo.Capabilities(args.share_config.hacpo_window) if args.share == "hacpo" else None
 
     start = 0
     if args.resume and (run_dir / "checkpoints" / "latest").exists():
-        start, saved = checkpoint.load_checkpoint(run_dir, pols, [t.optimizer for t in trainees])
+        start, folder, saved = checkpoint.latest_checkpoint(run_dir)
+        team.get([p.load(str(folder)) for p in team.policies])
         curation = (saved or curation) if curation is not None else None        # the state of this run's --share
         capabilities = (saved or capabilities) if capabilities is not None else None
         print(f"resumed from iteration {start}")
     for path in (metrics_path, fidelity_path):   # a resumed run repeats no line and loses none; a fresh one keeps none
         checkpoint.truncate_metrics(path, start if start else -1)
-    accuracy = log_evaluation(pols, task, transfer, args, 0, started, metrics_path) if start == 0 else \
-        {p.name: float("nan") for p in pols}
+    accuracy = log_evaluation(team, args, 0, started, metrics_path) if start == 0 else \
+        {name: float("nan") for name in names}
     guarded = curation is not None and curation.bandit is not None   # the stability guard reads losses/update_kl
 
     bar = tqdm(range(start, args.iterations), initial=start, total=args.iterations, desc="train")
     for it in bar:
-        # ---- 1. rollouts -------------------------------------------------------------------------------------
+        # ---- 1. rollouts, every policy at once -------------------------------------------------------------
         iteration_started = time.time()
         problems = prompt_sampler(args.seed, it).sample(task.train, args.prompts_per_iteration)
         prompts = [task.prompt(q) for q in problems]
-        sampled = hardware.per_policy(partial(sample, prompts=prompts, args=args, iteration=it), pols, parallel)
+        sampled = [p.rollout(it, prompts) for p in team.policies]
 
-        # ---- 2. rewards and advantages -----------------------------------------------------------------------
-        experiences = []
-        for p, (rollouts, _) in zip(pols, sampled):
-            rewards = tasks.group_rewards(task, problems, rollouts.texts, args.group_size)                   # [B, G]
-            experiences.append(sharing.Experience(p, prompts, rollouts, rewards,
-                                                  grpo.group_advantages(rewards, args.scale_by_std)))
+        # ---- 2. rewards and advantages, where each policy is -------------------------------------------------
+        shared = [p.score(problems) for p in team.policies]     # futures under Ray, handed on to peers as they are
+        experiences = team.get(shared)
         # the stability guard's verdict on the previous cycle, now that the rollouts its update produced exist
         verdicts = {e.policy.name: curation.judge(e.policy.name, grpo.rewards_stats(e.rewards)["charts/reward_std"])
                     for e in experiences} if curation is not None else {}
 
-        # ---- 3. exchange -------------------------------------------------------------------------------------
+        # ---- 3. exchange: trajectories cross to every peer, then each receiver's part runs where it is -------
+        if args.share != "none":
+            team.get([p.deliver(*(s for j, s in enumerate(shared) if j != i)) for i, p in enumerate(team.policies)])
         if curation is not None:
-            received, decisions = curation.exchange(experiences, task, problems, args.share_config, it + 1)
+            received, decisions = curation.exchange(experiences, task, problems, args.share_config, it + 1,
+                                                    team.sides(experiences))
             for record in decisions:
                 log(fidelity_path, record)
         else:
-            received = sharing.exchange(experiences, args.share_config, capabilities)
+            capability = None
+            if capabilities is not None:   # HACPO's state across iterations stays here; each receiver gets its values
+                for e in experiences:
+                    capabilities.observe(e.policy.name, e.rewards)
+                capability = dict(zip(names, capabilities.of(names).tolist()))
+            received = dict(zip(names, team.get([p.receive(capability) for p in team.policies])))
 
-        # ---- 4. updates --------------------------------------------------------------------------------------
-        jobs = [(t, e, received[t.policy.name]) for t, e in zip(trainees, experiences)]
-        updates = hardware.per_policy(partial(update, args=args, measure_kl=guarded), jobs, parallel)
+        # ---- 4. updates, every policy at once ----------------------------------------------------------------
+        updates = team.get([p.update(guarded) for p in team.policies])
 
         # ---- 5. log, evaluate, checkpoint --------------------------------------------------------------------
-        for e, (_, rollout_perf), stats in zip(experiences, sampled, updates):
+        for e, rollout_perf, stats in zip(experiences, team.get(sampled), updates):
             name = e.policy.name
             stats.update(rollout_perf)
             stats.update(grpo.rewards_stats(e.rewards))
@@ -434,10 +399,10 @@ def main(args: Args) -> Path:
             log(metrics_path, {"iteration": it + 1, "policy": name, "time_s": time.time() - started, **stats})
         done = it + 1
         if done % args.eval_every == 0 or done == args.iterations:
-            accuracy = log_evaluation(pols, task, transfer, args, done, started, metrics_path)
+            accuracy = log_evaluation(team, args, done, started, metrics_path)
         if done % args.checkpoint_every == 0 or done == args.iterations:
-            checkpoint.save_checkpoint(run_dir, done, pols, [t.optimizer for t in trainees],
-                                       curation if curation is not None else capabilities)
+            team.get([p.save(str(checkpoint.checkpoint_folder(run_dir, done))) for p in team.policies])
+            checkpoint.commit_checkpoint(run_dir, done, names, curation if curation is not None else capabilities)
         bar.set_postfix({f"{e.policy.name}_r": f"{e.rewards.mean():.2f}" for e in experiences} |
                         {f"{n}_acc": f"{a:.2f}" for n, a in accuracy.items()})
 

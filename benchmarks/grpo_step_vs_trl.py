@@ -26,13 +26,13 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import backends  # noqa: E402
 import eval as evaluation  # noqa: E402
 import grpo  # noqa: E402
 import hardware  # noqa: E402
 import policies  # noqa: E402
 import sharing  # noqa: E402
 import tasks  # noqa: E402
-import train  # noqa: E402
 
 PROMPTS, GROUP, NEW_TOKENS, TEMPERATURE, LR = 8, 8, 40, 0.7, 3e-5
 
@@ -51,7 +51,7 @@ def project_step(policy: policies.Policy, optimizer, task: tasks.Task, problems:
     received = sharing.exchange([experience], sharing.ShareConfig("none", temperature=TEMPERATURE))
     phases.setdefault("exchange", []).append(time.perf_counter() - clock)
     clock = time.perf_counter()
-    batch = train.training_batch(policy, rollouts, received[policy.name])
+    batch = backends.training_batch(policy, rollouts, received[policy.name])
     grpo.grpo_step(policy.model, optimizer, batch, grpo.LossConfig(), temperature=TEMPERATURE)
     phases.setdefault("update", []).append(time.perf_counter() - clock)
 

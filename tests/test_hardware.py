@@ -89,10 +89,6 @@ def test_devices_are_placed_round_robin_and_bad_ones_refused():
             hardware.policy_devices("cuda:0,cuda:1", 2)
 
 
-def test_parallel_per_policy_keeps_the_order():
-    assert hardware.per_policy(lambda x: x * x, list(range(5)), parallel=True) == [0, 1, 4, 9, 16]
-
-
 def test_the_estimate_matches_measured_parameters_gradients_optimizer_state_and_kv_cache():
     model, tok = tiny_llama()
     model = lora.add_lora(model, rank=4, alpha=8)

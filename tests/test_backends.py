@@ -1,0 +1,127 @@
+"""The backends: a run on Ray gives the local run's metrics for the same seed (none, cross-fidelity; PRP on three
+actors, through a checkpoint and a resume); an actor that raises hands its traceback to the trainer; a killed actor
+ends the run within seconds, naming its policy; a threaded local handle keeps each policy's calls in order."""
+
+import threading
+import time
+
+import pytest
+import ray
+import torch
+
+import backends
+import ray_team
+import train
+from test_train import records, tiny_args
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    """One Ray for this file's runs, started here and shut down after them (a run leaves running a Ray it did not
+    start): room for three actors at this process's torch threads each."""
+    ray.init(num_cpus=3 * torch.get_num_threads(), include_dashboard=False)
+    yield
+    ray.shutdown()
+
+
+def on_ray(**settings) -> dict:
+    """A run's settings on Ray, its actors computing at this process's thread count (as the local run does)."""
+    return dict(backend="ray", cpus_per_policy=torch.get_num_threads(), **settings)
+
+
+def backend_free(run_dir) -> list[dict]:
+    """Every metric line without what may differ between two runs of one seed: wall times and speeds."""
+    return [{k: v for k, v in r.items() if "time_s" not in k and not k.startswith("perf/")} for r in records(run_dir)]
+
+
+def assert_same_weights(a, b, names: list[str], iteration: int) -> None:
+    for name in names:
+        saved = [torch.load(d / "checkpoints" / f"iter-{iteration:06d}" / f"{name}.pt")["model"] for d in (a, b)]
+        for key in saved[0]:
+            torch.testing.assert_close(saved[0][key], saved[1][key], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("setting", [dict(share="none"), dict(share="cross-fidelity", thresholds="adaptive")],
+                         ids=["none", "cross-fidelity"])
+def test_a_run_on_ray_gives_the_local_runs_metrics_decisions_and_weights(tmp_path, cache_dir, local_ray, setting):
+    local = train.main(tiny_args(tmp_path, cache_dir, name="local", **setting))
+    remote = train.main(tiny_args(tmp_path, cache_dir, name="ray", **on_ray(**setting)))
+    assert backend_free(local) == backend_free(remote)
+    assert_same_weights(local, remote, ["qwen", "llama"], 2)
+    if setting["share"] == "cross-fidelity":
+        decisions = [(d / "fidelity.jsonl").read_text() for d in (local, remote)]
+        assert decisions[0] == decisions[1]
+        assert len(decisions[0].splitlines()) == 2 * 2 * 8 * 6   # every peer rollout diagnosed by every receiver
+
+
+def test_a_ray_run_resumes_as_the_local_run_goes_on_and_an_actor_that_raises_shows_its_traceback(
+        tmp_path, cache_dir, local_ray):
+    setting = dict(pair="trio", share="prp", iterations=3, checkpoint_every=2, eval_every=2)
+    whole = train.main(tiny_args(tmp_path, cache_dir, name="local", **setting))
+    train.main(tiny_args(tmp_path, cache_dir, name="ray", **on_ray(**{**setting, "iterations": 2})))
+
+    part = tmp_path / "ray" / "checkpoints" / "iter-000002" / "llama.pt"
+    saved = part.read_bytes()
+    torch.save({"model": {"not.a.weight": torch.zeros(1)}, "optimizer": {}}, part)
+    with pytest.raises(ValueError, match="does not match the model") as raised:
+        train.main(tiny_args(tmp_path, cache_dir, name="ray", resume=True, **on_ray(**setting)))
+    assert "PolicyWorker(llama)" in str(raised.value) and "checkpoint.py" in str(raised.value)  # from the actor
+    part.write_bytes(saved)
+
+    resumed = train.main(tiny_args(tmp_path, cache_dir, name="ray", resume=True, **on_ray(**setting)))
+    assert backend_free(whole) == backend_free(resumed)
+    assert_same_weights(whole, resumed, ["qwen", "llama", "mistral"], 3)
+
+
+def test_a_killed_actor_ends_the_run_within_seconds_naming_its_policy(tmp_path, cache_dir, local_ray, monkeypatch):
+    teams, killed = [], []
+    start = ray_team.RayTeam.start
+
+    def started(team, *args):
+        start(team, *args)
+        teams.append(team)
+    monkeypatch.setattr(ray_team.RayTeam, "start", started)
+
+    def kill_llama_once_an_iteration_is_logged():
+        metrics = tmp_path / "run" / "metrics.jsonl"
+        while not metrics.exists() or metrics.read_text().count("losses/policy_loss") < 2:
+            time.sleep(0.05)
+        ray.kill(teams[0].actors[1])
+        killed.append(time.perf_counter())
+    threading.Thread(target=kill_llama_once_an_iteration_is_logged, daemon=True).start()
+    with pytest.raises(ray_team.PolicyLost, match="llama's Ray actor died"):
+        train.main(tiny_args(tmp_path, cache_dir, **on_ray(iterations=100, eval_every=100, checkpoint_every=100)))
+    assert time.perf_counter() - killed[0] < 10
+
+
+def test_a_cluster_without_room_for_every_actor_is_refused_at_start(tmp_path, cache_dir, local_ray):
+    assert ray_team.room([{"CPU": 4.0, "GPU": 1.0}, {"CPU": 2.0}], 1, 1) == 1
+    assert ray_team.room([{"CPU": 4.0, "GPU": 1.0}, {"CPU": 2.0}], 2, 0) == 3
+    assert ray_team.room([{"CPU": 4.0, "GPU": 1.0}], 1, 0.5) == 2
+    with pytest.raises(ValueError, match="room for 0 of the 2"):
+        ray_team.RayTeam(tiny_args(tmp_path, cache_dir, **on_ray(gpus_per_policy=1.0)))
+    with pytest.raises(ValueError, match="--backend ray"):
+        tiny_args(tmp_path, cache_dir, ray_address="auto")
+    with pytest.raises(ValueError, match="--gpus-per-policy"):
+        tiny_args(tmp_path, cache_dir, **on_ray(devices="cpu"))
+
+
+def test_a_threaded_local_handle_runs_each_policys_calls_in_order():
+    class Worker:
+        name = "p"
+
+        def __init__(self):
+            self.calls = []
+
+        def rollout(self, x):
+            time.sleep(0.05)
+            self.calls.append(("rollout", x))
+            return x
+
+        def score(self, x):
+            self.calls.append(("score", x))
+            return threading.current_thread() is threading.main_thread()
+    handle = backends.LocalHandle(Worker(), threaded=True)
+    rollout = handle.rollout(1)
+    assert handle.score(rollout) is True          # after the rollout it was handed, in this thread
+    assert handle.worker.calls == [("rollout", 1), ("score", 1)]
