@@ -82,9 +82,12 @@ from sharing import LEVELS
 class CuratorConfig:
     lambdas: tuple[float, float, float] = (1 / 3, 1 / 3, 1 / 3)
     """weights of the TBD, CCM and RSD terms in D; they must sum to 1"""
-    theta1: float = 0.1
-    """D_repaired below it: PRP (the starting value where thresholds adapt)"""
-    theta2: float = 0.15
+    theta1: float = 0.0965
+    """D_repaired below it: PRP (the starting value where thresholds adapt). theta1 and theta2 come from the stated
+    rule (coevolution.share_thresholds): the 1/3 and 2/3 quantiles of D_repaired over the 25,301 diagnosed offers
+    of `python benchmarks/calibrate_thresholds.py` (qwen-llama, calibration seed 0, 100 iterations at the earlier
+    0.1 / 0.15; results/thresholds-qwen-llama.json), so each level took a third of them there"""
+    theta2: float = 0.1211
     """D_repaired at or above it: SGT; between theta1 and theta2: XGRPO"""
     ccm_beta: float = 1.0
     """the CCM repair's exponent: A_k <- A_k R_k^beta"""

@@ -4,7 +4,8 @@
     python benchmarks/calibrate_thresholds.py --pair trio --shares 0.5 0.25
 
 Trains `--share cross-fidelity` on the calibration seed (0: the comparisons use seeds from 1), one thread,
-resumable (a finished run is reused), with the thresholds train.py defaults to, and writes the quantiles of
+resumable (a finished run is reused), with the thresholds given after -- (the defaults were set by a run at
+`-- --theta1 0.1 --theta2 0.15`, the values before this rule), and writes the quantiles of
 D_repaired over every diagnosed offer of the run that give PRP and XGRPO the stated shares, to
 results/thresholds-PAIR.json. The values found for qwen-llama are curator.CuratorConfig's defaults.
 """
