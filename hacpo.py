@@ -81,6 +81,12 @@ class Capabilities:
             raise ValueError(f"{name}: capability needs at least one finite reward, got {rewards.tolist()}")
         self.history[name] = (self.history.get(name, []) + [rewards.float().mean().item()])[-self.window:]
 
+    def update(self, rewards: dict[str, torch.Tensor]) -> dict[str, float]:
+        """Add one iteration's rewards [B, G] of every policy, by name; returns every policy's capability now."""
+        for name, r in rewards.items():
+            self.observe(name, r)
+        return dict(zip(rewards, self.of(list(rewards)).tolist()))
+
     def of(self, names: list[str]) -> torch.Tensor:
         """[n] the capabilities of `names`, each observed at least once."""
         unseen = [n for n in names if not self.history.get(n)]

@@ -374,17 +374,16 @@ def run(args: Args, team: backends.Team) -> Path:
             for record in decisions:
                 log(fidelity_path, record)
         else:
-            capability = None
-            if capabilities is not None:   # HACPO's state across iterations stays here; each receiver gets its values
-                for e in experiences:
-                    capabilities.observe(e.policy.name, e.rewards)
-                capability = dict(zip(names, capabilities.of(names).tolist()))
+            # HACPO's capabilities live here, across iterations; each receiver gets this iteration's values
+            capability = (capabilities.update({e.policy.name: e.rewards for e in experiences})
+                          if capabilities is not None else None)
             received = dict(zip(names, team.get([p.receive(capability) for p in team.policies])))
 
         # ---- 4. updates, every policy at once ----------------------------------------------------------------
         updates = team.get([p.update(guarded) for p in team.policies])
 
         # ---- 5. log, evaluate, checkpoint --------------------------------------------------------------------
+        iteration_s = time.time() - iteration_started   # the method's cost: no evaluation in it
         for e, rollout_perf, stats in zip(experiences, team.get(sampled), updates):
             name = e.policy.name
             stats.update(rollout_perf)
@@ -395,7 +394,7 @@ def run(args: Args, team: backends.Team) -> Path:
             if verdicts.get(name) is not None:
                 stats["fidelity/guard_tripped"] = float(bool(verdicts[name]))
             stats["charts/finished"] = sum(e.rollouts.finished) / len(e.rollouts.finished)
-            stats["perf/iteration_s"] = time.time() - iteration_started   # the method's cost: no evaluation in it
+            stats["perf/iteration_s"] = iteration_s
             log(metrics_path, {"iteration": it + 1, "policy": name, "time_s": time.time() - started, **stats})
         done = it + 1
         if done % args.eval_every == 0 or done == args.iterations:

@@ -134,6 +134,8 @@ def seeds_needed(sd: float, target: float = 0.02, level: float = 0.95, most: int
 
 def paired_summary(differences: list[float], target: float = 0.02) -> dict[str, float]:
     n = len(differences)
+    if n < 2:
+        raise ValueError(f"a standard deviation across seeds needs at least 2 seeds, got {n}")
     mean = sum(differences) / n
     sd = math.sqrt(sum((d - mean) ** 2 for d in differences) / (n - 1))
     return {"mean": mean, "sd": sd, "half_width_95": half_width(sd, n), "seeds_for_2pt": seeds_needed(sd, target)}

@@ -405,9 +405,8 @@ def test_hacpo_sends_the_peer_rollouts_inside_the_clip_range_with_hand_computed_
     with pytest.raises(KeyError, match="qwen2"):
         sharing.exchange([receiver, peer], cfg, capability={"llama": 0.25})
     capabilities = hacpo.Capabilities(window=5)
-    for e in (receiver, peer):
-        capabilities.observe(e.policy.name, e.rewards)
-    torch.testing.assert_close(capabilities.of(["llama", "qwen2"]), torch.tensor([0.25, 0.5], dtype=torch.float64))
+    assert capabilities.update({e.policy.name: e.rewards for e in (receiver, peer)}) == pytest.approx(
+        {"llama": 0.25, "qwen2": 0.5})
     received = sharing.exchange([receiver, peer], cfg, capability={"llama": 0.25, "qwen2": 0.5})
     assert sharing.exchange([receiver, peer], cfg, "llama", {"llama": 0.25, "qwen2": 0.5}).keys() == {"llama"}
     # llama's baseline counts qwen's rewards at half weight. Prompt 0 pools [0, 0 | 1, 0]: baseline 1/8, std
