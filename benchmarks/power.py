@@ -142,17 +142,13 @@ def paired_summary(differences: list[float], target: float = 0.02) -> dict[str, 
 
 
 def run_cost(run_dir: Path, iteration: int) -> dict[str, float]:
-    """The cost of a run's first `iteration` iterations, its policies together: wall time of the iterations
-    (eval.COSTS; runs logged before perf/iteration_s existed read the time from their first training record to
-    the last one up to `iteration`, evaluations included) and rollout and update tokens."""
+    """The cost of a run's first `iteration` iterations, its policies together (eval.COSTS): the wall time of its
+    iterations, and its rollout and update tokens."""
     records = evaluation.load_metrics(run_dir)
     names = list(dict.fromkeys(r["policy"] for r in records))
-    wall = evaluation.spent(records, names[0], "iteration_s").get(iteration, math.nan)
-    if math.isnan(wall):
-        times = [r["time_s"] for r in records if "losses/policy_loss" in r and r["iteration"] <= iteration]
-        wall = max(times) - min(times)
-    return {"iteration_s": wall, **{cost: sum(evaluation.spent(records, p, cost).get(iteration, math.nan) for p in names)
-                                    for cost in ("rollout_tokens", "update_tokens")}}
+    return {"iteration_s": evaluation.spent(records, names[0], "iteration_s").get(iteration, math.nan),
+            **{cost: sum(evaluation.spent(records, p, cost).get(iteration, math.nan) for p in names)
+               for cost in ("rollout_tokens", "update_tokens")}}
 
 
 def analyze(testbed: str, levels: list[str], seeds: list[int], at: list[int], runs_dir: Path,
