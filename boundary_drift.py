@@ -186,13 +186,14 @@ if __name__ == "__main__":
     # One solution under two real tokenizers: groups with their modes, steps, hotspots and the TBD measures.
     import argparse
 
-    import tasks
+    import arith
+
     import tiny
     from tokalign import align, char_to_byte_spans, retokenize
     from token_bytes import token_bytes_table
 
     cli = argparse.ArgumentParser(description="TBD of one reference solution moved between two tokenizers")
-    cli.add_argument("--step-format", choices=tasks.STEP_FORMATS, default="line")
+    cli.add_argument("--step-format", choices=arith.STEP_FORMATS, default="line")
     cli.add_argument("--source", choices=sorted(tiny.PACKAGED_TOKENIZERS), default="qwen2")
     cli.add_argument("--target", choices=sorted(tiny.PACKAGED_TOKENIZERS), default="llama")
     args = cli.parse_args()
@@ -200,8 +201,8 @@ if __name__ == "__main__":
     def show(token_id: int, tok, table: list[bytes]) -> str:
         return repr(table[token_id].decode("utf-8", errors="replace")) if table[token_id] else tok.convert_ids_to_tokens(token_id)
 
-    problem = tasks.generate_problems(1, "train", seed=3, cfg=tasks.TaskConfig(num_steps=3, max_operand=250))[0]
-    text = tasks.solution(problem, args.step_format)
+    problem = arith.generate_problems(1, "train", seed=3, cfg=arith.TaskConfig(num_steps=3, max_operand=250))[0]
+    text = arith.solution(problem, args.step_format)
     sides = {family: (tiny.full_tokenizer(family), token_bytes_table(tiny.full_tokenizer(family)))
              for family in (args.source, args.target)}
     src_tok, src_table = sides[args.source]
@@ -210,7 +211,7 @@ if __name__ == "__main__":
     target = retokenize(source, *sides[args.target])
     alignment = align(source, target)
     sim = boundary_similarity(alignment)
-    steps = char_to_byte_spans(text, tasks.step_spans(text, args.step_format))
+    steps = char_to_byte_spans(text, arith.step_spans(text, args.step_format))
     print(f"question: {problem.question}\nsource: {args.source} ({len(source.ids)} tokens)   target: {args.target} "
           f"({len(target.ids)} tokens)   groups: {len(alignment.src)}   residual: {alignment.residual:.3f}\n")
     for k, (a, b) in enumerate(steps):

@@ -63,6 +63,7 @@ from dataclasses import dataclass
 
 import torch
 
+import arith
 import boundary_drift
 import coevolution
 import diagnosis
@@ -386,7 +387,7 @@ if __name__ == "__main__":
     cli.add_argument("--seed", type=int, default=1)
     args = cli.parse_args()
     task = tasks.load_task("arith", args.seed, 1000, 0)
-    pols = policies.load_policies("qwen-llama", "tiny", torch.device("cpu"), tasks.TaskConfig(), args.seed)
+    pols = policies.load_policies("qwen-llama", "tiny", torch.device("cpu"), arith.TaskConfig(), args.seed)
     problems = task.train[:args.prompts]
     prompts = [task.prompt(q) for q in problems]
     torch.manual_seed(args.seed)

@@ -1,7 +1,7 @@
 """Evaluation: held-out accuracy, reward variance, convergence speed; reports and run comparisons.
 
 The proposal's §3.1 metrics, per policy:
-  accuracy     greedy pass@1 on the held-out split (never trained on: tasks.py splits by a hash)
+  accuracy     greedy pass@1 on the held-out split (never trained on: arith.py splits by a hash)
   reward var.  iteration-to-iteration variance of the mean training reward, estimated as half the mean squared
                difference of consecutive iterations (von Neumann), so a learning trend does not count as noise
   convergence  the first iteration at which held-out accuracy reaches a target
@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+import arith
 import checkpoint
 import fidelity_record
 import hardware
@@ -197,8 +198,8 @@ def evaluate_run(run_dir: Path, task_name: str, eval_size: int, data_dir: str | 
                  ) -> dict[str, float]:
     """Greedy pass@1 of a run's last checkpoint on a task's held-out split (transfer, proposal §3.3)."""
     config = json.loads((Path(run_dir) / "config.json").read_text())
-    task_cfg = tasks.TaskConfig(num_steps=config["num_steps"], max_operand=config["max_operand"], ops=config["ops"],
-                                step_format=config.get("step_format", tasks.TaskConfig.step_format))
+    task_cfg = arith.TaskConfig(num_steps=config["num_steps"], max_operand=config["max_operand"], ops=config["ops"],
+                                step_format=config.get("step_format", arith.TaskConfig.step_format))
     setup = hardware.PolicySetup.of(config)
     pols = hardware.build_policies(setup, hardware.policy_devices(config["devices"], len(
         policies.PRESETS[setup.scale][setup.pair])), task_cfg)   # exactly as train.py built them

@@ -241,6 +241,7 @@ if __name__ == "__main__":
     # advantages of a group sum to 0.
     import argparse
 
+    import arith
     import policies
     import tasks
 
@@ -251,7 +252,7 @@ if __name__ == "__main__":
     cli.add_argument("--lr", type=float, default=1e-4)
     args = cli.parse_args()
     task = tasks.load_task("arith", 1, 1000, 0)
-    policy = policies.load_policies("qwen-llama", "tiny", torch.device("cpu"), tasks.TaskConfig(), 1)[0]
+    policy = policies.load_policies("qwen-llama", "tiny", torch.device("cpu"), arith.TaskConfig(), 1)[0]
     optimizer = torch.optim.AdamW(policy.model.parameters(), lr=args.lr)
     torch.manual_seed(1)
     for update in range(args.updates):

@@ -24,7 +24,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 from transformers.generation.logits_process import TopPLogitsWarper
 
-import tasks
+import arith
+
 import tiny
 from grpo import pack_sequences
 from token_bytes import byte_offsets, encode_text, token_bytes_table
@@ -248,7 +249,7 @@ def default_dtype(device: torch.device) -> torch.dtype:
     return torch.bfloat16 if device.type == "cuda" else torch.float32
 
 
-def load_tiny_policy(spec: PolicySpec, task_cfg: tasks.TaskConfig, seed: int, cache_dir: str | None,
+def load_tiny_policy(spec: PolicySpec, task_cfg: arith.TaskConfig, seed: int, cache_dir: str | None,
                      warmup_scale: float = 1.0) -> Policy:
     """Build a tiny policy and warm it up, or load its warm-up from the on-disk cache (tiny.py)."""
     tokenizer = tiny.tiny_tokenizer(spec.family, task_cfg.step_format)
@@ -274,7 +275,7 @@ def load_hub_policy(spec: PolicySpec, location: str, device: torch.device, dtype
     return Policy(spec.name, model.to(device), tokenizer, use_chat_template=tokenizer.chat_template is not None)
 
 
-def load_policies(pair: str, scale: str, device: torch.device | list[torch.device], task_cfg: tasks.TaskConfig,
+def load_policies(pair: str, scale: str, device: torch.device | list[torch.device], task_cfg: arith.TaskConfig,
                   seed: int, cache_dir: str | None = None, model_paths: dict[str, str] | None = None,
                   warmup_scale: float = 1.0, model_dir: str | None = None) -> list[Policy]:
     """The pair's policies, policy i on device[i] when `device` is a list (hardware.policy_devices)."""
@@ -291,7 +292,7 @@ def preset(pair: str, scale: str) -> list[PolicySpec]:
     return PRESETS[scale][pair]
 
 
-def load_policy(pair: str, scale: str, index: int, device: torch.device, task_cfg: tasks.TaskConfig, seed: int,
+def load_policy(pair: str, scale: str, index: int, device: torch.device, task_cfg: arith.TaskConfig, seed: int,
                 cache_dir: str | None = None, model_paths: dict[str, str] | None = None, warmup_scale: float = 1.0,
                 model_dir: str | None = None) -> Policy:
     """Policy `index` of the pair on `device`, built alone (a Ray actor builds only its own).

@@ -45,6 +45,8 @@ from typing import NamedTuple
 
 import torch
 
+import arith
+
 import tasks
 import tokalign
 
@@ -362,8 +364,8 @@ def own_steps(policy, rollouts, step_spans, count: int) -> list[Item]:
 def solution_steps(target, writer, problems: list, max_new_tokens: int = 40) -> list[Item]:
     """`writer`'s greedy solutions to `problems`, as `target` would score them, retokenized through tokalign, each
     solution line a step. Solutions with no line are left out."""
-    out = writer.rollout([tasks.prompt_text(q) for q in problems], 1, max_new_tokens, greedy=True)
-    items = [step_item(target.encode_prompt(tasks.prompt_text(q)),
+    out = writer.rollout([arith.prompt_text(q) for q in problems], 1, max_new_tokens, greedy=True)
+    items = [step_item(target.encode_prompt(arith.prompt_text(q)),
                        tokalign.retokenize(tokalign.Encoding.from_ids(ids.tolist(), writer.token_bytes),
                                            target.tokenizer, target.token_bytes), tasks.line_spans)
              for q, ids in zip(problems, out.completion_ids)]
@@ -395,28 +397,28 @@ if __name__ == "__main__":
     cli.add_argument("--warmup-scale", type=float, default=1.0, help="the tiny policies' warm-up budget factor")
     cli.add_argument("--subset", default="all", help="parameters: all, last:N or lora")
     args = cli.parse_args()
-    cfg = tasks.TaskConfig()
+    cfg = arith.TaskConfig()
     pols = policies.load_policies("qwen-llama", "tiny", torch.device("cpu"), cfg, seed=1,
                                   warmup_scale=args.warmup_scale)
-    heldout = tasks.generate_problems(200, "heldout", 1, cfg)
+    heldout = arith.generate_problems(200, "heldout", 1, cfg)
     accuracy = {p.name: evaluation.heldout_accuracy(p, heldout, 40) for p in pols}
     weak, strong = sorted(pols, key=lambda p: accuracy[p.name])
     print(f"held-out accuracy: {accuracy}; target (weaker) = {weak.name}, source = {strong.name}")
 
     params = parameter_subset(weak.model, args.subset)
-    own = solution_steps(weak, weak, tasks.generate_problems(32, "train", 5, cfg))
+    own = solution_steps(weak, weak, arith.generate_problems(32, "train", 5, cfg))
     own_norms = step_grad_norms(weak.model, *batch_inputs(own, weak.tokenizer.pad_token_id), params)
     calibration = calibrate(own_norms)
     print(f"calibration on {len(own_norms)} of {weak.name}'s own steps: zero point (median) g = "
           f"{calibration.zero:.2f}, 90% quantile = {torch.quantile(own_norms, 0.9):.2f}, "
           f"alpha = {calibration.alpha:.4f}")
-    solutions = strong.rollout([tasks.prompt_text(q) for q in heldout[:4]], 1, 40, greedy=True).texts
+    solutions = strong.rollout([arith.prompt_text(q) for q in heldout[:4]], 1, 40, greedy=True).texts
     for q, text, (prompt_ids, ids, ranges) in zip(heldout[:4], solutions, solution_steps(weak, strong, heldout[:4])):
         norms = step_grad_norms(weak.model, *batch_inputs([(prompt_ids, ids, ranges)], weak.tokenizer.pad_token_id),
                                 params)
         reach = reachability(norms, calibration)
         phantom = phantom_advantage(torch.ones_like(reach), reach)
-        print(f"\n{q.question}\n{strong.name}'s solution, reward {tasks.answer_reward(q, text):.0f}, under {weak.name}:")
+        print(f"\n{q.question}\n{strong.name}'s solution, reward {arith.answer_reward(q, text):.0f}, under {weak.name}:")
         for (a, b), g, r, p in zip(ranges, norms, reach, phantom):
             line = weak.decode(ids[a:b]).strip()
             print(f"   {line:<22} g = {g:6.2f}   R = {r:.2f}   P (A = 1) = {p:.2f}")

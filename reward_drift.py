@@ -31,6 +31,8 @@ from dataclasses import dataclass
 
 import torch
 
+import arith
+
 import tasks
 import verifiers
 
@@ -49,7 +51,7 @@ def step_type(line: str) -> str | None:
     """The type key of a step: "+2c" for an arithmetic line `a op b = c` (operation, digits of the larger operand,
     carry/borrow), written in symbols or in words, "/2" for a line whose first annotation is `<<48/2=24>>` (its operators, digits of its largest
     operand); None for a line that is neither."""
-    parsed = tasks.parse_step(line)
+    parsed = arith.parse_step(line)
     if parsed is not None:
         a, op, b = abs(parsed[0]), parsed[1], abs(parsed[2])
         digits = len(str(max(a, b)))
@@ -156,14 +158,14 @@ if __name__ == "__main__":
     cli.add_argument("--warmup-scale", type=float, default=1.0)
     cli.add_argument("--problems", type=int, default=256)
     args = cli.parse_args()
-    cfg = tasks.TaskConfig()
+    cfg = arith.TaskConfig()
     pols = policies.load_policies("qwen-llama", "tiny", torch.device("cpu"), cfg, 1, warmup_scale=args.warmup_scale)
-    problems = tasks.generate_problems(args.problems, "heldout", 2, cfg)
+    problems = arith.generate_problems(args.problems, "heldout", 2, cfg)
     task = tasks.load_task("arith", 2, 0, 0, cfg)
     stats, rewards = {}, {}
     torch.manual_seed(0)
     for p in pols:
-        out = p.rollout([tasks.prompt_text(q) for q in problems], 4, 40, temperature=0.7)
+        out = p.rollout([arith.prompt_text(q) for q in problems], 4, 40, temperature=0.7)
         rewards[p.name] = [process_rewards(task, q, t)
                            for t, q in zip(out.texts, (q for q in problems for _ in range(4)))]
         stats[p.name] = StepStats(window=1)

@@ -28,7 +28,8 @@ from tqdm import tqdm
 from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, PreTrainedTokenizerFast,
                           Qwen2Config, Qwen2ForCausalLM)
 
-import tasks
+import arith
+
 from grpo import logits_from, pack_sequences
 from token_bytes import is_byte_token
 
@@ -45,7 +46,7 @@ class TinyShape:
     """supervised warm-up steps: fewer steps, weaker policy"""
     premature_share: float = 0.0
     """share of warm-up targets that stop after the first step and answer with its result
-    (tasks.premature_solution): the policy learns the arithmetic but often answers too early"""
+    (arith.premature_solution): the policy learns the arithmetic but often answers too early"""
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -93,11 +94,11 @@ def task_corpus(step_format: str = "line", n_problems: int = 3000) -> list[str]:
     """Text the task can produce in `step_format`: prompts and solutions over wide knobs, and every digit group of
     any number."""
     texts = []
-    for i, cfg in enumerate([tasks.TaskConfig(num_steps=s, max_operand=m, ops="+-*")
+    for i, cfg in enumerate([arith.TaskConfig(num_steps=s, max_operand=m, ops="+-*")
                              for s in (1, 2, 4) for m in (9, 99, 999)]):
         for split in ("train", "heldout"):
-            for p in tasks.generate_problems(n_problems // 18, split, seed=i, cfg=cfg):
-                texts.append(tasks.prompt_text(p) + tasks.solution(p, step_format))
+            for p in arith.generate_problems(n_problems // 18, split, seed=i, cfg=cfg):
+                texts.append(arith.prompt_text(p) + arith.solution(p, step_format))
     texts.append(" ".join(f"{n} = {n}\n{n}" for n in range(10_000)))
     texts.append(" ".join(f"999{n:03d}" for n in range(1000)))  # 3-digit groups with leading zeros, as in 533022
     return texts
@@ -177,11 +178,11 @@ def tiny_model(family: str, shape: TinyShape, vocab_size: int, seed: int) -> tor
     return model_cls(config)
 
 
-def supervised_warmup(policy: Policy, steps: int, task_cfg: tasks.TaskConfig, seed: int, premature_share: float = 0.0,
+def supervised_warmup(policy: Policy, steps: int, task_cfg: arith.TaskConfig, seed: int, premature_share: float = 0.0,
                       batch_size: int = 32, lr: float = 3e-3) -> list[float]:
     """Teacher-forced NLL on reference solutions of training problems, a `premature_share` of them stopped after
-    their first step (tasks.premature_solution); returns the loss curve."""
-    problems = tasks.generate_problems(4000, "train", seed=seed + 7919, cfg=task_cfg)
+    their first step (arith.premature_solution); returns the loss curve."""
+    problems = arith.generate_problems(4000, "train", seed=seed + 7919, cfg=task_cfg)
     optimizer = torch.optim.AdamW(policy.model.parameters(), lr=lr, weight_decay=0.0)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / 50) * max(0.1, 1 - s / max(steps, 1)))
     generator = torch.Generator().manual_seed(seed)
@@ -191,8 +192,8 @@ def supervised_warmup(policy: Policy, steps: int, task_cfg: tasks.TaskConfig, se
     for _ in bar:
         idx = torch.randint(len(problems), (batch_size,), generator=generator).tolist()
         premature = (torch.rand(batch_size, generator=generator) < premature_share).tolist()
-        prompts = [policy.encode_prompt(tasks.prompt_text(problems[i])) for i in idx]
-        completions = [policy.encode_completion((tasks.premature_solution if cut else tasks.solution)(
+        prompts = [policy.encode_prompt(arith.prompt_text(problems[i])) for i in idx]
+        completions = [policy.encode_completion((arith.premature_solution if cut else arith.solution)(
                                                     problems[i], task_cfg.step_format),
                                                 eos=True) for i, cut in zip(idx, premature)]
         input_ids, attention, mask = (t.to(policy.device) for t in
@@ -216,7 +217,7 @@ def cache_root(cache_dir: str | None) -> Path:
     return Path(cache_dir).expanduser() if cache_dir else Path.home() / ".cache" / "cross-fidelity"
 
 
-def warm_up_cached(policy: Policy, spec: PolicySpec, task_cfg: tasks.TaskConfig, seed: int, cache_dir: str | None,
+def warm_up_cached(policy: Policy, spec: PolicySpec, task_cfg: arith.TaskConfig, seed: int, cache_dir: str | None,
                    warmup_scale: float = 1.0) -> None:
     """Warm up a freshly built tiny policy (policies.Policy) in place, or load its warm-up from the on-disk cache,
     keyed by everything the warm-up depends on."""

@@ -48,6 +48,7 @@ import checkpoint
 import coevolution
 import curator
 import eval as evaluation
+import arith
 import grpo
 import hacpo
 import hardware
@@ -149,14 +150,14 @@ class Args:
     """local copy of the training task's data set (see tasks.load_task for the layouts it reads)"""
     eval_data_dir: str | None = None
     """local copy of the evaluation task's data set"""
-    num_steps: int = tasks.TaskConfig.num_steps
+    num_steps: int = arith.TaskConfig.num_steps
     """task: operations per problem"""
-    max_operand: int = tasks.TaskConfig.max_operand
+    max_operand: int = arith.TaskConfig.max_operand
     """task: operands are drawn from 1..max_operand"""
-    ops: str = tasks.TaskConfig.ops
+    ops: str = arith.TaskConfig.ops
     """task: operations, a subset of '+-*'"""
-    step_format: Literal["line", "inline", "prose"] = tasks.TaskConfig.step_format
-    """task: how solutions write their steps (tasks.py): one per line; on one line, separated by '; '; or as
+    step_format: Literal["line", "inline", "prose"] = arith.TaskConfig.step_format
+    """task: how solutions write their steps (arith.py): one per line; on one line, separated by '; '; or as
     sentences in words run together ('7 plus 5 is 12.Then ...'), whose boundaries fall inside a token for some
     families and not for others (the TBD diagnosis)"""
     train_size: int = 5000
@@ -227,8 +228,8 @@ class Args:
                              f"{self.cpus_per_policy} and {self.gpus_per_policy}")
 
     @property
-    def task_config(self) -> tasks.TaskConfig:
-        return tasks.TaskConfig(num_steps=self.num_steps, max_operand=self.max_operand, ops=self.ops,
+    def task_config(self) -> arith.TaskConfig:
+        return arith.TaskConfig(num_steps=self.num_steps, max_operand=self.max_operand, ops=self.ops,
                                 step_format=self.step_format)
 
     def policy_setup(self, scale: str) -> hardware.PolicySetup:

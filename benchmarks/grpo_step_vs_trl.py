@@ -28,6 +28,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import backends  # noqa: E402
 import eval as evaluation  # noqa: E402
+import arith  # noqa: E402
 import grpo  # noqa: E402
 import hardware  # noqa: E402
 import policies  # noqa: E402
@@ -161,8 +162,8 @@ def main() -> None:
     parser.add_argument("--skip-trl", action="store_true", help="only the phases (no TRL needed)")
     cli = parser.parse_args()
     torch.manual_seed(0)
-    task = tasks.load_task("arith", 1, 5000, 500, tasks.TaskConfig())
-    pols = policies.load_policies("qwen-llama", "tiny", torch.device("cpu"), tasks.TaskConfig(), 1, cli.cache_dir,
+    task = tasks.load_task("arith", 1, 5000, 500, arith.TaskConfig())
+    pols = policies.load_policies("qwen-llama", "tiny", torch.device("cpu"), arith.TaskConfig(), 1, cli.cache_dir,
                                   warmup_scale=cli.warmup_scale)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
     if not cli.skip_trl:

@@ -25,9 +25,9 @@ import torch  # noqa: E402
 
 from timing import best_of  # noqa: E402
 
+import arith  # noqa: E402
 import policies  # noqa: E402
 import reachability  # noqa: E402
-import tasks  # noqa: E402
 import tiny  # noqa: E402
 
 
@@ -40,7 +40,7 @@ def main() -> None:
     args = cli.parse_args()
     device = torch.device(args.device)
     torch.manual_seed(0)
-    cfg = tasks.TaskConfig()
+    cfg = arith.TaskConfig()
     spec = policies.PRESETS["tiny"]["qwen-llama"][0]
     policy = policies.load_tiny_policy(spec, cfg, seed=1, cache_dir=None, warmup_scale=args.warmup_scale)
     model = policy.model.to(device)
@@ -80,7 +80,7 @@ def main() -> None:
         print(f"| {k} | {wall[batched] * 1e3:.1f} | {wall[loop] * 1e3:.1f} | {wall[batched] / wall[loop]:.2f} "
               f"| {wall[summed] * 1e3:.1f} | {cpu_ratio} |")
 
-    problems = tasks.generate_problems(args.problems, "heldout", 3, cfg)
+    problems = arith.generate_problems(args.problems, "heldout", 3, cfg)
     solutions = packed(reachability.solution_steps(policy, policy, problems))
     print(f"\n| trajectories per pass | ms for {len(solutions[2])} solutions ({sum(map(len, solutions[2]))} steps) "
           "| against one per pass |\n|---|---|---|")

@@ -20,6 +20,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import checkpoint  # noqa: E402
 import eval as evaluation  # noqa: E402
+import arith  # noqa: E402
 import hardware  # noqa: E402
 import policies  # noqa: E402
 import tasks  # noqa: E402
@@ -30,7 +31,7 @@ def probe(pols: list[policies.Policy], task: tasks.Task, run: train.Args, tag: s
     for p in pols:
         greedy = p.rollout([task.prompt(e) for e in task.heldout], 1, run.max_new_tokens, greedy=True)
         accuracy = tasks.rewards(task, task.heldout, greedy.texts).mean().item()
-        steps = [sum(bool(tasks.STEP_RE.match(line)) for line in text.splitlines()) for text in greedy.texts]
+        steps = [sum(bool(arith.STEP_RE.match(line)) for line in text.splitlines()) for text in greedy.texts]
         complete = sum(n >= run.num_steps for n in steps) / len(steps)
         sampled = evaluation.heldout_accuracy(p, task.heldout, run.max_new_tokens, task, temperature=run.temperature,
                                               samples=2)

@@ -26,6 +26,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
+import arith  # noqa: E402
 import boundary_drift  # noqa: E402
 import diagnosis  # noqa: E402
 import grpo  # noqa: E402
@@ -61,14 +62,14 @@ def offers_by_measure(experiences: list[sharing.Experience], task: tasks.Task, p
 def main() -> None:
     cli = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     cli.add_argument("--pairs", nargs="+", default=["qwen-llama", "qwen-qwen", "trio"])
-    cli.add_argument("--formats", nargs="+", default=list(tasks.STEP_FORMATS))
+    cli.add_argument("--formats", nargs="+", default=list(arith.STEP_FORMATS))
     cli.add_argument("--warmup-scale", type=float, default=0.3)
     cli.add_argument("--prompts", type=int, default=16)
     cli.add_argument("--seed", type=int, default=1)
     args = cli.parse_args()
     results, example = [], None
     for step_format in args.formats:
-        cfg = tasks.TaskConfig(step_format=step_format)
+        cfg = arith.TaskConfig(step_format=step_format)
         task = tasks.load_task("arith", args.seed, 1000, 0, cfg)
         problems = task.train[:args.prompts]
         prompts = [task.prompt(q) for q in problems]

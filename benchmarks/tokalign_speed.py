@@ -12,7 +12,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import tasks  # noqa: E402
+import arith  # noqa: E402
+
 import tiny  # noqa: E402
 import token_bytes  # noqa: E402
 import tokalign  # noqa: E402
@@ -47,9 +48,9 @@ def edit_distance_alignment(a: list[str], b: list[str]) -> list[tuple[int, int]]
 def completion_of(tokens: int, tokenizer) -> str:
     """Arithmetic solutions joined until the Qwen tokenization reaches `tokens` tokens."""
     text = ""
-    problems = iter(tasks.generate_problems(10_000, "train", 0, tasks.TaskConfig(num_steps=4, max_operand=999)))
+    problems = iter(arith.generate_problems(10_000, "train", 0, arith.TaskConfig(num_steps=4, max_operand=999)))
     while len(tokenizer(text, add_special_tokens=False)["input_ids"]) < tokens:
-        text += tasks.solution(next(problems)) + "\n"
+        text += arith.solution(next(problems)) + "\n"
     ids = tokenizer(text, add_special_tokens=False)["input_ids"][:tokens]
     return tokenizer.decode(ids)
 

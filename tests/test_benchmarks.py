@@ -13,6 +13,7 @@ import pyarrow.parquet
 import pytest
 
 import data as data_sources  # the module; `data` is the fixture of local copies below
+import arith
 import tasks
 import verifiers
 
@@ -431,7 +432,7 @@ def test_proofnet_has_no_checker_and_says_so(data):
 def test_arith_task_wraps_the_generated_task():
     task = tasks.load_task("arith", 0, 30, 10)
     assert len(task.train) == 30 and len(task.heldout) == 10 and task.verifiable
-    problem = tasks.Problem("Ava has 7 apples. She gets 5 more. She gives away 3. How many apples?", 7,
+    problem = arith.Problem("Ava has 7 apples. She gets 5 more. She gives away 3. How many apples?", 7,
                             (("+", 5), ("-", 3)), 9)
     assert task.prompt(problem) == problem.question + "\n"
     assert task.reward(problem, "7 + 5 = 12\n12 - 3 = 9\nAnswer: 9") == 1.0

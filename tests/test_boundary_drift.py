@@ -4,8 +4,8 @@ hidden-state map against a known linear map."""
 import pytest
 import torch
 
+import arith
 import boundary_drift
-import tasks
 import tiny
 import tokalign
 from test_tokalign import encode, encoding
@@ -71,7 +71,7 @@ def test_the_jaccard_measure_is_one_minus_the_mean_boundary_jaccard_by_a_plain_l
     source = encode(real, "qwen2", text)
     alignment = tokalign.align(source, tokalign.retokenize(source, *real["llama"]))
     jaccard = [1 / (n + m - 1) for n, m in alignment.sizes]
-    steps = tokalign.char_to_byte_spans(text, tasks.step_spans(text))
+    steps = tokalign.char_to_byte_spans(text, arith.step_spans(text))
     expected = [1 - v for v in naive_step_mean(alignment, jaccard, steps)]
     values, left = boundary_drift.drift_steps("jaccard", alignment, source, source, steps)
     assert values.tolist() == pytest.approx(expected) and min(expected) > 0   # digits differ: always non-zero
@@ -80,11 +80,11 @@ def test_the_jaccard_measure_is_one_minus_the_mean_boundary_jaccard_by_a_plain_l
         boundary_drift.drift_steps("bytes", alignment, source, source, steps)
 
 
-@pytest.mark.parametrize("step_format", tasks.STEP_FORMATS)
+@pytest.mark.parametrize("step_format", arith.STEP_FORMATS)
 def test_prose_steps_straddle_tokens_that_mistral_splits_and_lines_never_do(real, step_format):
-    problem = tasks.Problem("", 7, (("+", 5), ("-", 3)), 9)
-    text = tasks.solution(problem, step_format)
-    steps = tokalign.char_to_byte_spans(text, tasks.step_spans(text, step_format))
+    problem = arith.Problem("", 7, (("+", 5), ("-", 3)), 9)
+    text = arith.solution(problem, step_format)
+    steps = tokalign.char_to_byte_spans(text, arith.step_spans(text, step_format))
     hotspots = {}
     for pair in [("qwen2", "llama"), ("qwen2", "mistral"), ("mistral", "llama")]:
         source = encode(real, pair[0], text)
@@ -107,7 +107,7 @@ def test_prose_steps_straddle_tokens_that_mistral_splits_and_lines_never_do(real
 
 
 def test_the_tiny_tokenizer_of_a_format_segments_it_as_the_full_one():
-    text = tasks.solution(tasks.Problem("", 17, (("*", 3), ("-", 12)), 39), "prose")
+    text = arith.solution(arith.Problem("", 17, (("*", 3), ("-", 12)), 39), "prose")
     for family in ("qwen2", "mistral"):
         full, trimmed = tiny.full_tokenizer(family), tiny.tiny_tokenizer(family, "prose")
         assert full.tokenize(text) == trimmed.tokenize(text)
@@ -118,7 +118,7 @@ def test_the_hidden_map_recovers_a_linear_map_and_scores_what_it_cannot_explain(
     source = encode(real, "qwen2", text)
     target = tokalign.retokenize(source, *real["llama"])
     alignment = tokalign.align(source, target)                     # "34": two Qwen digits, one Llama token
-    steps = tokalign.char_to_byte_spans(text, tasks.step_spans(text))
+    steps = tokalign.char_to_byte_spans(text, arith.step_spans(text))
     g = torch.Generator().manual_seed(0)
     w = torch.randn(4, 3, generator=g, dtype=torch.float64)
     trajectories = []

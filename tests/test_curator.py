@@ -10,6 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import arith
 import coevolution
 import curator
 import diagnosis
@@ -290,7 +291,7 @@ def hand_exchange(cfg: curator.CuratorConfig, predictor=None, iterations: int = 
     from test_train import TASK
     pols = untrained_pair()
     task = tasks.load_task("arith", 0, 0, 0, TASK)
-    problems = tasks.generate_problems(3, "train", seed=0, cfg=TASK)
+    problems = arith.generate_problems(3, "train", seed=0, cfg=TASK)
     peer = experience(pols["qwen2"], PROMPTS, TEXTS, [[1.0, 0.0], [1.0, 1.0], [0.0, 1.0]])
     receiver = experience(pols["llama"], PROMPTS, TEXTS, [[0.0, 0.0], [1.0, 0.0], [0.0, 0.0]])
     cur = curator.Curator(cfg, ["qwen2", "llama"], 0, None, predictor)

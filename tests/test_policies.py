@@ -6,8 +6,8 @@ import pytest
 import torch
 from tokenizers import Tokenizer
 
+import arith
 import policies
-import tasks
 import tiny
 import token_bytes
 
@@ -29,10 +29,10 @@ def test_trimmed_tokenizer_segments_task_text_like_the_full_one(family, full_tok
     assert len(trimmed) < 5000 < full_tokenizer.get_vocab_size()
     texts = []
     # seeds and knobs other than the trimming corpus's, thousands of problems
-    for seed, cfg in enumerate([tasks.TaskConfig(), tasks.TaskConfig(num_steps=3, max_operand=500, ops="+-*"),
-                                tasks.TaskConfig(num_steps=5, max_operand=60, ops="*+")]):
-        for p in tasks.generate_problems(1000, "train", 100 + seed, cfg):
-            texts += [tasks.prompt_text(p), tasks.solution(p), tasks.prompt_text(p) + tasks.solution(p)]
+    for seed, cfg in enumerate([arith.TaskConfig(), arith.TaskConfig(num_steps=3, max_operand=500, ops="+-*"),
+                                arith.TaskConfig(num_steps=5, max_operand=60, ops="*+")]):
+        for p in arith.generate_problems(1000, "train", 100 + seed, cfg):
+            texts += [arith.prompt_text(p), arith.solution(p), arith.prompt_text(p) + arith.solution(p)]
     ours = trimmed.backend_tokenizer.encode_batch(texts, add_special_tokens=False)
     theirs = full_tokenizer.encode_batch(texts, add_special_tokens=False)
     mismatches = [t for t, a, b in zip(texts, ours, theirs) if a.tokens != b.tokens]
@@ -69,10 +69,10 @@ def test_missing_tokenizer_package_says_what_to_install(monkeypatch):
 
 def test_rollout_returns_consistent_ids_logprobs_texts_and_offsets(cache_dir):
     spec = policies.PRESETS["tiny"]["qwen-llama"][1]
-    policy = policies.load_tiny_policy(spec, tasks.TaskConfig(), seed=0, cache_dir=cache_dir, warmup_scale=0.05)
-    problems = tasks.generate_problems(3, "train", 0)
+    policy = policies.load_tiny_policy(spec, arith.TaskConfig(), seed=0, cache_dir=cache_dir, warmup_scale=0.05)
+    problems = arith.generate_problems(3, "train", 0)
     torch.manual_seed(0)
-    out = policy.rollout([tasks.prompt_text(p) for p in problems], group_size=4, max_new_tokens=12)
+    out = policy.rollout([arith.prompt_text(p) for p in problems], group_size=4, max_new_tokens=12)
     assert len(out.texts) == 12 and out.group_size == 4
     for prompt, ids, logprobs, text, offsets, finished in zip(out.prompt_ids, out.completion_ids, out.logprobs,
                                                                out.texts, out.offsets, out.finished):
@@ -90,9 +90,9 @@ def test_rollout_returns_consistent_ids_logprobs_texts_and_offsets(cache_dir):
 
 def test_warmup_is_cached_on_disk(cache_dir, tmp_path):
     spec = policies.PRESETS["tiny"]["qwen-llama"][0]
-    first = policies.load_tiny_policy(spec, tasks.TaskConfig(), 0, str(tmp_path), warmup_scale=0.02)
+    first = policies.load_tiny_policy(spec, arith.TaskConfig(), 0, str(tmp_path), warmup_scale=0.02)
     assert len(list((tmp_path / "warmup").glob("*.pt"))) == 1
-    second = policies.load_tiny_policy(spec, tasks.TaskConfig(), 0, str(tmp_path), warmup_scale=0.02)
+    second = policies.load_tiny_policy(spec, arith.TaskConfig(), 0, str(tmp_path), warmup_scale=0.02)
     for a, b in zip(first.model.parameters(), second.model.parameters()):
         assert torch.equal(a, b)
     untrained = tiny.tiny_model(spec.family, spec.tiny, len(first.tokenizer), 0)
@@ -106,11 +106,11 @@ def test_two_warm_ups_of_one_policy_saved_at_once_both_succeed(tmp_path, monkeyp
     def save_then_let_the_other_run_finish(obj, f):
         save(obj, f)
         monkeypatch.setattr(policies.torch, "save", save)
-        policies.load_tiny_policy(spec, tasks.TaskConfig(), 0, str(tmp_path), warmup_scale=0.01)
+        policies.load_tiny_policy(spec, arith.TaskConfig(), 0, str(tmp_path), warmup_scale=0.01)
     monkeypatch.setattr(policies.torch, "save", save_then_let_the_other_run_finish)
-    first = policies.load_tiny_policy(spec, tasks.TaskConfig(), 0, str(tmp_path), warmup_scale=0.01)
+    first = policies.load_tiny_policy(spec, arith.TaskConfig(), 0, str(tmp_path), warmup_scale=0.01)
     assert [p.suffix for p in (tmp_path / "warmup").iterdir()] == [".pt"]   # one warm-up, no temporary left
-    cached = policies.load_tiny_policy(spec, tasks.TaskConfig(), 0, str(tmp_path), warmup_scale=0.01)
+    cached = policies.load_tiny_policy(spec, arith.TaskConfig(), 0, str(tmp_path), warmup_scale=0.01)
     for a, b in zip(first.model.parameters(), cached.model.parameters()):
         assert torch.equal(a, b)
 
@@ -123,9 +123,9 @@ def test_hub_model_that_cannot_be_reached_says_how_to_use_local_weights(tmp_path
 
 def test_unknown_pair_and_policy_names_are_refused():
     with pytest.raises(ValueError, match="unknown pair"):
-        policies.load_policies("qwen-gpt", "tiny", torch.device("cpu"), tasks.TaskConfig(), 0)
+        policies.load_policies("qwen-gpt", "tiny", torch.device("cpu"), arith.TaskConfig(), 0)
     with pytest.raises(ValueError, match="not policies"):
-        policies.load_policies("qwen-llama", "tiny", torch.device("cpu"), tasks.TaskConfig(), 0,
+        policies.load_policies("qwen-llama", "tiny", torch.device("cpu"), arith.TaskConfig(), 0,
                                model_paths={"gemma": "/x"})
 
 
@@ -134,8 +134,8 @@ def random_policy(family):
     """An untrained tiny model of the family: decoding must not depend on what the weights learned."""
     tok = tiny.tiny_tokenizer(family)
     model = tiny.tiny_model(family, tiny.TinyShape(64, 2, 4, 0), len(tok), seed=3).eval()
-    prompts = [tok(tasks.prompt_text(p), add_special_tokens=False)["input_ids"]
-               for p in tasks.generate_problems(6, "train", 5, tasks.TaskConfig(num_steps=1, max_operand=500))]
+    prompts = [tok(arith.prompt_text(p), add_special_tokens=False)["input_ids"]
+               for p in arith.generate_problems(6, "train", 5, arith.TaskConfig(num_steps=1, max_operand=500))]
     assert len({len(p) for p in prompts}) > 1  # prompts of several lengths, so left padding is exercised
     return model, tok, prompts
 
@@ -160,9 +160,9 @@ def test_decode_logprobs_equal_a_teacher_forced_forward_at_the_temperature(rando
 
 def test_rows_stop_at_eos_and_the_others_continue_unchanged(cache_dir):
     spec = policies.PRESETS["tiny"]["qwen-llama"][1]
-    policy = policies.load_tiny_policy(spec, tasks.TaskConfig(), seed=0, cache_dir=cache_dir, warmup_scale=0.05)
+    policy = policies.load_tiny_policy(spec, arith.TaskConfig(), seed=0, cache_dir=cache_dir, warmup_scale=0.05)
     model, tok = policy.model.eval(), policy.tokenizer
-    prompts = [policy.encode_prompt(tasks.prompt_text(p)) for p in tasks.generate_problems(6, "train", 5)] * 4
+    prompts = [policy.encode_prompt(arith.prompt_text(p)) for p in arith.generate_problems(6, "train", 5)] * 4
     torch.manual_seed(0)
     free, free_lp = policies.decode(model, prompts, tok.pad_token_id, -1, 16, 0.9)  # no EOS
     # the token that the most rows emit without all of them doing so: call it EOS and decode again, same seed

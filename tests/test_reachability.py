@@ -5,13 +5,13 @@ import math
 import pytest
 import torch
 
+import arith
 import lora
 import policies
 import reachability
-import tasks
 import tiny
 
-TASK = tasks.TaskConfig(num_steps=1, max_operand=9)  # the end-to-end tests' task: their warm-ups are shared
+TASK = arith.TaskConfig(num_steps=1, max_operand=9)  # the end-to-end tests' task: their warm-ups are shared
 
 
 def random_trajectories(vocab: int, generator: torch.Generator):
@@ -173,7 +173,7 @@ def test_own_steps_are_more_reachable_than_those_of_a_policy_that_never_saw_the_
     trained = policies.load_tiny_policy(spec, TASK, seed=1, cache_dir=cache_dir, warmup_scale=0.15)
     untrained = policies.Policy("untrained", tiny.tiny_model(spec.family, spec.tiny, len(trained.tokenizer), 99),
                                 trained.tokenizer, use_chat_template=False)
-    problems = tasks.generate_problems(24, "heldout", 3, TASK)
+    problems = arith.generate_problems(24, "heldout", 3, TASK)
     params = reachability.parameter_subset(trained.model, "all")
     own = reachability.solution_steps(trained, trained, problems, 16)
     foreign = reachability.solution_steps(trained, untrained, problems, 16)

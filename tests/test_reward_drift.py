@@ -7,13 +7,14 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+import arith
 import reward_drift
 import tasks
 import verifiers
 
 
 def problem():
-    return tasks.Problem("Ava has 17 apples. She gets 5 more. She gives away 3. How many apples does Ava have now?",
+    return arith.Problem("Ava has 17 apples. She gets 5 more. She gives away 3. How many apples does Ava have now?",
                          17, (("+", 5), ("-", 3)), 19)
 
 

@@ -9,11 +9,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import arith
 import grpo
 import hacpo
 import policies
 import sharing
-import tasks
 import tiny
 import token_bytes
 import train
@@ -261,7 +261,7 @@ def experience(policy, prompts, texts, rewards, logprob=-0.5, unfinished=()):
     return sharing.Experience(policy, prompts, rollouts, rewards, grpo.group_advantages(rewards))
 
 
-PROMPTS = [tasks.prompt_text(p) for p in tasks.generate_problems(3, "train", seed=0, cfg=TASK)]
+PROMPTS = [arith.prompt_text(p) for p in arith.generate_problems(3, "train", seed=0, cfg=TASK)]
 TEXTS = [["3 + 4 = 7\nAnswer: 7", "3 + 4 = 8\nAnswer: 8"],
          ["12 - 5 = 7\nAnswer: 7", "12 - 5 = 17\nAnswer: 17"],
          ["9 + 9 = 18\nAnswer: 18", "9 + 9 = 19\nAnswer: 19"]]

@@ -7,47 +7,48 @@ from pathlib import Path
 
 import pytest
 
+import arith
 import data
 import tasks
 
-CFG = tasks.TaskConfig(num_steps=2, max_operand=9, ops="+-")
+CFG = arith.TaskConfig(num_steps=2, max_operand=9, ops="+-")
 
 
 def problem(start=7, steps=(("+", 5), ("-", 3))):
-    return tasks.Problem("Ava has 7 apples. She gets 5 more. She gives away 3. How many apples does Ava have now?",
+    return arith.Problem("Ava has 7 apples. She gets 5 more. She gives away 3. How many apples does Ava have now?",
                          start, steps, 9)
 
 
-def arithmetic_key(p: tasks.Problem) -> tuple:
+def arithmetic_key(p: arith.Problem) -> tuple:
     return (p.start, p.steps)
 
 
 def test_generation_is_seeded_and_splits_never_overlap():
-    assert tasks.generate_problems(50, "train", 3, CFG) == tasks.generate_problems(50, "train", 3, CFG)
-    assert tasks.generate_problems(50, "train", 3, CFG) != tasks.generate_problems(50, "train", 4, CFG)
-    train = {arithmetic_key(p) for seed in range(3) for p in tasks.generate_problems(2000, "train", seed, CFG)}
-    heldout = {arithmetic_key(p) for seed in range(3) for p in tasks.generate_problems(500, "heldout", seed, CFG)}
+    assert arith.generate_problems(50, "train", 3, CFG) == arith.generate_problems(50, "train", 3, CFG)
+    assert arith.generate_problems(50, "train", 3, CFG) != arith.generate_problems(50, "train", 4, CFG)
+    train = {arithmetic_key(p) for seed in range(3) for p in arith.generate_problems(2000, "train", seed, CFG)}
+    heldout = {arithmetic_key(p) for seed in range(3) for p in arith.generate_problems(500, "heldout", seed, CFG)}
     assert train and heldout and not train & heldout
 
 
-@pytest.mark.parametrize("step_format", tasks.STEP_FORMATS)
-@pytest.mark.parametrize("cfg", [CFG, tasks.TaskConfig(num_steps=4, max_operand=30, ops="+-*")])
+@pytest.mark.parametrize("step_format", arith.STEP_FORMATS)
+@pytest.mark.parametrize("cfg", [CFG, arith.TaskConfig(num_steps=4, max_operand=30, ops="+-*")])
 def test_reference_solutions_verify_and_amounts_stay_non_negative(cfg, step_format):
-    for p in tasks.generate_problems(300, "train", 0, cfg):
+    for p in arith.generate_problems(300, "train", 0, cfg):
         value = p.start
         for op, b in p.steps:
             value = {"+": value + b, "-": value - b, "*": value * b}[op]
             assert value >= 0
         assert value == p.answer
-        reference = tasks.solution(p, step_format)
-        assert tasks.answer_reward(p, reference, step_format) == 1.0
-        verdicts = [v for _, v in tasks.step_verdicts(p, reference, step_format)]
+        reference = arith.solution(p, step_format)
+        assert arith.answer_reward(p, reference, step_format) == 1.0
+        verdicts = [v for _, v in arith.step_verdicts(p, reference, step_format)]
         assert verdicts == [True] * cfg.num_steps + [None]
-        cut = tasks.premature_solution(p, step_format)
-        assert [v for _, v in tasks.step_verdicts(p, cut, step_format)] == [True, None]
+        cut = arith.premature_solution(p, step_format)
+        assert [v for _, v in arith.step_verdicts(p, cut, step_format)] == [True, None]
         op, b = p.steps[0]
         first = {"+": p.start + b, "-": p.start - b, "*": p.start * b}[op]
-        assert tasks.answer_reward(p, cut, step_format) == float(first == p.answer)
+        assert arith.answer_reward(p, cut, step_format) == float(first == p.answer)
 
 
 @pytest.mark.parametrize("step_format, text, pieces", [
@@ -57,20 +58,20 @@ def test_reference_solutions_verify_and_amounts_stay_non_negative(cfg, step_form
                                                                   "Answer: 10"]),
 ])
 def test_the_step_formats_cut_a_completion_into_the_pieces_a_reader_sees(step_format, text, pieces):
-    assert [text[a:b] for a, b in tasks.step_spans(text, step_format)] == pieces
+    assert [text[a:b] for a, b in arith.step_spans(text, step_format)] == pieces
     right = text.startswith("7 plus 5 is 12") or text.startswith("7 + 5 = 12")
-    assert [v for _, v in tasks.step_verdicts(problem(), text, step_format)] == [right, right, None]
-    assert tasks.answer_reward(problem(), text, step_format) == float(right)
-    assert tasks.answer_reward(problem(), text.replace("Answer", "answer"), step_format) == 0.0
+    assert [v for _, v in arith.step_verdicts(problem(), text, step_format)] == [right, right, None]
+    assert arith.answer_reward(problem(), text, step_format) == float(right)
+    assert arith.answer_reward(problem(), text.replace("Answer", "answer"), step_format) == 0.0
 
 
 def test_the_task_of_a_step_format_scores_with_it():
-    task = tasks.load_task("arith", 0, 5, 0, tasks.TaskConfig(step_format="prose"))
+    task = tasks.load_task("arith", 0, 5, 0, arith.TaskConfig(step_format="prose"))
     p = problem()
     assert task.reward(p, "7 plus 5 is 12.Then 12 minus 3 is 9.Answer: 9") == 1.0
     assert task.step_spans("7 plus 5 is 12.Answer: 12") == [(0, 15), (15, 25)]
     with pytest.raises(ValueError, match="step_format"):
-        tasks.TaskConfig(step_format="latex")
+        arith.TaskConfig(step_format="latex")
 
 
 @pytest.mark.parametrize("completion, reward", [
@@ -83,12 +84,12 @@ def test_the_task_of_a_step_format_scores_with_it():
     ("\x00\ufffd garbage 😀", 0.0), ("Answer:", 0.0), ("answer: 9", 0.0),
 ])
 def test_answer_reward(completion, reward):
-    assert tasks.answer_reward(problem(), completion) == reward
+    assert arith.answer_reward(problem(), completion) == reward
 
 
 def test_step_verdicts_on_hand_labelled_lines():
     completion = "7 + 5 = 12\n12 - 3 = 8\n12 - 3 = 9\n4 + 5 = 9\nso the answer is\n9 * 1 = 9\n\nAnswer: 9"
-    verdicts = tasks.step_verdicts(problem(), completion)
+    verdicts = arith.step_verdicts(problem(), completion)
     lines = [completion[s:e] for (s, e), _ in verdicts]
     assert lines == ["7 + 5 = 12", "12 - 3 = 8", "12 - 3 = 9", "4 + 5 = 9", "so the answer is", "9 * 1 = 9",
                      "Answer: 9"]
@@ -97,42 +98,42 @@ def test_step_verdicts_on_hand_labelled_lines():
 
 
 def test_a_wrong_step_does_not_make_its_result_available():
-    verdicts = tasks.step_verdicts(problem(), "7 + 5 = 13\n13 - 3 = 10")
+    verdicts = arith.step_verdicts(problem(), "7 + 5 = 13\n13 - 3 = 10")
     assert [v for _, v in verdicts] == [False, False]
 
 
 @pytest.mark.parametrize("completion", ["", "   ", "\n", "=\n+ = -\n1 + = 2", "99999999999999999999 + 1 = 1"])
 def test_malformed_completions_never_raise(completion):
-    verdicts = tasks.step_verdicts(problem(), completion)
+    verdicts = arith.step_verdicts(problem(), completion)
     assert all(v in (None, False) for _, v in verdicts)
-    assert tasks.answer_reward(problem(), completion) == 0.0
+    assert arith.answer_reward(problem(), completion) == 0.0
 
 
 def test_bad_arguments_are_refused():
     with pytest.raises(ValueError, match="split"):
-        tasks.generate_problems(1, "test", 0)
+        arith.generate_problems(1, "test", 0)
     with pytest.raises(ValueError, match="ops"):
-        tasks.generate_problems(1, "train", 0, tasks.TaskConfig(ops="/"))
+        arith.generate_problems(1, "train", 0, arith.TaskConfig(ops="/"))
     with pytest.raises(ValueError, match="widen"):
-        tasks.generate_problems(5, "heldout", 0, tasks.TaskConfig(heldout_fraction=0.0))
+        arith.generate_problems(5, "heldout", 0, arith.TaskConfig(heldout_fraction=0.0))
 
 
 def test_a_premature_solution_has_right_steps_and_the_wrong_answer():
-    problem = tasks.Problem("Ava has 7 apples. She gets 5 more. She gives away 3.", 7, (("+", 5), ("-", 3)), 9)
-    cut = tasks.premature_solution(problem)
+    problem = arith.Problem("Ava has 7 apples. She gets 5 more. She gives away 3.", 7, (("+", 5), ("-", 3)), 9)
+    cut = arith.premature_solution(problem)
     assert cut == "7 + 5 = 12\nAnswer: 12"
-    assert [v for _, v in tasks.step_verdicts(problem, cut)] == [True, None]
-    assert tasks.answer_reward(problem, cut) == 0.0
+    assert [v for _, v in arith.step_verdicts(problem, cut)] == [True, None]
+    assert arith.answer_reward(problem, cut) == 0.0
 
 
 def test_numbers_past_the_int_string_limit_score_zero_and_are_not_steps():
     huge = "9" * 5000  # past Python's 4,300-digit int-str limit, where int() raises
     p = problem()
     for completion in (f"Answer: {huge}", f"7 + 5 = 12\nAnswer: {huge}"):
-        assert tasks.parse_answer(completion) is None and tasks.answer_reward(p, completion) == 0.0
-    verdicts = tasks.step_verdicts(p, f"{huge} + 1 = 1{'0' * 5000}\n7 + {huge} = 12\n7 + 5 = 12\nAnswer: 9")
+        assert arith.parse_answer(completion) is None and arith.answer_reward(p, completion) == 0.0
+    verdicts = arith.step_verdicts(p, f"{huge} + 1 = 1{'0' * 5000}\n7 + {huge} = 12\n7 + 5 = 12\nAnswer: 9")
     assert [v for _, v in verdicts] == [None, None, True, None]
-    assert tasks.answer_reward(p, "7 + 5 = 12\n12 - 3 = 9\nAnswer: 9") == 1.0
+    assert arith.answer_reward(p, "7 + 5 = 12\n12 - 3 = 9\nAnswer: 9") == 1.0
 
 
 # ---- code tasks whose tests build objects, and MATH's original layout -----------------------------------------------

@@ -5,9 +5,9 @@ import json
 import pytest
 import torch
 
+import arith
 import grpo
 import policies
-import tasks
 import train
 
 TRAIN_KEYS = {"iteration", "policy", "time_s", "losses/policy_loss", "losses/clip_ratio", "losses/kl",
@@ -18,7 +18,7 @@ EVAL_KEYS = {"iteration", "policy", "time_s", "eval/heldout_accuracy", "eval/hel
 
 
 # an easy task, a short warm-up and a hot sampler, so that groups with mixed rewards (hence gradients) exist
-TASK = tasks.TaskConfig(num_steps=1, max_operand=9)
+TASK = arith.TaskConfig(num_steps=1, max_operand=9)
 
 
 def tiny_args(tmp_path, cache_dir, **overrides) -> train.Args:
