@@ -146,6 +146,8 @@ class PolicyWorker:
         rewards = tasks.group_rewards(self.task, problems, self.rollouts.texts, self.args.group_size)    # [B, G]
         self.experience = sharing.Experience(self.policy, self.prompts, self.rollouts, rewards,
                                              grpo.group_advantages(rewards, self.args.scale_by_std))
+        if self.args.curator_config.measures_hidden_tbd and self.args.share == "cross-fidelity":
+            self.experience = sharing.with_hidden_states(self.experience)
         return shared(self.experience)
 
     def deliver(self, *peers: sharing.Experience) -> None:
@@ -168,8 +170,8 @@ class PolicyWorker:
         offers, records = self.side.offers(examples, stats)
         return [dataclasses.replace(o, source=o.source.policy.name) for o in offers], records
 
-    def reach(self, positions: list[int], calibration):
-        return self.side.reach(positions, calibration)
+    def reach(self, positions: list[int], window: list[torch.Tensor]):
+        return self.side.reach(positions, window)
 
     def cross(self, credit: dict[int, float], advantages: torch.Tensor, stats) -> tuple[dict, sharing.Received]:
         """receiver.ReceiverSide.cross; the crossings stay here, where the update trains on them."""
@@ -257,8 +259,8 @@ class RemoteSide:
         offers, records = self.team.get(self.handle.offers(examples, stats))
         return [dataclasses.replace(o, source=self.sources[o.source]) for o in offers], records
 
-    def reach(self, positions: list[int], calibration):
-        return self.team.get(self.handle.reach(positions, calibration))
+    def reach(self, positions: list[int], window: list[torch.Tensor]):
+        return self.team.get(self.handle.reach(positions, window))
 
     def cross(self, credit: dict[int, float], advantages: torch.Tensor, stats) -> tuple[dict, sharing.Received]:
         return self.team.get(self.handle.cross(credit, advantages, stats))

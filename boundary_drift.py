@@ -13,20 +13,19 @@ says how much of the step the retokenization damages. It has three measures (--t
   hidden   the proposal's S_TBD with its "light mapping network": a linear map W from the source's to the
            receiver's last hidden states, fitted by ridge least squares on the exact 1:1 groups; a group's sim is
            the cosine of its mapped source mean state and its receiver mean state. Step k's value is the mean
-           over its groups of max(0, (s_ref - sim) / s_ref), s_ref the median sim of the 1:1 groups the map was
-           fitted on, so a group as consistent as a typical 1:1 token scores 0 and an inexact group 1. The map
+           over its groups of max(0, (s_ref - sim) / s_ref), s_ref the median sim of held-out 1:1 groups
+           (below), so a group as consistent as a typical 1:1 token scores 0 and an inexact group 1. The map
            is fitted per (source, receiver) pair every iteration, on the exact 1:1 groups of all the trajectories
            the source offers the receiver that iteration (a few thousand pairs against a hidden size of 128 on
            the tiny preset), and refreshed every iteration because both policies change with every update. Its
            cost is one no-grad forward of each side over the offered trajectories and a d x d solve per pair;
-           under a distributed run the source's hidden states ([T, d] per trajectory) must cross with it.
+           the source computes its states where it is, and they cross with its trajectories.
   jaccard  1 - the mean Jaccard index of the two sides' token boundaries over the step's groups (1/(n+m-1) for
            an n:m group): non-zero wherever the tokenizations differ at all, so on digits between Qwen2 and
            Llama-3 always; kept as the known tautology the other two are compared against.
 
-What the repair leaves of step k is the same for every measure, min(its inexact byte share, its value): the TBD
-repair moves credit by byte overlap (tokalign.token_credit), which resolves a straddled boundary and a split
-token but cannot give the receiver bytes it does not reproduce.
+The hidden measure is cross-fitted (`hidden_measure`): the map and the zero point come from one half of the
+offers' 1:1 groups and score the other half, so a 1:1 group the map was fitted on does not set its own zero.
 """
 
 from __future__ import annotations
@@ -148,38 +147,51 @@ def hidden_steps(alignment: Alignment, similarity: torch.Tensor, reference: floa
     return torch.nan_to_num(step_consistency(alignment, drift, steps).double())
 
 
+def one_to_one_groups(alignment: Alignment) -> list[int]:
+    """The positions of the exact 1:1 groups among the alignment's groups."""
+    return [g for g, (size, ok) in enumerate(zip(alignment.sizes, alignment.exact)) if ok and size == (1, 1)]
+
+
 def hidden_measure(pairs: list[tuple[Alignment, torch.Tensor, torch.Tensor, list[tuple[int, int]]]]
                    ) -> list[torch.Tensor]:
     """The hidden measure [K_i] of every trajectory one source offers one receiver, given (alignment, h_src
-    [n, d_src], h_tgt [m, d_tgt], steps) each: one map fitted on all their exact 1:1 groups."""
-    fits = [(h_src[[i for i, _ in p]], h_tgt[[j for _, j in p]])
-            for (alignment, h_src, h_tgt, _), p in ((item, one_to_one_pairs(item[0])) for item in pairs) if p]
-    if not fits:
+    [n, d_src], h_tgt [m, d_tgt], steps) each, cross-fitted: the trajectories alternate between two folds, and each
+    fold is scored by the map fitted on the other fold's exact 1:1 groups, against the median similarity of its
+    own 1:1 groups under that map, so neither the map nor the zero point has seen the groups it scores. A fold
+    with no 1:1 group to fit on leaves the other fold scored by its own map (in-sample)."""
+    folds = [list(range(0, len(pairs), 2)), list(range(1, len(pairs), 2))]
+
+    def fit(fold: list[int]) -> torch.Tensor | None:
+        xy = [(pairs[i][1][[s for s, _ in p]], pairs[i][2][[t for _, t in p]])
+              for i in fold for p in [one_to_one_pairs(pairs[i][0])] if p]
+        return fit_hidden_map(torch.cat([x for x, _ in xy]), torch.cat([y for _, y in xy])) if xy else None
+    maps = [fit(fold) for fold in folds]
+    if maps[0] is None and maps[1] is None:
         raise ValueError("no offered trajectory has an exact 1:1 group to fit the hidden map on")
-    w = fit_hidden_map(torch.cat([x for x, _ in fits]), torch.cat([y for _, y in fits]))
-    sims = [hidden_similarity(alignment, h_src, h_tgt, w) for alignment, h_src, h_tgt, _ in pairs]
-    one_to_one = torch.cat([s[[g for g, (size, ok) in enumerate(zip(a.sizes, a.exact)) if ok and size == (1, 1)]]
-                            for s, (a, *_) in zip(sims, pairs)])
-    reference = one_to_one.median().item()
-    return [hidden_steps(alignment, s, reference, steps) for s, (alignment, _, _, steps) in zip(sims, pairs)]
+    out: dict[int, torch.Tensor] = {}
+    for f, fold in enumerate(folds):
+        w = maps[1 - f] if maps[1 - f] is not None else maps[f]
+        sims = {i: hidden_similarity(pairs[i][0], pairs[i][1], pairs[i][2], w) for i in fold}
+        held_out = torch.cat([sims[i][one_to_one_groups(pairs[i][0])] for i in fold]) if fold else torch.zeros(0)
+        if held_out.numel() == 0:   # no 1:1 group in this fold: the zero point of the fold the map was fitted on
+            other = folds[1 - f]
+            held_out = torch.cat([hidden_similarity(pairs[i][0], pairs[i][1], pairs[i][2], w)[
+                one_to_one_groups(pairs[i][0])] for i in other])
+        reference = held_out.median().item()
+        for i in fold:
+            out[i] = hidden_steps(pairs[i][0], sims[i], reference, pairs[i][3])
+    return [out[i] for i in range(len(pairs))]
 
 
 def drift_steps(measure: str, alignment: Alignment, source: Encoding, target: Encoding,
-                steps: list[tuple[int, int]]) -> tuple[torch.Tensor, torch.Tensor]:
+                steps: list[tuple[int, int]]) -> torch.Tensor:
     """[K] the TBD value of each step by a measure that needs no hidden states (credit, jaccard; hidden is
-    `hidden_measure`, over an iteration's offers, and reads NaN here), and [K] what the repair leaves of it."""
+    `hidden_measure`, over an iteration's offers, and reads NaN here)."""
     if measure not in MEASURES:
         raise ValueError(f"the TBD measure is one of {MEASURES}, got {measure!r}")
-    values = (credit_steps(alignment, source, target, steps) if measure == "credit" else
-              jaccard_steps(alignment, steps) if measure == "jaccard" else
-              torch.full((len(steps),), float("nan"), dtype=torch.float64))
-    return values, repaired(values, inexact_share(alignment, steps))
-
-
-def repaired(values: torch.Tensor, inexact: torch.Tensor) -> torch.Tensor:
-    """[K] what the repair leaves of each step's TBD: min(inexact share, value); the inexact share where the value
-    is not known yet."""
-    return torch.where(torch.isnan(values), inexact, torch.minimum(values, inexact))
+    return (credit_steps(alignment, source, target, steps) if measure == "credit" else
+            jaccard_steps(alignment, steps) if measure == "jaccard" else
+            torch.full((len(steps),), float("nan"), dtype=torch.float64))
 
 
 if __name__ == "__main__":
@@ -224,5 +236,5 @@ if __name__ == "__main__":
                 print(f"   {alignment.modes[g]:>4}  jaccard sim {sim[g]:.2f}  {src:<30} | {tgt}")
     print(f"\nstep boundaries straddled on one side only: {boundary_hotspots(source, target, steps)}")
     for measure in ("credit", "jaccard"):
-        values, left = drift_steps(measure, alignment, source, target, steps)
-        print(f"TBD per step by {measure}: {[round(v, 3) for v in values.tolist()]}, after repair {left.tolist()}")
+        values = drift_steps(measure, alignment, source, target, steps)
+        print(f"TBD per step by {measure}: {[round(v, 3) for v in values.tolist()]}")

@@ -2,25 +2,21 @@
 
 Thresholds. "A more aggressive sharing level" means raised (theta1, theta2) (DESIGN.md §4.1): more trajectories
 reach the finer levels. Per source -> receiver pair and context, a ladder of levels L = 0, 1, ... gives
-    theta(L) = (theta1_0 + L step, theta2_0 + L step),  theta2 <= 1.
-The context is the pair and its capability gap, the source's mean training reward minus the receiver's, in
-three buckets (source weaker, within `gap_band`, source stronger): a stronger source's trajectories carry more
-phantom advantage, so the level that stays stable need not be the same. Each cycle an epsilon-greedy bandit
-plays the context's current level (exploit) or, with probability epsilon, the next level up (explore), unless
-that level's record of stable cycles is poor (below 1/2 after two tries). A stability guard judges each cycle
-on three signals of the receiver, each compared with its own last `window` values (a value beyond mean + z std
-of its history trips it): the update the cycle's admissions fed (its KL to the policy before it, measured
-whatever the KL penalty, and its gradient norm), and the reward std of the rollouts that update produced. So
-the verdict on cycle t waits for iteration t+1's rollouts (`updated`, then `judge`). A stable tried level is
-kept; a trip backs the context off one level below what was played. Every pair into a receiver shares that
-receiver's guard, so with epsilon small one pair rarely explores while another does; when both do, both are
-credited with the outcome.
-
-Where the thresholds start. Fixed thresholds, and the bandit's first level, are set by a stated rule on a
-calibration seed that no comparison uses (`share_thresholds`, benchmarks/calibrate_thresholds.py): theta1 and
-theta2 are the quantiles of the repaired degradation D_repaired of every diagnosed offer of a cross-fidelity run
-that give each level a stated share of the offers, a third each by default, so that before the comparison no
-level is favoured and where the curator sends a trajectory is the diagnosis's doing.
+    theta(L) = (theta1_0 + L step, theta2_0 + L step),  theta2 <= 1,
+from the calibration's thresholds (term_scales.py). The context is the pair and its capability gap (the source's
+mean training reward minus the receiver's, in three buckets): a stronger source's trajectories carry more phantom
+advantage, so the level that pays need not be the same. Each cycle an epsilon-greedy bandit plays the context's
+level, or with probability epsilon a neighbour (up or down, half each). A level earns its place by a measured gain:
+the receiver's mean reward on the rollouts the cycle's update produced, minus what its own recent trend predicts
+(a line through its last `trend_window` rewards), so training progress that would have come anyway is not
+credited to the thresholds. While a context stays at one level, the cycles it plays there and at its neighbours
+are a randomized comparison against one trend; their gains are its evidence, cleared when the level moves. The
+context moves up when the level above has gained more than the current one by `gain_z` standard errors, and down
+as soon as the level below has gained as much as the current one: a raise is undone when its gain goes. A guard
+still judges each cycle on three signals of the receiver (its update's KL to the policy before it, its gradient
+norm, and its rollouts' reward std, each against mean + z std of its own last `window` values); a trip backs the
+context off one level below what was played. The verdict on cycle t waits for iteration t+1's rollouts
+(`updated`, then `judge`). Every pair into a receiver shares its gains and its guard.
 
 Predictor. A softmax regression in plain torch over cheap features (curator.py) predicts the admission band
 (PRP, XGRPO, SGT) of a trajectory before its expensive diagnosis (the per-step gradient norms). It is refitted
@@ -34,6 +30,7 @@ until `min_audits` of them have been, so none is skipped before the predictor wa
 
 from __future__ import annotations
 
+import math
 import random
 from collections import defaultdict, deque
 from dataclasses import dataclass
@@ -41,26 +38,20 @@ from dataclasses import dataclass
 import torch
 
 
-def share_thresholds(d_repaired: list[float], shares: tuple[float, float] = (1 / 3, 1 / 3)) -> tuple[float, float]:
-    """(theta1, theta2) that admit the given shares of the offers `d_repaired` to PRP and XGRPO (the rest to SGT):
-    the shares[0] and shares[0] + shares[1] quantiles (linear interpolation between order statistics)."""
-    values = torch.tensor([v for v in d_repaired if v == v], dtype=torch.float64)
-    if len(values) < 2:
-        raise ValueError(f"setting thresholds needs at least 2 diagnosed offers, got {len(values)}")
-    if min(shares) < 0 or sum(shares) > 1:
-        raise ValueError(f"shares are two non-negative fractions summing to at most 1, got {shares}")
-    low, high = torch.quantile(values, torch.tensor([shares[0], shares[0] + shares[1]], dtype=torch.float64))
-    return low.item(), high.item()
-
-
 @dataclass(frozen=True)
 class BanditConfig:
     step: float = 0.02
     """how far one level raises both thresholds"""
-    epsilon: float = 0.2
-    """probability of trying the next level up in a cycle"""
+    epsilon: float = 0.3
+    """probability of playing a neighbouring level in a cycle (up or down, half each)"""
     gap_band: float = 0.1
     """capability gaps within +-gap_band count as 'similar'"""
+    trend_window: int = 10
+    """the receiver's recent rewards whose line predicts the next one; the gain is what exceeds it"""
+    evidence: int = 20
+    """gains kept per level of a context's current comparison: older cycles are forgotten"""
+    gain_z: float = 2.0
+    """a level is raised when the one above gained more by this many standard errors"""
     window: int = 10
     """stability guard: cycles of each signal's own history it is compared with"""
     z: float = 3.0
@@ -97,16 +88,32 @@ class StabilityGuard:
         return tripped
 
 
+def trend_gain(history: list[float], value: float) -> float | None:
+    """value minus the least-squares line through `history` extrapolated one step; None with under 3 points."""
+    if len(history) < 3:
+        return None
+    y = torch.tensor(history, dtype=torch.float64)
+    x = torch.arange(len(y), dtype=torch.float64) - (len(y) - 1) / 2
+    slope = (x * (y - y.mean())).sum() / (x * x).sum()
+    return value - (y.mean() + slope * (len(y) - 1) / 2 + slope).item()
+
+
+def mean_and_se(values) -> tuple[float, float]:
+    v = torch.tensor(list(values), dtype=torch.float64)
+    return v.mean().item(), (v.std() / math.sqrt(len(v))).item() if len(v) > 1 else math.inf
+
+
 class ThresholdBandit:
-    """Per (pair, gap bucket) the current level, and per level the record of stable cycles."""
+    """Per (pair, gap bucket) the current level, and per (context, level) the gains of its recent cycles."""
 
     def __init__(self, theta1: float, theta2: float, cfg: BanditConfig, seed: int):
         self.base, self.cfg = (theta1, theta2), cfg
         self.max_level = max(int((1.0 - theta2) / cfg.step + 1e-9), 0)
         self.level: dict[tuple, int] = defaultdict(int)
-        self.record: dict[tuple, list[int]] = {}                                 # (context, level) -> [stable, tried]
+        self.gains: dict[tuple, dict[int, deque[float]]] = defaultdict(dict)     # context -> level -> its gains
         self.played: dict[tuple[str, str], tuple[tuple, int]] = {}
         self.pending: dict[str, tuple[list[tuple[tuple, int]], dict[str, float]]] = {}   # receiver -> cycle to judge
+        self.rewards: dict[str, deque[float]] = {}                               # receiver -> recent mean rewards
         self.guards: dict[str, StabilityGuard] = {}
         self.rng = random.Random(f"bandit/{seed}")
 
@@ -117,10 +124,8 @@ class ThresholdBandit:
         """The (theta1, theta2) the pair plays this cycle."""
         context = (source, receiver, gap_bucket(gap, self.cfg.gap_band))
         level = self.level[context]
-        up = min(level + 1, self.max_level)
-        stable, tried = self.record.get((context, up), (0, 0))
-        if up > level and self.rng.random() < self.cfg.epsilon and (tried < 2 or stable >= tried / 2):
-            level = up
+        if self.rng.random() < self.cfg.epsilon:
+            level = min(max(level + self.rng.choice((-1, 1)), 0), self.max_level)
         self.played[(source, receiver)] = (context, level)
         return self.thresholds(level)
 
@@ -130,20 +135,41 @@ class ThresholdBandit:
         played = [self.played.pop(pair) for pair in [p for p in self.played if p[1] == receiver]]
         self.pending[receiver] = (played, {s: update[s] for s in StabilityGuard.SIGNALS if s in update})
 
-    def judge(self, receiver: str, reward_std: float) -> list[str] | None:
-        """The guard's verdict on the receiver's last cycle, given the reward std of the rollouts its update
-        produced: the signals that tripped (none: stable), which move the levels played; None if no cycle waits."""
+    def judge(self, receiver: str, rewards: dict[str, float]) -> list[str] | None:
+        """The verdict on the receiver's last cycle, given the rollouts its update produced (rewards:
+        charts/reward_mean and charts/reward_std): the guard's tripped signals (none: stable). The cycle's gain
+        joins its levels' evidence, and each context it played moves by the module docstring's rule. None if no
+        cycle waits."""
+        history = self.rewards.setdefault(receiver, deque(maxlen=self.cfg.trend_window))
+        gain = trend_gain(list(history), rewards["charts/reward_mean"])
+        history.append(rewards["charts/reward_mean"])
         if receiver not in self.pending:
             return None
         played, update = self.pending.pop(receiver)
         guard = self.guards.setdefault(receiver, StabilityGuard(self.cfg.window, self.cfg.z))
-        tripped = guard.check({**update, "charts/reward_std": reward_std})
+        tripped = guard.check({**update, "charts/reward_std": rewards["charts/reward_std"]})
         for context, level in played:
-            record = self.record.setdefault((context, level), [0, 0])
-            record[0] += not tripped
-            record[1] += 1
-            self.level[context] = max(level - 1, 0) if tripped else max(level, self.level[context])
+            if gain is not None:
+                self.gains[context].setdefault(level, deque(maxlen=self.cfg.evidence)).append(gain)
+            new = max(level - 1, 0) if tripped else self.moved(context)
+            if new != self.level[context]:
+                self.level[context], self.gains[context] = new, {}
         return tripped
+
+    def moved(self, context: tuple) -> int:
+        """The context's level after its evidence: one up if the level above gained more by gain_z standard
+        errors (at least 3 cycles each), one down if the level below gained at least as much as the current one."""
+        level = self.level[context]
+
+        def evidence(at: int) -> tuple[float, float] | None:
+            gains = self.gains[context].get(at, ())
+            return mean_and_se(gains) if len(gains) >= 3 else None
+        here, above, below = evidence(level), evidence(level + 1), evidence(level - 1)
+        if level > 0 and here and below and here[0] <= below[0]:
+            return level - 1
+        if level < self.max_level and here and above and above[0] - here[0] > self.cfg.gain_z * math.hypot(here[1], above[1]):
+            return level + 1
+        return level
 
 
 @dataclass(frozen=True)

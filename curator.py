@@ -1,64 +1,31 @@
-"""CROSS-FIDELITY's curator: per-trajectory degradation, admission to a sharing level, and the repairs.
+"""CROSS-FIDELITY's curator: per-trajectory degradation and admission to a sharing level (proposal §2.1-2.2).
 
-Proposal §2.1, the degradation of a trajectory moved from a source policy to a receiver (DESIGN.md §4.1: the
-proposal's F grows with degradation, so it is called D here and fidelity is 1 - D):
-    D = l1 (1 - S_TBD) + l2 P + l3 D_RSD,      l1 + l2 + l3 = 1, each term in [0, 1]
-Every trajectory that crosses as tokens is repaired (§2.2), so what decides its level is the degradation that
-remains once it is repaired, D_repaired (below); D is the diagnosis, logged beside it. Admission on D_repaired:
-D_repaired < theta1: PRP (its tokens, with repaired per-token advantages and truncated density ratios);
-theta1 <= D_repaired < theta2: XGRPO (its reward joins the receiver's group on that prompt); D_repaired >= theta2:
-SGT (it crosses only as a verified success on a prompt the receiver's whole group failed), else rejected. The
-levels nest: a verified success on a prompt the receiver's whole group failed crosses as a rescue at every
-level, since a trajectory trusted at a finer level is trusted at the coarsest one; so a rescue is never lost
-because it scored well (at PRP with A = 0 nothing else would cross). §2.3 (threshold co-evolution, the fidelity
-predictor) is in coevolution.py.
+The degradation of a trajectory moved from a source policy to a receiver (DESIGN.md §4.1: the proposal's F grows
+with degradation, so it is called D here and fidelity is 1 - D):
+    D = l1 s_TBD(1 - S_TBD) + l2 s_CCM(P) + l3 s_RSD(D_RSD),      l1 + l2 + l3 = 1,
+each term a mean over the trajectory's steps (diagnosis.py) put on one scale by its distribution on a calibration
+run (term_scales.py), so equal weights give equal influence. Admission is on the diagnosis D: D < theta1 PRP (its
+tokens, with repaired per-token credit and truncated density ratios); theta1 <= D < theta2 XGRPO (its reward joins
+the receiver's group on that prompt); D >= theta2 SGT (it crosses only as a verified success on a prompt the
+receiver's whole group failed), else rejected. The thresholds give each level a third of the calibration offers,
+for the run's own weights, ablations included. Whatever crosses as tokens is repaired (diagnosis.step_credit):
+admission reads the diagnosis, not what the repair leaves, because the repairs cannot be scored honestly: the TBD
+repair does not undo the credit a straddling token mixes, and attenuating an unreachable step removes its signal
+along with its harm (DESIGN.md §4.10). The levels nest: a verified rescue crosses at every level.
 
-The three terms, each a mean over the trajectory's K steps (lines, DESIGN.md §4.6) of a per-step value in [0, 1]:
-  TBD  by default the share of a step's credit that a token mixes with a neighbour step's, or that the receiver
-       cannot reproduce: 0 for a pure 1:n digit split, which the byte-boundary S_TBD would call drift by
-       construction (logged beside it as `tbd_jaccard`); or the proposal's hidden-state S_TBD (--tbd-measure,
-       boundary_drift.py).
-  CCM  mean_k (1 - R_k), R_k calibrated on the receiver's own steps so that its typical ones score 0
-       (reachability.py): the share of the trajectory's credit that sits on steps the receiver cannot reach.
-       This is the proposal's phantom advantage P = mean_k A_k (1 - R_k) per unit of credit, P / |A|, and not P
-       itself, for two reasons: the credit a trajectory carries depends on the level it is admitted to (its
-       own-group A at PRP, its rescue credit at SGT, none at XGRPO), so P would depend on the decision it is
-       meant to inform; and |A| reaches sqrt(G - 1) under std-normalized advantages, so P has no fixed scale
-       on which thresholds mean anything. P with the credit actually carried is logged per crossing (`phantom`).
-  RSD  per typed step, sqrt(1 - exp(-KL(p_src || p_tgt))) (reward_drift.rsd_steps): the Bretagnolle-Huber bound
-       on the total variation between the two policies' step-success distributions; the mean over typed steps.
-An ablated term (--ablate) is not computed, and its repair is off. It contributes 0 to D and the other weights
-are kept, so D keeps its scale and the thresholds their meaning: dropping a term that is always 0 changes no
-decision. An ablated CCM computes no gradient norms at all, so the intrinsic RSD signal is gone with it: the
-steps no verifier can check then keep the outcome advantage.
-
-The repairs compose on one step in a fixed order (the proposal's challenge 3), starting from the sequence
-advantage A the trajectory carries (its own-group advantage for PRP, its rescue advantage for SGT):
-  1. RSD: c_k = (1 - mix) A + mix s_k, s_k = r_k - p_tgt(type_k) for a verified step (VPR), or the intrinsic
-     signal rank(-g_k) - 1/2 over the trajectory's steps where a step cannot be checked (or with
-     --process-signal intrinsic). It sets what the step is worth to the receiver;
-  2. CCM: c_k <- c_k R_k^beta, after RSD so that the additive recalibration cannot hand credit back to a step
-     the receiver cannot reach;
-  3. TBD: source tokens carry their step's credit and the credit moves to the receiver's tokens by byte overlap
-     (tokalign.token_credit), last because it is the transport of whatever credit the steps hold; ablated, each
-     receiver token takes the credit of the step its first byte is in. A separator after a step (its newline)
-     and the EOS close that step and carry its credit; bytes before the first step carry the first step's. So
-     no token keeps the unrepaired A, and the tokens that decide when a solution stops are repaired with the
-     step they end.
-What D_repaired measures: the harm that remains in the repaired trajectory, as a monotone function of each
-diagnosed term, so that a trajectory worse on any term never gets a finer level, before or after repair:
-  TBD  its inexact bytes only (redistribution resolves a straddled boundary, not bytes the receiver lacks);
-  CCM  mean_k reachability.phantom_left(R_k): the phantom share R^beta (1 - R) the attenuated credit keeps, held
-       at its peak for steps less reachable than the peak (an attenuated-away step is not better experience
-       than a barely reachable one; at beta = 1 the term is at most 1/4);
-  RSD  (1 - mix) of the drift of the steps the recalibration reaches.
+An offer that could change nothing at any level is inert and is not diagnosed: every reward on its prompt, the
+receiver's own and every offer's, is the same, so it carries no advantage, rescues nothing, and moves no baseline.
+`--admission random` is the control for the diagnosis: the same offers, the same band shares per source and
+iteration and the same rescues, with the bands permuted at random among the iteration's offers of each source.
+§2.3 (threshold co-evolution, the fidelity predictor) is in coevolution.py.
 """
 
 from __future__ import annotations
 
 import math
+import random
 import time
-from collections import defaultdict
+from collections import defaultdict, deque
 from dataclasses import dataclass
 
 import torch
@@ -70,26 +37,31 @@ import diagnosis
 import fidelity_record
 import grpo
 import policies
-import reachability
 import reward_drift
 import sharing
 import tasks
+import term_scales
 from diagnosis import TERMS, Offer
 from receiver import ReceiverSide
 from sharing import LEVELS
+
+ADMISSIONS = ("diagnosis", "random")
 
 
 @dataclass(frozen=True)
 class CuratorConfig:
     lambdas: tuple[float, float, float] = (1 / 3, 1 / 3, 1 / 3)
     """weights of the TBD, CCM and RSD terms in D; they must sum to 1"""
-    theta1: float = 0.0965
-    """D_repaired below it: PRP (the starting value where thresholds adapt). theta1 and theta2 come from the stated
-    rule (coevolution.share_thresholds): the 1/3 and 2/3 quantiles of D_repaired over the 25,301 diagnosed offers
-    of `python benchmarks/calibrate_thresholds.py` (qwen-llama, calibration seed 0, 100 iterations at the earlier
-    0.1 / 0.15; results/thresholds-qwen-llama.json), so each level took a third of them there"""
-    theta2: float = 0.1211
-    """D_repaired at or above it: SGT; between theta1 and theta2: XGRPO"""
+    theta1: float | None = None
+    """D below it: PRP (the starting value where thresholds adapt). Default: the calibration's 1/3 quantile of D
+    under the run's weights (term_scales.py)"""
+    theta2: float | None = None
+    """D at or above it: SGT; between theta1 and theta2: XGRPO. Default: the calibration's 2/3 quantile"""
+    calibration: str = "none"
+    """the calibration run's terms (term_scales.Calibration, a results/calibration-*.json) that scale the terms
+    and set the default thresholds; none = raw terms, and theta1, theta2 must be given"""
+    admission: str = "diagnosis"
+    """diagnosis: each offer at the band of its D; random: the bands permuted among each source's offers"""
     ccm_beta: float = 1.0
     """the CCM repair's exponent: A_k <- A_k R_k^beta"""
     ablate: tuple[str, ...] = ()
@@ -107,16 +79,24 @@ class CuratorConfig:
     """R = 1/2 at this quantile of the receiver's own step norms"""
     reach_zero_quantile: float = 0.5
     """R = 1 up to this quantile of the receiver's own step norms: its typical steps carry no CCM degradation"""
-    calibration_rollouts: int = 8
-    """own rollouts of the receiver, one per prompt in turn, whose steps calibrate reachability each iteration"""
+    calibration_rollouts: int = 32
+    """own rollouts of the receiver per iteration, spread over the prompts, whose step norms calibrate R"""
+    reach_window: int = 4
+    """iterations of own step norms R is calibrated on (about 128 rollouts at the defaults), so that it holds
+    still from one iteration's sample to another"""
     step_window: int = 20
     """iterations of step statistics behind D_RSD"""
 
     def __post_init__(self):
         if len(self.lambdas) != 3 or min(self.lambdas) < 0 or not math.isclose(sum(self.lambdas), 1.0, abs_tol=1e-6):
             raise ValueError(f"lambdas must be three non-negative weights summing to 1, got {self.lambdas}")
-        if not 0 <= self.theta1 <= self.theta2:
+        if (self.theta1 is None) != (self.theta2 is None):
+            raise ValueError("give both theta1 and theta2, or neither (the calibration's)")
+        if self.theta1 is not None and not 0 <= self.theta1 <= self.theta2:
             raise ValueError(f"need 0 <= theta1 <= theta2, got {self.theta1}, {self.theta2}")
+        if self.theta1 is None and self.calibration == "none":
+            raise ValueError("without a calibration the terms are raw and the thresholds must be given: "
+                             "set theta1 and theta2, or a calibration file")
         if set(self.ablate) - set(TERMS) or set(self.ablate) == set(TERMS):
             raise ValueError(f"ablate takes a proper subset of {TERMS}, got {self.ablate}")
         if self.tbd_measure not in boundary_drift.MEASURES:
@@ -126,14 +106,18 @@ class CuratorConfig:
         if self.process_signal == "intrinsic" and "ccm" in self.ablate:
             raise ValueError("the intrinsic process signal is the CCM's gradient norms, which an ablated CCM does not "
                              "compute: use process_signal='vpr' with ablate ccm")
+        if self.admission not in ADMISSIONS:
+            raise ValueError(f"admission is one of {ADMISSIONS}, got {self.admission!r}")
+
+    @property
+    def measures_hidden_tbd(self) -> bool:
+        """Whether the sources' hidden states must come with their experience (sharing.with_hidden_states)."""
+        return self.tbd_measure == "hidden" and "tbd" not in self.ablate
 
     @property
     def weights(self) -> torch.Tensor:
-        """[3] the lambdas, 0 for an ablated term; the others keep their weight, so D keeps its scale."""
-        w = torch.tensor([0.0 if t in self.ablate else l for t, l in zip(TERMS, self.lambdas)], dtype=torch.float64)
-        if w.sum() <= 0:
-            raise ValueError(f"every term with a weight is ablated: lambdas {self.lambdas}, ablate {self.ablate}")
-        return w
+        """[3] the lambdas, 0 for an ablated term; the others keep their weight."""
+        return term_scales.weights(self.ablate, self.lambdas)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -163,39 +147,57 @@ def crosses_tokens(band: int, offer: Offer, own_rewards: torch.Tensor, success: 
     return rescue_candidate(offer, own_rewards, success) or (band == 0 and offer.advantage != 0)
 
 
+def inert_offers(offers: list[Offer], own_rewards: torch.Tensor) -> list[bool]:
+    """Per offer, whether no level could use it: every reward on its prompt, in the receiver's group (own_rewards
+    [B, G]) and among all the offers, is one value. Then its advantage is 0, it rescues nothing, and pooling any
+    of those rewards into the receiver's group leaves its advantages at 0."""
+    values: dict[int, set[float]] = defaultdict(set)
+    for o in offers:
+        values[o.prompt_index].add(o.reward)
+    return [len(values[o.prompt_index] | set(own_rewards[o.prompt_index].tolist())) == 1 for o in offers]
+
+
+def permuted_bands(bands: list[int | None], sources: list[str], rng: random.Random) -> list[int | None]:
+    """The random-admission control: the bands shuffled among the offers of each source (None stays in place)."""
+    out = list(bands)
+    for source in sorted(set(sources)):
+        positions = [k for k, (b, s) in enumerate(zip(bands, sources)) if s == source and b is not None]
+        shuffled = [bands[k] for k in positions]
+        rng.shuffle(shuffled)
+        for k, b in zip(positions, shuffled):
+            out[k] = b
+    return out
+
+
 @dataclass(frozen=True)
 class Score:
-    """A trajectory's degradation before and after repair, and the band D_repaired gives it (0 PRP, 1 XGRPO,
-    2 SGT)."""
+    """A trajectory's degradation D, the band it gives (0 PRP, 1 XGRPO, 2 SGT), the term with the largest weighted
+    share, and the terms raw (in [0, 1], NaN where ablated) and on the calibration's scale."""
 
     D: float
-    D_repaired: float
     band: int
-    dominant: str                  # the largest weighted term before repair
-    dominant_repaired: str         # and after
-    through_repair: bool           # the repair moved it to a finer band than D alone would have
-    terms: dict[str, float]        # NaN where ablated
-    terms_repaired: dict[str, float]
+    dominant: str
+    terms: dict[str, float]
+    scaled: dict[str, float]
 
 
-def score(offer: Offer, cfg: CuratorConfig, theta: tuple[float, float]) -> Score:
-    """D and D_repaired (module docstring), and the band of D_repaired."""
+def score(offer: Offer, cfg: CuratorConfig, theta: tuple[float, float],
+          calibration: term_scales.Calibration | None) -> Score:
+    """D of the scaled terms (raw without a calibration), and its band."""
     weights = cfg.weights
-    before, after = offer.diagnosis.terms(cfg), offer.diagnosis.terms(cfg, repaired=True)
-    d, d_repaired = degradation(before, weights), degradation(after, weights)
-    band = admission_band(d_repaired, *theta)
-
-    def dominant(terms: torch.Tensor) -> str:
-        return TERMS[int((torch.nan_to_num(terms) * weights).argmax())]
-    return Score(d, d_repaired, band, dominant(before), dominant(after), band < admission_band(d, *theta),
-                 dict(zip(TERMS, before.tolist())), dict(zip(TERMS, after.tolist())))
+    raw = offer.diagnosis.terms(cfg)
+    scaled = calibration.scaled(raw) if calibration is not None else raw
+    d = degradation(scaled, weights)
+    dominant = TERMS[int((torch.nan_to_num(scaled) * weights).argmax())]
+    return Score(d, admission_band(d, *theta), dominant, dict(zip(TERMS, raw.tolist())),
+                 dict(zip(TERMS, scaled.tolist())))
 
 
-def admit(offers: list[Offer], bands: list[int], receiver: sharing.Experience, share: sharing.ShareConfig
+def admit(offers: list[Offer], bands: list[int | None], receiver: sharing.Experience, share: sharing.ShareConfig
           ) -> tuple[list[tuple[str, str, str]], dict[int, tuple[Offer, float]], torch.Tensor]:
-    """Admission of every offer by its band (DESIGN.md §4.1). Returns per offer (level, what crosses, reason);
-    the offers whose tokens cross, by position, with the advantage they carry; and the receiver's advantages
-    [B, G] with the XGRPO-admitted peer rewards in its groups' statistics.
+    """Admission of every offer by its band, None for an inert one (DESIGN.md §4.1). Returns per offer (level,
+    what crosses, reason); the offers whose tokens cross, by position, with the advantage they carry; and the
+    receiver's advantages [B, G] with the XGRPO-admitted peer rewards in its groups' statistics.
 
     A rescue (a verified success on a prompt the receiver's whole group failed) crosses as one at every band,
     with its credit as a member of the receiver's failed group, pooled over the prompt's rescues; at XGRPO its
@@ -205,9 +207,12 @@ def admit(offers: list[Offer], bands: list[int], receiver: sharing.Experience, s
     picks: dict[int, tuple[Offer, float]] = {}
     decisions = []
     for k, (o, band) in enumerate(zip(offers, bands)):
+        if band is None:
+            decisions.append(("inert", "none", "every reward on its prompt is the same: no level could use it"))
+            continue
         if band == 1:
             pooled[o.prompt_index].append(o.reward)
-        rule = ("D_repaired < theta1", "theta1 <= D_repaired < theta2", "D_repaired >= theta2")[band]
+        rule = ("D < theta1", "theta1 <= D < theta2", "D >= theta2")[band]
         if rescue_candidate(o, receiver.rewards, share.success):
             rescues[o.prompt_index].append(k)
             decisions.append((LEVELS[band], "tokens" if band != 1 else "tokens and reward",
@@ -235,21 +240,25 @@ def admit(offers: list[Offer], bands: list[int], receiver: sharing.Experience, s
 
 class Curator:
     """The curator across iterations: each policy's step statistics, each pair's recent degradation, the
-    thresholds (fixed or co-evolving) and the fidelity predictor. `exchange` curates one iteration."""
+    calibration, the thresholds (fixed or co-evolving) and the fidelity predictor. `exchange` curates one
+    iteration."""
 
     def __init__(self, cfg: CuratorConfig, names: list[str], seed: int, bandit: coevolution.BanditConfig | None,
                  predictor: coevolution.PredictorConfig | None):
-        self.cfg = cfg
+        self.cfg, self.seed = cfg, seed
+        self.scales = None if cfg.calibration == "none" else term_scales.Calibration.load(cfg.calibration)
+        theta = (cfg.theta1, cfg.theta2) if cfg.theta1 is not None else self.scales.thresholds(cfg.weights)
         self.stats = {n: reward_drift.StepStats(cfg.step_window) for n in names}
         self.pairs = {(a, b): i for i, (a, b) in enumerate((a, b) for a in names for b in names if a != b)}
         self.recent = {pair: (0.0, 0.0) for pair in self.pairs}     # EMA of D and CCM per pair: predictor features
-        self.calibration: dict[str, reachability.Calibration] = {}   # each receiver's last calibration
-        self.bandit = coevolution.ThresholdBandit(cfg.theta1, cfg.theta2, bandit, seed) if bandit else None
+        self.own_norms = {n: deque(maxlen=cfg.reach_window) for n in names}   # per iteration [S], R's calibration
+        self.theta = theta
+        self.bandit = coevolution.ThresholdBandit(*theta, bandit, seed) if bandit else None
         self.predictor = (coevolution.FidelityPredictor(len(diagnosis.FEATURES) + len(self.pairs), predictor, seed)
                           if predictor else None)
 
     def thresholds(self, source: str, receiver: str, gap: float) -> tuple[float, float]:
-        return self.bandit.choose(source, receiver, gap) if self.bandit else (self.cfg.theta1, self.cfg.theta2)
+        return self.bandit.choose(source, receiver, gap) if self.bandit else self.theta
 
     def updated(self, receiver: str, update: dict[str, float]) -> None:
         """After the receiver's update: its statistics (losses/update_kl, losses/grad_norm) join the cycle the
@@ -257,10 +266,11 @@ class Curator:
         if self.bandit:
             self.bandit.updated(receiver, update)
 
-    def judge(self, receiver: str, reward_std: float) -> list[str] | None:
-        """With the receiver's new rollouts: the guard's verdict on its last cycle (the signals that tripped), which
-        moves its pairs' thresholds; None with fixed thresholds or before the first update."""
-        return self.bandit.judge(receiver, reward_std) if self.bandit else None
+    def judge(self, receiver: str, rewards: torch.Tensor) -> list[str] | None:
+        """With the receiver's new rollouts' rewards [B, G]: the verdict on its last cycle (the signals that
+        tripped the guard), which with the receiver's reward gain moves its pairs' thresholds; None with fixed
+        thresholds or before the first update."""
+        return self.bandit.judge(receiver, grpo.rewards_stats(rewards)) if self.bandit else None
 
     def exchange(self, experiences: list[sharing.Experience], task: tasks.Task, examples: list,
                  share: sharing.ShareConfig, iteration: int, sides: dict[str, ReceiverSide] | None = None
@@ -279,6 +289,8 @@ class Curator:
             self.stats[e.policy.name].add_iteration(
                 [s for i, text in enumerate(e.rollouts.texts)
                  for s in reward_drift.process_rewards(task, examples[i // group], text)])
+        if self.cfg.measures_hidden_tbd and not sides:
+            experiences = [e if e.hidden is not None else sharing.with_hidden_states(e) for e in experiences]
         stats_s = time.perf_counter() - started
         out, records = {}, []
         for receiver in experiences:
@@ -291,10 +303,12 @@ class Curator:
             records += mine
         return out, records
 
-    def _predict(self, receiver: sharing.Experience, offers: list[Offer], gaps: dict[str, float],
-                 share: sharing.ShareConfig) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[bool], list[bool]]:
+    def _predict(self, receiver: sharing.Experience, offers: list[Offer], inert: list[bool],
+                 gaps: dict[str, float], share: sharing.ShareConfig
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[bool], list[bool]]:
         """Features [N, F], the predicted band [N] and its probability [N], and which predictions are sure and
-        which skip the expensive diagnosis (never one whose tokens would cross)."""
+        which skip the expensive diagnosis (never an inert offer's, which is not diagnosed at all, nor one whose
+        tokens would cross)."""
         n, name = len(offers), receiver.policy.name
         if not self.predictor or not offers:
             return torch.zeros(n, 0), torch.full((n,), -1), torch.zeros(n), [False] * n, [False] * n
@@ -305,7 +319,7 @@ class Curator:
         predicted, prob = self.predictor.predict(features)
         sure, skipped = [], []
         for k, o in enumerate(offers):
-            is_sure, skip = self.predictor.may_skip(name, prob[k].item())
+            is_sure, skip = self.predictor.may_skip(name, prob[k].item()) if not inert[k] else (False, False)
             sure.append(is_sure)
             skipped.append(skip and not crosses_tokens(int(predicted[k]), o, receiver.rewards, share.success))
         return features, predicted, prob, sure, skipped
@@ -324,31 +338,37 @@ class Curator:
         gaps = {p.policy.name: p.rewards.mean().item() - receiver.rewards.mean().item() for p in peers}
         thetas = {source: self.thresholds(source, name, gap) for source, gap in gaps.items()}
         offers, records = side.offers(examples, self.stats)
+        inert = inert_offers(offers, receiver.rewards)
         lap("diagnosis")
 
-        features, predicted, prob, sure, skipped = self._predict(receiver, offers, gaps, share)
+        features, predicted, prob, sure, skipped = self._predict(receiver, offers, inert, gaps, share)
         lap("prediction")
 
-        measured = [k for k, skip in enumerate(skipped) if not skip]
-        diagnoses, calibration = side.reach(measured, self.calibration.get(name))
+        measured = [k for k, (skip, idle) in enumerate(zip(skipped, inert)) if not skip and not idle]
+        window = self.own_norms[name]
+        diagnoses, own = side.reach(measured, list(window)[len(window) - cfg.reach_window + 1:])
         for k, d in zip(measured, diagnoses):     # the same objects in this process, copies from an actor
             offers[k].diagnosis = d
-        if calibration is not None:
-            self.calibration[name] = calibration
+        if own.numel():
+            window.append(own)
         lap("gradnorms")
 
-        scores = [None if skip else score(o, cfg, thetas[o.source.policy.name]) for o, skip in zip(offers, skipped)]
-        lap("repair")
+        scores: list[Score | None] = [None] * len(offers)
+        for k in measured:
+            scores[k] = score(offers[k], cfg, thetas[offers[k].source.policy.name], self.scales)
+        lap("scoring")
 
-        if self.predictor and not all(skipped):
-            self.predictor.learn(features[torch.tensor([not s for s in skipped])],
-                                 torch.tensor([s.band for s in scores if s is not None]))
-            for k, s in enumerate(scores):
-                if sure[k] and s is not None:
-                    self.predictor.audited(name, int(predicted[k]) == s.band)
+        if self.predictor and measured:
+            self.predictor.learn(features[measured], torch.tensor([scores[k].band for k in measured]))
+            for k in measured:
+                if sure[k]:
+                    self.predictor.audited(name, int(predicted[k]) == scores[k].band)
         lap("predictor_fit")
 
-        bands = [int(predicted[k]) if sc is None else sc.band for k, sc in enumerate(scores)]
+        bands = [None if inert[k] else int(predicted[k]) if sc is None else sc.band for k, sc in enumerate(scores)]
+        if cfg.admission == "random":
+            bands = permuted_bands(bands, [o.source.policy.name for o in offers],
+                                   random.Random(f"admission/{self.seed}/{iteration}/{name}"))
         decisions, picks, advantages = admit(offers, bands, receiver, share)
         lap("admission")
 
@@ -357,15 +377,16 @@ class Curator:
 
         for k, (o, s) in enumerate(zip(offers, scores)):
             level, what, reason = decisions[k]
-            reason += (" (predicted, diagnosis skipped)" if s is None else
-                       f" (the repair moved it from {LEVELS[admission_band(s.D, *thetas[o.source.policy.name])]})"
-                       if s.through_repair else "")
+            reason += " (predicted, diagnosis skipped)" if skipped[k] else ""
+            if cfg.admission == "random" and s is not None and bands[k] != s.band:
+                reason += f" (random admission; the diagnosis gave {LEVELS[s.band]})"
             if s is not None:
                 pair = (o.source.policy.name, name)
                 ccm = s.terms["ccm"] if math.isfinite(s.terms["ccm"]) else 0.0
                 self.recent[pair] = tuple(0.9 * old + 0.1 * new for old, new in zip(self.recent[pair], (s.D, ccm)))
-            records.append(fidelity_record.offer_record(o, s, level, what, reason, crossed.get(k), thetas[o.source.policy.name],
-                                        int(predicted[k]), prob[k].item(), skipped[k]))
+            records.append(fidelity_record.offer_record(o, s, level, what, reason, crossed.get(k),
+                                                        thetas[o.source.policy.name], int(predicted[k]),
+                                                        prob[k].item(), skipped[k]))
         for r in records:
             r.update(iteration=iteration, receiver=name)
         metrics = {**received.metrics,
@@ -401,7 +422,8 @@ if __name__ == "__main__":
         print(f"{level} alone: " + ", ".join(f"{got.metrics['sharing/received']:.0f} into {name}"
                                             for name, got in fixed.items())
               + (" (peer rewards in the group baselines)" if level == "xgrpo" else " (trajectories as tokens)"))
-    curation = Curator(CuratorConfig(), [p.name for p in pols], args.seed, None, None)
+    calibration = term_scales.default_path("qwen-llama", "line", "credit")
+    curation = Curator(CuratorConfig(calibration=str(calibration)), [p.name for p in pols], args.seed, None, None)
     received, records = curation.exchange(experiences, task, problems,
                                           sharing.ShareConfig("cross-fidelity", temperature=0.7), 1)
     for name, got in received.items():
@@ -413,5 +435,5 @@ if __name__ == "__main__":
               + f", rejected {m['fidelity/rejected']:.0%}; {len(got.crossings)} cross as tokens")
     worst = max((r for r in records if "D" in r), key=lambda r: r["D"])
     print(f"\nmost degraded: {worst['source']} -> {worst['receiver']}, reward {worst['reward']:.0f}, "
-          f"D {worst['D']:.3f} (dominant {worst['dominant'].upper()}) -> repaired {worst['D_repaired']:.3f}: "
+          f"D {worst['D']:.3f} (dominant {worst['dominant'].upper()}): "
           f"{worst['level']}, because {worst['reason']}\n{fidelity_record.marked_text(worst)}")

@@ -1,12 +1,22 @@
 """The diagnosis of one shared trajectory as one receiver sees it: the offer, its per-step terms, and the repair
-of its credit.
+of its credit (proposal §2.1-2.2; curator.py composes the terms into D).
 
-An offer is a source rollout retokenized by the receiver and aligned with it (tokalign), cut into steps, with
-each step's values of the three terms (curator.py's docstring defines them): TBD from the alignment
-(boundary_drift.py), RSD from the two policies' step statistics (reward_drift.rsd_steps), and CCM, the
-expensive one, from the receiver's gradient norms once the curator measures them (reachability.py). The repair
-(proposal §2.2) turns the sequence advantage a crossing carries into per-step credit: the RSD recalibration, then
-the CCM attenuation; tokalign.token_credit then carries it onto the receiver's tokens.
+An offer is a source rollout retokenized by the receiver and aligned with it (tokalign), cut into steps. Each term
+is the mean over the trajectory's steps of a per-step value in [0, 1]:
+  TBD  by default the share of a step's credit that a token mixes with a neighbour step's, or that the receiver
+       cannot reproduce (boundary_drift.py, --tbd-measure for the proposal's hidden-state S_TBD);
+  CCM  1 - R_k, R_k the step's reachability under the receiver, calibrated on the receiver's own steps of its last
+       few iterations so that its typical steps score R = 1 (reachability.py): the phantom advantage per unit of
+       credit, P / |A|, since the credit an offer carries depends on the level it is admitted to;
+  RSD  per typed step, the Bretagnolle-Huber bound sqrt(1 - exp(-KL)) on the total variation between the two
+       policies' step-success distributions (reward_drift.py).
+CCM needs the receiver's gradient norms, the expensive part, measured once the curator asks (`ReceiverSide.reach`).
+The repairs compose on one step in a fixed order (the proposal's challenge 3), from the sequence advantage A the
+trajectory carries: 1. RSD, c_k = (1 - mix) A + mix s_k with s_k the verified step credit (VPR) or the intrinsic
+gradient-norm signal; 2. CCM, c_k R_k^beta, after RSD so the recalibration cannot hand credit back to a step the
+receiver cannot reach; 3. TBD, the step credit carried onto the receiver's tokens by byte overlap
+(tokalign.token_credit), separators and EOS closing the step before them. An ablated term is not computed and
+its repair is off.
 """
 
 from __future__ import annotations
@@ -24,11 +34,11 @@ import reward_drift
 import sharing
 import tasks
 import tokalign
+from term_scales import TERMS
 
 if TYPE_CHECKING:   # the curator's settings: curator.py imports this file, never the other way at run time
     from curator import CuratorConfig
 
-TERMS = ("tbd", "ccm", "rsd")
 
 
 def mean_or_zero(values: torch.Tensor) -> float:
@@ -39,22 +49,17 @@ def mean_or_zero(values: torch.Tensor) -> float:
 
 @dataclass
 class Diagnosis:
-    """A trajectory's per-step diagnosis, before and after repair; NaN where a term is ablated or not computed."""
+    """A trajectory's per-step diagnosis; NaN where a term is ablated or not computed."""
 
     tbd: torch.Tensor            # [K]
-    tbd_repaired: torch.Tensor   # [K]
     rsd: torch.Tensor            # [K]  NaN on untyped lines
     reach: torch.Tensor | None   # [K]  R_k, None when the gradient norms were skipped or CCM is ablated
     norms: torch.Tensor | None   # [K]  the receiver's sqrt(|k|)-scaled step gradient norms
 
-    def terms(self, cfg: CuratorConfig, repaired: bool = False) -> torch.Tensor:
-        """[3] the trajectory's TBD, CCM and RSD terms (NaN where ablated or unknown)."""
-        tbd = mean_or_zero(self.tbd_repaired if repaired else self.tbd)
-        ccm = math.nan
-        if self.reach is not None:
-            ccm = (reachability.phantom_left(self.reach, cfg.ccm_beta) if repaired else 1 - self.reach).mean().item()
-        rsd = mean_or_zero(self.rsd * (1 - cfg.credit_mix) if repaired and self.rsd_repairable(cfg) else self.rsd)
-        out = torch.tensor([tbd, ccm, rsd], dtype=torch.float64)
+    def terms(self, cfg: CuratorConfig) -> torch.Tensor:
+        """[3] the trajectory's TBD, CCM and RSD terms (NaN where ablated or not measured)."""
+        ccm = (1 - self.reach).mean().item() if self.reach is not None else math.nan
+        out = torch.tensor([mean_or_zero(self.tbd), ccm, mean_or_zero(self.rsd)], dtype=torch.float64)
         return torch.where(torch.tensor([t in cfg.ablate for t in TERMS]), torch.full_like(out, math.nan), out)
 
     def rsd_repairable(self, cfg: CuratorConfig) -> bool:
@@ -125,28 +130,29 @@ def make_offer(source: sharing.Experience, index: int, receiver: policies.Policy
     if not kept:
         return None
     steps, ranges, process = (list(x) for x in zip(*kept))
-    tbd, tbd_left = boundary_drift.drift_steps(tbd_measure, alignment, src, tgt, steps)
+    tbd = boundary_drift.drift_steps(tbd_measure, alignment, src, tgt, steps)
     rsd = reward_drift.rsd_steps(stats[source.policy.name], stats[receiver.name], process)
     jaccard = mean_or_zero(boundary_drift.jaccard_steps(alignment, steps))
-    return Offer(source, index, src, tgt, alignment, steps, ranges, process, Diagnosis(tbd, tbd_left, rsd, None, None),
+    return Offer(source, index, src, tgt, alignment, steps, ranges, process, Diagnosis(tbd, rsd, None, None),
                  jaccard)
 
 
 def measure_hidden_tbd(offers: list[Offer], receiver: sharing.Experience) -> None:
-    """The hidden TBD measure of every offer, one map per source fitted on all its offers to this receiver
-    (boundary_drift.hidden_measure): the source's hidden states on its own tokens, the receiver's on its
-    re-encoding."""
+    """The hidden TBD measure of every offer, cross-fitted per source on all its offers to this receiver
+    (boundary_drift.hidden_measure): the source's hidden states on its own tokens, which came with its experience
+    (sharing.Experience.hidden), and the receiver's on its re-encoding."""
     q = receiver.policy
     for source in {id(o.source): o.source for o in offers}.values():
+        if source.hidden is None:
+            raise ValueError(f"{source.policy.name}'s experience came without its hidden states, which the hidden TBD "
+                             "measure needs: make it with sharing.with_hidden_states")
         mine = [o for o in offers if o.source is source]
-        h_src = source.policy.hidden_states([source.rollouts.prompt_ids[o.index].tolist() for o in mine],
-                                            [o.src.ids for o in mine])
         h_tgt = q.hidden_states([q.encode_prompt(receiver.prompts[o.prompt_index]) for o in mine],
                                 [o.tgt.ids for o in mine])
-        measured = boundary_drift.hidden_measure([(o.alignment, hs, ht, o.steps) for o, hs, ht in zip(mine, h_src, h_tgt)])
+        measured = boundary_drift.hidden_measure([(o.alignment, source.hidden[o.index], ht, o.steps)
+                                                  for o, ht in zip(mine, h_tgt)])
         for o, values in zip(mine, measured):
             o.diagnosis.tbd = values
-            o.diagnosis.tbd_repaired = boundary_drift.repaired(values, o.diagnosis.tbd_repaired)
 
 
 FEATURES = ("tokens/50", "non-1:1 share", "steps/5", "reward", "|A|", "tbd", "rsd", "pair recent D",

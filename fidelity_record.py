@@ -1,9 +1,11 @@
 """The fidelity record: what curation writes per offered trajectory (fidelity.jsonl) and per receiver and iteration
 (the fidelity/ metrics), and the report that reads a run's record back (report.md's fidelity section).
 
-A record holds the decision with its reasons, the terms before and after repair, where the repairs acted on a
-crossing (the credit of its steps and of the separators and EOS that close them, and the proposal's phantom
-advantage of the credit carried), and each step with its values and the terms it is a hotspot of.
+A record holds the decision with its reasons, the terms raw and scaled, where the repairs acted on a crossing (the
+credit of its steps and of the separators and EOS that close them, and the proposal's phantom advantage of the
+credit carried), and each step with its values and the terms it is a hotspot of. The report also measures how the
+decision depends on each term (`sensitivity`): what moving the term across its range does to the bands, and how
+many offers sit where the term is saturated.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ import reachability
 from diagnosis import TERMS, Diagnosis, Offer
 from sharing import LEVELS
 
-OUTCOMES = (*LEVELS, "rejected")   # where an offered trajectory can go
+OUTCOMES = (*LEVELS, "rejected", "inert")   # where an offered trajectory can go; inert: no level could use it
+SATURATED = 1 - 1e-3                        # a step value at or above it is at its cap
 
 if TYPE_CHECKING:   # curator.py writes records through this file, never the other way at run time
     from curator import Score
@@ -51,9 +54,9 @@ def credit_record(offer: Offer, advantage: float, credit: torch.Tensor, tokens: 
 
 def offer_record(offer: Offer, scored: Score | None, level: str, crossed: str, reason: str, credit: dict | None,
                  theta: tuple[float, float], predicted: int, prob: float, skipped: bool) -> dict:
-    """One line of fidelity.jsonl: the decision with its reasons, the terms before and after repair, where the
-    repairs acted on a crossing (`credit_record`), and each step with its values and the terms it is a hotspot
-    of."""
+    """One line of fidelity.jsonl: the decision with its reasons, the score (D, the band of the diagnosis, the
+    terms raw and scaled; none for an inert or skipped offer), where the repairs acted on a crossing
+    (`credit_record`), and each step with its values and the terms it is a hotspot of."""
     d = offer.diagnosis
     hot = hotspot_steps(d)
     text = offer.src.data.decode("utf-8", errors="replace")
@@ -82,20 +85,19 @@ def tbd_bytes(offer: Offer) -> list[tuple[int, int]]:
 
 def fidelity_metrics(records: list[dict], thetas: dict[str, tuple[float, float]], predictor_accuracy: float | None
                      ) -> dict[str, float]:
-    """One receiver's iteration under fidelity/: admission shares, mean D and terms (fully diagnosed
-    trajectories), repairs, step-level co-occurrence of hotspots, the predictor, the thresholds per source."""
-    n = max(len(records), 1)
-    out = {"fidelity/offered": float(len(records))}
-    for level in OUTCOMES:
+    """One receiver's iteration under fidelity/: the share of offers that could matter, admission shares among
+    them, mean D and terms (diagnosed trajectories), repairs, step-level co-occurrence of hotspots, the predictor,
+    the thresholds per source."""
+    live = [r for r in records if r["level"] != "inert"]
+    out = {"fidelity/offered": float(len(records)), "fidelity/could_matter": len(live) / max(len(records), 1)}
+    for level in OUTCOMES[:-1]:
         out[f"fidelity/admitted_{level}" if level != "rejected" else "fidelity/rejected"] = \
-            sum(r["level"] == level for r in records) / n
-    scored = [r for r in records if "D" in r]
-    for key, values in (("d", [r["D"] for r in scored]), ("d_repaired", [r["D_repaired"] for r in scored]),
-                        ("tbd_jaccard", [r["tbd_jaccard"] for r in scored]),
+            sum(r["level"] == level for r in live) / max(len(live), 1)
+    scored = [r for r in live if "D" in r]
+    for key, values in (("d", [r["D"] for r in scored]), ("tbd_jaccard", [r["tbd_jaccard"] for r in scored]),
                         *((t, [r["terms"][t] for r in scored if not math.isnan(r["terms"][t])]) for t in TERMS)):
         if values:
             out[f"fidelity/{key}_mean"] = sum(values) / len(values)
-    out["fidelity/through_repair"] = float(sum(r["through_repair"] for r in scored))
     for t in TERMS:
         out[f"fidelity/repairs_{t}"] = float(sum(t in r["repairs"] for r in records))
     steps = [s for r in scored for s in r["steps"]]
@@ -107,6 +109,47 @@ def fidelity_metrics(records: list[dict], thetas: dict[str, tuple[float, float]]
     for source, (t1, t2) in thetas.items():
         out[f"fidelity/theta1/{source}"], out[f"fidelity/theta2/{source}"] = t1, t2
     return out
+
+
+def band_of(d: float, theta: list[float]) -> int:
+    return 0 if d < theta[0] else 1 if d < theta[1] else 2
+
+
+def sensitivity(records: list[dict], weights: dict[str, float]) -> dict[str, dict[str, float]]:
+    """Per term with a weight, over the diagnosed records: `moved`, the share of offers whose band differs between
+    the term set to its 10th and to its 90th percentile (scaled, over these offers) with the others kept; and
+    `saturated`, the share whose term could not get worse: scaled to the top of its calibration, or every step at
+    its cap."""
+    scored = [r for r in records if "D" in r]
+    out = {}
+    for t, w in weights.items():
+        mine = [r for r in scored if not math.isnan(r["scaled"][t])]
+        if not w or not mine:
+            continue
+        q10, q90 = torch.quantile(torch.tensor([r["scaled"][t] for r in mine], dtype=torch.float64),
+                                  torch.tensor([0.1, 0.9], dtype=torch.float64)).tolist()
+        moved = sum(band_of(r["D"] + w * (q10 - r["scaled"][t]), r["theta"])
+                    != band_of(r["D"] + w * (q90 - r["scaled"][t]), r["theta"]) for r in mine)
+        saturated = sum(r["scaled"][t] >= SATURATED or all(s[t] is not None and s[t] >= SATURATED for s in r["steps"])
+                        for r in mine)
+        out[t] = {"offers": len(mine), "p10": q10, "p90": q90, "moved": moved / len(mine),
+                  "saturated": saturated / len(mine)}
+    return out
+
+
+def band_shares(records: list[dict]) -> dict[tuple[str, str], list[float]]:
+    """Per source -> receiver, the share of its diagnosed offers in each band of the diagnosis (PRP, XGRPO, SGT)."""
+    out: dict[tuple[str, str], list[float]] = {}
+    for pair in sorted({(r["source"], r["receiver"]) for r in records if "band" in r}):
+        bands = [r["band"] for r in records if "band" in r and (r["source"], r["receiver"]) == pair]
+        out[pair] = [bands.count(b) / len(bands) for b in range(len(LEVELS))]
+    return out
+
+
+def run_weights(config: dict) -> dict[str, float]:
+    """A run's term weights, 0 for an ablated term, from its config.json."""
+    lambdas = config.get("fidelity_lambdas", [1 / 3] * 3)
+    return {t: 0.0 if t in config.get("ablate", []) else float(l) for t, l in zip(TERMS, lambdas)}
 
 
 def quantiles(values: list[float]) -> str:
@@ -137,40 +180,55 @@ def marked_text(record: dict) -> str:
 
 def fidelity_report(run_dir: Path, worst: int = 5, windows: int = 4) -> str:
     """The curator's record of a cross-fidelity run (fidelity.jsonl): D and its terms per source -> receiver
-    pair, which term dominates, admission shares over time, the predictor, and the worst trajectories marked."""
+    pair, which term dominates, how the decision depends on each term, admission shares over time, the
+    predictor, and the worst trajectories marked."""
     records = [json.loads(line) for line in (Path(run_dir) / "fidelity.jsonl").read_text().splitlines() if line]
     scored = [r for r in records if "D" in r]
     pairs = sorted({(r["source"], r["receiver"]) for r in records})
-    config = Path(run_dir) / "config.json"
-    measure = json.loads(config.read_text()).get("tbd_measure", "credit") if config.exists() else "credit"
+    path = Path(run_dir) / "config.json"
+    config = json.loads(path.read_text()) if path.exists() else {}
     out = ["## Fidelity (cross-fidelity curation)\n",
-           f"Terms are in [0, 1]; D = sum lambda_i term_i, fidelity = 1 - D. TBD is the {measure} measure "
-           "(boundary_drift.py); tbd_jaccard is the byte-boundary measure, shown for comparison. "
-           "Cells: mean (p10 / p50 / p90) over fully diagnosed trajectories.\n",
-           "| source -> receiver | diagnosed | D | TBD | CCM | RSD | tbd_jaccard | dominant term (share) "
-           "| repaired D |", "|---|---|---|---|---|---|---|---|---|"]
+           f"Terms are raw in [0, 1]; D = sum lambda_i scaled_i, each term scaled by its distribution on the "
+           f"calibration run ({config.get('calibration', 'none')}); fidelity = 1 - D. TBD is the "
+           f"{config.get('tbd_measure', 'credit')} measure (boundary_drift.py); tbd_jaccard is the byte-boundary "
+           "measure, shown for comparison. Cells: mean (p10 / p50 / p90) over diagnosed trajectories. "
+           f"Admission: {config.get('admission', 'diagnosis')}.\n",
+           "| source -> receiver | offered | could matter | diagnosed | D | TBD | CCM | RSD | tbd_jaccard "
+           "| dominant term (share) | bands of D: PRP / XGRPO / SGT |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    shares = band_shares(records)
     for src, rcv in pairs:
+        offered = [r for r in records if (r["source"], r["receiver"]) == (src, rcv)]
         mine = [r for r in scored if (r["source"], r["receiver"]) == (src, rcv)]
         terms = {t: [r["terms"][t] for r in mine if r["terms"][t] is not None and not math.isnan(r["terms"][t])]
                  for t in TERMS}
         dominant = {t: sum(r["dominant"] == t for r in mine) / max(len(mine), 1) for t in TERMS}
-        out.append(f"| {src} -> {rcv} | {len(mine)} | {quantiles([r['D'] for r in mine])} | "
+        live = sum(r["level"] != "inert" for r in offered) / max(len(offered), 1)
+        out.append(f"| {src} -> {rcv} | {len(offered)} | {live:.0%} | {len(mine)} | {quantiles([r['D'] for r in mine])} | "
                    + " | ".join(quantiles(terms[t]) for t in TERMS)
                    + f" | {quantiles([r['tbd_jaccard'] for r in mine])} | "
                    + ", ".join(f"{t.upper()} {v:.0%}" for t, v in dominant.items())
-                   + f" | {quantiles([r['D_repaired'] for r in mine])} |")
+                   + " | " + " / ".join(f"{s:.0%}" for s in shares.get((src, rcv), [])) + " |")
+    out += ["\nHow the decision depends on each term (diagnosed offers): moved = the share whose band differs "
+            "between the term at its 10th and at its 90th percentile, the others kept; saturated = the share whose "
+            "term could not get worse (at the top of its calibration, or every step at its cap). CCM's floor, a "
+            "step as typical as the receiver's own counting as fully reachable, is not a cap.\n",
+            "| source -> receiver | term | offers | p10 -> p90 (scaled) | moved | saturated |", "|---|---|---|---|---|---|"]
+    for src, rcv in pairs:
+        mine = [r for r in scored if (r["source"], r["receiver"]) == (src, rcv)]
+        for t, s in sensitivity(mine, run_weights(config)).items():
+            out.append(f"| {src} -> {rcv} | {t.upper()} | {s['offers']} | {s['p10']:.2f} -> {s['p90']:.2f} "
+                       f"| {s['moved']:.0%} | {s['saturated']:.0%} |")
     last = max((r["iteration"] for r in records), default=0)
     edges = sorted({round(last * i / windows) for i in range(windows + 1)})
-    out += ["\nAdmission shares over time (all offered trajectories):\n",
-            "| source -> receiver | iterations | " + " | ".join(OUTCOMES) + " | moved finer by the repair "
-            "| skipped by predictor |", "|---|---|" + "---|" * (len(OUTCOMES) + 2)]
+    out += ["\nAdmission shares over time (all offered trajectories; inert: no level could use them):\n",
+            "| source -> receiver | iterations | " + " | ".join(OUTCOMES) + " | skipped by predictor |",
+            "|---|---|" + "---|" * (len(OUTCOMES) + 1)]
     for src, rcv in pairs:
         for lo, hi in zip(edges, edges[1:]):
             mine = [r for r in records if (r["source"], r["receiver"]) == (src, rcv) and lo < r["iteration"] <= hi]
             if mine:
                 out.append(f"| {src} -> {rcv} | {lo + 1}-{hi} | "
                            + " | ".join(f"{sum(r['level'] == lv for r in mine) / len(mine):.0%}" for lv in OUTCOMES)
-                           + f" | {sum(bool(r.get('through_repair')) for r in mine) / len(mine):.0%}"
                            + f" | {sum(bool(r.get('skipped')) for r in mine) / len(mine):.0%} |")
     crossed = [r for r in records if "carried" in r and r["carried"] != 0]
     if crossed:
@@ -191,6 +249,6 @@ def fidelity_report(run_dir: Path, worst: int = 5, windows: int = 4) -> str:
     distinct = {(r["iteration"], r["source"], r["receiver"], r["prompt"], r["text"]): r for r in scored}
     for r in sorted(distinct.values(), key=lambda r: -r["D"])[:worst]:
         out.append(f"- iteration {r['iteration']}, {r['source']} -> {r['receiver']}, reward {r['reward']:.0f}, "
-                   f"D {r['D']:.3f} (dominant {r['dominant'].upper()}) -> repaired {r['D_repaired']:.3f}: "
+                   f"D {r['D']:.3f} (dominant {r['dominant'].upper()}): "
                    f"{r['level']} ({r['reason']})\n```\n{marked_text(r)}\n```")
     return "\n".join(out) + "\n\n"

@@ -32,10 +32,6 @@ Decisions relied on (DESIGN.md §4.8):
     and one far beyond it (out of reach) goes to 0: the proposal's challenge 2, unfamiliar told apart from
     unreachable. The proposal's R = exp(-alpha g) has no zero point: every step, the target's own included,
     would carry CCM degradation.
-  - After the repair A_k R_k^beta, step k keeps the phantom share R_k^beta (1 - R_k) of its credit. That share
-    falls again as R_k -> 0, because the repair has then removed the credit rather than corrected it; a score
-    built on it would call the least reachable steps the best repaired. `phantom_left` is therefore the
-    smallest bound on it that never falls as R falls: max over r >= R_k of r^beta (1 - r).
 """
 
 from __future__ import annotations
@@ -288,13 +284,6 @@ def reachability(norms: torch.Tensor, calibration: Calibration) -> torch.Tensor:
     return torch.exp(-calibration.alpha * (norms - calibration.zero).clamp(min=0))
 
 
-def phantom_left(reach: torch.Tensor, beta: float = 1.0) -> torch.Tensor:
-    """[K] the CCM degradation a step keeps after its repair: max over r >= R_k of r^beta (1 - r), the phantom
-    share of the repaired credit, held at its peak r* = beta / (1 + beta) below it (module docstring)."""
-    peak = beta / (1 + beta)
-    return torch.clamp(reach, min=peak).pow(beta) * (1 - torch.clamp(reach, min=peak))
-
-
 def phantom_advantage(advantages: torch.Tensor, reach: torch.Tensor) -> torch.Tensor:
     """[K] P_k = A_k (1 - R_k): the credit a step carries that the target cannot realize."""
     return advantages * (1 - reach)
@@ -345,9 +334,9 @@ def step_item(prompt_ids: list[int], encoding: tokalign.Encoding, step_spans) ->
 
 
 def own_steps(policy, rollouts, step_spans, count: int) -> list[Item]:
-    """Up to `count` of a policy's own rollouts (policies.Rollouts) with steps: what its reachability is calibrated
-    on. One rollout per prompt in turn (prompt b's sample b mod G first), so that the calibration spans the
-    iteration's prompts rather than one prompt's group."""
+    """Up to `count` of a policy's own rollouts (policies.Rollouts) with steps, what its reachability is calibrated
+    on: one rollout per prompt in turn (prompt b's sample b mod G first), so that they span the iteration's prompts
+    rather than one prompt's group."""
     group = rollouts.group_size
     prompts = len(rollouts.completion_ids) // group
     items = []

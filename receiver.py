@@ -5,10 +5,9 @@ under --backend ray, where the curator on the driver calls them through the poli
 receiver and iteration, curator.Curator._receive calls them in this order:
   offers  the cheap diagnosis of every peer rollout: retokenized by the receiver, aligned with the source
           (tokalign), cut into steps, with TBD and RSD per step (diagnosis.make_offer); the hidden TBD measure
-          also needs the source's hidden states, so it runs only where the sources' models are at hand (the
-          local backend);
+          reads the sources' hidden states, which came with their experience;
   reach   the expensive diagnosis of the offers the fidelity predictor did not skip: the receiver's per-step
-          gradient norms and R_k, calibrated on its own steps of this iteration (reachability.py);
+          gradient norms and R_k, calibrated on its own steps of the last few iterations (reachability.py);
   cross   the admitted offers in the receiver's tokenization with their repaired per-token credit
           (diagnosis.step_credit, tokalign.token_credit): what the receiver's update trains on.
 What goes back to the curator is diagnoses (the offers, their step norms and R_k, the credit records) and
@@ -57,34 +56,33 @@ class ReceiverSide:
                                     "reason": "no step reaches the receiver's tokens", "repairs": []})
                 else:
                     offers.append(offer)
-        if offers and self.cfg.tbd_measure == "hidden" and "tbd" not in self.cfg.ablate:
+        if offers and self.cfg.measures_hidden_tbd:
             diagnosis.measure_hidden_tbd(offers, self.receiver)
         self.offered = offers
         return offers, records
 
-    def reach(self, positions: list[int], calibration: reachability.Calibration | None
-              ) -> tuple[list[diagnosis.Diagnosis], reachability.Calibration | None]:
+    def reach(self, positions: list[int], window: list[torch.Tensor]) -> tuple[list[diagnosis.Diagnosis], torch.Tensor]:
         """The expensive diagnosis of the offers at `positions`: the receiver's step gradient norms, and R_k
-        calibrated on its own steps of this iteration (a receiver without any keeps `calibration`, its last one).
-        Returns those offers' diagnoses and the calibration to keep. Nothing is measured with CCM ablated: the
-        intrinsic RSD signal is then off too (curator.py's docstring)."""
+        calibrated on its own step norms of this iteration and of the window's earlier ones (`window`, one tensor
+        per iteration). Returns those offers' diagnoses and this iteration's own norms (empty where nothing was
+        measured). Nothing is measured with CCM ablated: the intrinsic RSD signal is then off too."""
         cfg, q, offers = self.cfg, self.receiver.policy, [self.offered[k] for k in positions]
         if not offers or "ccm" in cfg.ablate:
-            return [o.diagnosis for o in offers], calibration
+            return [o.diagnosis for o in offers], torch.zeros(0)
         params = reachability.parameter_subset(q.model, cfg.reach_subset)
         prompt_ids = {b: q.encode_prompt(self.receiver.prompts[b]) for b in {o.prompt_index for o in offers}}
         items = [(prompt_ids[o.prompt_index], o.tgt.ids, o.ranges) for o in offers]
         norms = reachability.step_norms(q, items, params)
-        own = reachability.step_norms(q, reachability.own_steps(q, self.receiver.rollouts, self.task.step_spans,
-                                                                 cfg.calibration_rollouts), params)
-        if own:
-            calibration = reachability.calibrate(torch.cat(own), cfg.reach_quantile, cfg.reach_zero_quantile)
-        if calibration is None:
+        mine = reachability.own_steps(q, self.receiver.rollouts, self.task.step_spans, cfg.calibration_rollouts)
+        own = torch.cat(reachability.step_norms(q, mine, params)) if mine else torch.zeros(0)
+        sample = torch.cat([*window, own])
+        if sample.numel() == 0:
             raise ValueError(f"{q.name}'s rollouts have no step to calibrate reachability on yet")
+        calibration = reachability.calibrate(sample, cfg.reach_quantile, cfg.reach_zero_quantile)
         for o, g in zip(offers, norms):
             o.diagnosis.norms = g
             o.diagnosis.reach = reachability.reachability(g, calibration)
-        return [o.diagnosis for o in offers], calibration
+        return [o.diagnosis for o in offers], own
 
     def cross(self, credit: dict[int, float], advantages: torch.Tensor, stats: reward_drift.StepStats
               ) -> tuple[dict[int, dict], sharing.Received]:

@@ -54,6 +54,16 @@ class Experience:
     rollouts: policies.Rollouts      # N = B*G
     rewards: torch.Tensor            # [B, G]
     advantages: torch.Tensor         # [B, G]  from the policy's own group
+    hidden: list[torch.Tensor] | None = None   # N x [T_i, d] last hidden states of the completion tokens, where the
+                                               # hidden TBD measure needs them (with_hidden_states)
+
+
+def with_hidden_states(experience: Experience) -> Experience:
+    """The experience with its policy's last hidden states on its own completions, computed where the policy is
+    (boundary_drift's hidden measure needs the source's, and under Ray they cross with the trajectories)."""
+    r = experience.rollouts
+    hidden = experience.policy.hidden_states([p.tolist() for p in r.prompt_ids], [c.tolist() for c in r.completion_ids])
+    return replace(experience, hidden=hidden)
 
 
 @dataclass

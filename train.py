@@ -54,6 +54,7 @@ import hacpo
 import hardware
 import sharing
 import tasks
+import term_scales
 
 
 @dataclass
@@ -77,11 +78,19 @@ class Args:
     rejects it"""
     fidelity_lambdas: tuple[float, float, float] = curator.CuratorConfig.lambdas
     """cross-fidelity: weights of the TBD, CCM and RSD terms in the degradation D (summing to 1)"""
-    theta1: float = curator.CuratorConfig.theta1
-    """cross-fidelity: a repaired degradation D_repaired below it admits a trajectory to PRP (the starting value
-    with --thresholds adaptive)"""
-    theta2: float = curator.CuratorConfig.theta2
-    """cross-fidelity: D_repaired at or above it leaves only SGT; in between, XGRPO"""
+    theta1: float | None = curator.CuratorConfig.theta1
+    """cross-fidelity: a degradation D below it admits a trajectory to PRP (the starting value with --thresholds
+    adaptive). Default: the calibration's, for the run's weights and ablations (term_scales.py)"""
+    theta2: float | None = curator.CuratorConfig.theta2
+    """cross-fidelity: D at or above it leaves only SGT; in between, XGRPO. Default: the calibration's"""
+    calibration: str = "auto"
+    """cross-fidelity: the calibration run whose terms put D's terms on one scale and set the default thresholds
+    (term_scales.py): auto = results/calibration-PAIR-FORMAT-MEASURE.json where that testbed was calibrated, else
+    the default testbed's (qwen-llama, line, credit); a path to such a file; or none (raw terms, and --theta1 and
+    --theta2 must be given)"""
+    admission: Literal["diagnosis", "random"] = "diagnosis"
+    """cross-fidelity: each offer at the band of its diagnosis, or the control: the bands permuted at random among
+    each source's offers of the iteration (same shares, same rescues)"""
     ccm_beta: float = curator.CuratorConfig.ccm_beta
     """cross-fidelity: the CCM repair's exponent, A_k <- A_k R_k^beta"""
     ablate: tuple[Literal["tbd", "ccm", "rsd"], ...] = curator.CuratorConfig.ablate
@@ -217,9 +226,6 @@ class Args:
                              f"{self.prompts_per_iteration} and {self.group_size}")
         if self.backend == "local" and (self.ray_address is not None or self.gpus_per_policy is not None):
             raise ValueError("--ray-address and --gpus-per-policy place Ray actors: add --backend ray")
-        if self.backend == "ray" and self.share == "cross-fidelity" and self.tbd_measure == "hidden":
-            raise ValueError("--tbd-measure hidden needs the sources' hidden states beside the receiver's, which do not "
-                             "cross between Ray actors: use --backend local, or another --tbd-measure")
         if self.backend == "ray" and self.devices is not None:
             raise ValueError("under --backend ray, Ray gives each policy's actor its devices: drop --devices and "
                              "set --gpus-per-policy")
@@ -251,8 +257,11 @@ class Args:
 
     @property
     def curator_config(self) -> curator.CuratorConfig:
-        return curator.CuratorConfig(self.fidelity_lambdas, self.theta1, self.theta2, self.ccm_beta, self.ablate,
-                                     tbd_measure=self.tbd_measure, process_signal=self.process_signal)
+        calibration = (str(term_scales.default_path(self.pair, self.step_format, self.tbd_measure))
+                       if self.calibration == "auto" else self.calibration)
+        return curator.CuratorConfig(self.fidelity_lambdas, self.theta1, self.theta2, calibration, self.admission,
+                                     self.ccm_beta, self.ablate, tbd_measure=self.tbd_measure,
+                                     process_signal=self.process_signal)
 
 
 def prompt_sampler(seed: int, iteration: int) -> random.Random:
@@ -363,7 +372,7 @@ def run(args: Args, team: backends.Team) -> Path:
         shared = [p.score(problems) for p in team.policies]     # futures under Ray, handed on to peers as they are
         experiences = team.get(shared)
         # the stability guard's verdict on the previous cycle, now that the rollouts its update produced exist
-        verdicts = {e.policy.name: curation.judge(e.policy.name, grpo.rewards_stats(e.rewards)["charts/reward_std"])
+        verdicts = {e.policy.name: curation.judge(e.policy.name, e.rewards)
                     for e in experiences} if curation is not None else {}
 
         # ---- 3. exchange: trajectories cross to every peer, then each receiver's part runs where it is -------

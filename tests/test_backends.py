@@ -1,4 +1,5 @@
-"""The backends: a run on Ray gives the local run's metrics for the same seed (none, cross-fidelity; PRP on three
+"""The backends: a run on Ray gives the local run's metrics for the same seed (none, cross-fidelity, with the
+hidden TBD measure, whose source states cross with the trajectories, and random admission; PRP on three
 actors, through a checkpoint and a resume); an actor that raises hands its traceback to the trainer; a killed actor
 ends the run within seconds, naming its policy; a threaded local handle keeps each policy's calls in order."""
 
@@ -41,8 +42,9 @@ def assert_same_weights(a, b, names: list[str], iteration: int) -> None:
             torch.testing.assert_close(saved[0][key], saved[1][key], rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("setting", [dict(share="none"), dict(share="cross-fidelity", thresholds="adaptive")],
-                         ids=["none", "cross-fidelity"])
+@pytest.mark.parametrize("setting", [dict(share="none"), dict(share="cross-fidelity", thresholds="adaptive"),
+                                     dict(share="cross-fidelity", tbd_measure="hidden", admission="random")],
+                         ids=["none", "cross-fidelity", "hidden-tbd-random-admission"])
 def test_a_run_on_ray_gives_the_local_runs_metrics_decisions_and_weights(tmp_path, cache_dir, local_ray, setting):
     local = train.main(tiny_args(tmp_path, cache_dir, name="local", **setting))
     remote = train.main(tiny_args(tmp_path, cache_dir, name="ray", **on_ray(**setting)))

@@ -144,21 +144,6 @@ def test_reachability_calibration_phantom_and_repair_by_hand():
         reachability.calibrate(own, quantile=0.5, zero_quantile=0.5)
 
 
-def test_the_phantom_left_after_repair_never_falls_as_reachability_falls():
-    # by hand at beta = 1: r (1 - r) for r >= 1/2, its peak 1/4 below; a naive loop over a fine grid as reference
-    reach = torch.tensor([1.0, 0.9, 0.5, 0.2, 0.01], dtype=torch.float64)
-    torch.testing.assert_close(reachability.phantom_left(reach, 1.0),
-                               torch.tensor([0.0, 0.09, 0.25, 0.25, 0.25], dtype=torch.float64))
-    grid = [i / 400 for i in range(401)]
-    for beta in (0.3, 1.0, 2.5):
-        left = reachability.phantom_left(torch.tensor(grid, dtype=torch.float64), beta)
-        naive = torch.tensor([max(r ** beta * (1 - r) for r in grid[i:]) for i in range(len(grid))],
-                             dtype=torch.float64)
-        torch.testing.assert_close(left, naive, atol=1e-4, rtol=0)   # the grid misses the exact peak by < 1e-5
-        assert (left[1:] <= left[:-1] + 1e-12).all()          # less reachable: never less degraded after repair
-        assert (left <= 1 - torch.tensor(grid, dtype=torch.float64) + 1e-12).all()               # and never more than before it
-
-
 def test_step_token_ranges_and_bad_steps():
     assert reachability.step_token_ranges([(0, 2), (2, 3), (3, 6), (6, 6)], [(0, 3), (4, 5), (9, 10)]) == [(0, 2), (2, 3)]
     model = tiny.tiny_model("qwen2", tiny.TinyShape(32, 1, 4, 0), 50, seed=0)
