@@ -7,7 +7,8 @@ calibration run, a cross-fidelity run on a seed no comparison uses (benchmarks/c
 CDF there, piecewise linear between the calibration's percentiles. A scaled term is monotone in the raw one,
 uniform on [0, 1] over the calibration's offers, and flat only beyond its extremes there, so equal weights give
 the terms equal spread in D. A term that never varied on the calibration run (TBD between Qwen2 and Llama-3 in
-line steps) is a constant and moves no decision.
+line steps) has no distribution to scale by and enters raw: 0 there, as it was, and its own value on a testbed
+where it does vary but that was not calibrated (`default_path` falls back to the default testbed's calibration).
 
 The thresholds are a stated rule on the same offers (`share_thresholds`): the quantiles of D that give PRP, XGRPO
 and SGT a third each, computed for whatever weights a run uses, its ablations included, so an ablation is the
@@ -55,7 +56,8 @@ def share_thresholds(d: list[float], shares: tuple[float, float] = (1 / 3, 1 / 3
 @dataclass(frozen=True)
 class TermScale:
     """A term's mid-rank CDF on the calibration offers: increasing distinct `knots` (raw values) and the CDF at
-    each; linear in between, constant beyond the first and last knot."""
+    each; linear in between, constant beyond the first and last knot. With a single knot (a term that never
+    varied) the raw value itself."""
 
     knots: tuple[float, ...]
     cdf: tuple[float, ...]
@@ -80,6 +82,8 @@ class TermScale:
 
     def __call__(self, raw: float) -> float:
         k, p = self.knots, self.cdf
+        if len(k) == 1:
+            return raw
         if raw <= k[0]:
             return p[0]
         if raw >= k[-1]:

@@ -286,7 +286,14 @@ def load_tasks(args: Args) -> tuple[tasks.Task, tasks.Task | None]:
 
 def make_curator(args: Args, names: list[str]) -> curator.Curator:
     """The curator of --share cross-fidelity, configured by the run's flags."""
-    return curator.Curator(args.curator_config, names, args.seed,
+    cfg = args.curator_config
+    if cfg.calibration != "none":
+        own = term_scales.testbed_path(args.pair, args.step_format, args.tbd_measure)
+        print(f"curator: terms scaled and thresholds set by {cfg.calibration}"
+              + ("" if args.calibration != "auto" or Path(cfg.calibration) == own else
+                 f" (no calibration of this testbed: run benchmarks/calibrate_curator.py --pair {args.pair} "
+                 f"--step-format {args.step_format} --tbd-measure {args.tbd_measure} to make {own.name})"))
+    return curator.Curator(cfg, names, args.seed,
                            coevolution.BanditConfig() if args.thresholds == "adaptive" else None,
                            coevolution.PredictorConfig() if args.predictor else None)
 
