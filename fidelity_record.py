@@ -20,6 +20,7 @@ import torch
 
 import boundary_drift
 import reachability
+import term_scales
 from diagnosis import TERMS, Diagnosis, Offer
 from sharing import LEVELS
 
@@ -115,12 +116,15 @@ def band_of(d: float, theta: list[float]) -> int:
     return 0 if d < theta[0] else 1 if d < theta[1] else 2
 
 
-def sensitivity(records: list[dict], weights: dict[str, float]) -> dict[str, dict[str, float]]:
+def sensitivity(records: list[dict], weights: dict[str, float], calibration: term_scales.Calibration | None
+                ) -> dict[str, dict[str, float]]:
     """Per term with a weight, over the diagnosed records: `moved`, the share of offers whose band differs between
     the term set to its 10th and to its 90th percentile (scaled, over these offers) with the others kept; and
-    `saturated`, the share whose term could not get worse: scaled to the top of its calibration, or every step at
-    its cap."""
+    `saturated`, the share whose term could not get worse: at or beyond the top of its calibration's scale, or
+    every step at its cap."""
     scored = [r for r in records if "D" in r]
+    tops = {t: s.knots[-1] if len(s.knots) > 1 else math.inf
+            for t, s in zip(TERMS, calibration.scales)} if calibration else dict.fromkeys(TERMS, math.inf)
     out = {}
     for t, w in weights.items():
         mine = [r for r in scored if not math.isnan(r["scaled"][t])]
@@ -130,7 +134,7 @@ def sensitivity(records: list[dict], weights: dict[str, float]) -> dict[str, dic
                                   torch.tensor([0.1, 0.9], dtype=torch.float64)).tolist()
         moved = sum(band_of(r["D"] + w * (q10 - r["scaled"][t]), r["theta"])
                     != band_of(r["D"] + w * (q90 - r["scaled"][t]), r["theta"]) for r in mine)
-        saturated = sum(r["scaled"][t] >= SATURATED or all(s[t] is not None and s[t] >= SATURATED for s in r["steps"])
+        saturated = sum(r["terms"][t] >= tops[t] or all(s[t] is not None and s[t] >= SATURATED for s in r["steps"])
                         for r in mine)
         out[t] = {"offers": len(mine), "p10": q10, "p90": q90, "moved": moved / len(mine),
                   "saturated": saturated / len(mine)}
@@ -144,6 +148,14 @@ def band_shares(records: list[dict]) -> dict[tuple[str, str], list[float]]:
         bands = [r["band"] for r in records if "band" in r and (r["source"], r["receiver"]) == pair]
         out[pair] = [bands.count(b) / len(bands) for b in range(len(LEVELS))]
     return out
+
+
+def run_calibration(config: dict) -> term_scales.Calibration | None:
+    """The calibration a run's terms were scaled by, from its config.json (None: raw terms, or not found)."""
+    path = config.get("calibration", "none")
+    if path == "auto":
+        path = str(term_scales.default_path(config["pair"], config["step_format"], config["tbd_measure"]))
+    return term_scales.Calibration.load(path) if path != "none" and Path(path).exists() else None
 
 
 def run_weights(config: dict) -> dict[str, float]:
@@ -215,7 +227,7 @@ def fidelity_report(run_dir: Path, worst: int = 5, windows: int = 4) -> str:
             "| source -> receiver | term | offers | p10 -> p90 (scaled) | moved | saturated |", "|---|---|---|---|---|---|"]
     for src, rcv in pairs:
         mine = [r for r in scored if (r["source"], r["receiver"]) == (src, rcv)]
-        for t, s in sensitivity(mine, run_weights(config)).items():
+        for t, s in sensitivity(mine, run_weights(config), run_calibration(config)).items():
             out.append(f"| {src} -> {rcv} | {t.upper()} | {s['offers']} | {s['p10']:.2f} -> {s['p90']:.2f} "
                        f"| {s['moved']:.0%} | {s['saturated']:.0%} |")
     last = max((r["iteration"] for r in records), default=0)

@@ -27,6 +27,14 @@ sys.path.insert(0, str(ROOT))
 import term_scales  # noqa: E402
 
 
+def calibration_from_run(run_dir: Path, keep: int) -> term_scales.Calibration:
+    """The raw terms of every diagnosed offer in the run's fidelity.jsonl, an even subsample of `keep` past it."""
+    records = [json.loads(line) for line in (run_dir / "fidelity.jsonl").read_text().splitlines() if line]
+    rows = [tuple(r["terms"][t] for t in term_scales.TERMS) for r in records if "terms" in r]
+    kept = [rows[i * len(rows) // keep] for i in range(keep)] if len(rows) > keep else rows
+    return term_scales.Calibration(tuple(kept), f"{run_dir.name}: {len(rows)} diagnosed offers, {len(kept)} kept")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pair", default="qwen-llama")
@@ -51,10 +59,7 @@ def main() -> None:
         if (run_dir / "checkpoints" / "latest").exists():
             command.append("--resume")
         subprocess.run(command, check=True, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    records = [json.loads(line) for line in (run_dir / "fidelity.jsonl").read_text().splitlines() if line]
-    rows = [tuple(r["terms"][t] for t in term_scales.TERMS) for r in records if "terms" in r]
-    kept = [rows[round(i * len(rows) / args.keep)] for i in range(args.keep)] if len(rows) > args.keep else rows
-    calibration = term_scales.Calibration(tuple(kept), f"{name}: {len(rows)} diagnosed offers, {len(kept)} kept")
+    calibration = calibration_from_run(run_dir, args.keep)
     out = term_scales.testbed_path(args.pair, args.step_format, args.tbd_measure)
     calibration.save(out, {**testbed, "seed": args.seed, "iterations": args.iterations})
     print(f"{calibration.origin}; written to {out.relative_to(ROOT)}\nthresholds by the share rule (a third each):")

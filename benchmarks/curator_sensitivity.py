@@ -51,7 +51,8 @@ def runs_table(runs: list[Path]) -> None:
         records, config = read(run)
         for pair in sorted({(r["source"], r["receiver"]) for r in records}):
             mine = [r for r in records if (r["source"], r["receiver"]) == pair]
-            for term, s in fidelity_record.sensitivity(mine, fidelity_record.run_weights(config)).items():
+            for term, s in fidelity_record.sensitivity(mine, fidelity_record.run_weights(config),
+                                                       fidelity_record.run_calibration(config)).items():
                 print(f"| {run.name} | {pair[0]} -> {pair[1]} | {term.upper()} | {s['offers']} | {s['moved']:.0%} "
                       f"| {s['saturated']:.0%} |")
         shares += [(run.name, pair, s) for pair, s in fidelity_record.band_shares(records).items()]

@@ -4,6 +4,9 @@ cross-fidelity runs end to end."""
 import json
 import math
 import random
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -27,6 +30,7 @@ import train
 from test_train import tiny_args
 
 EPS = 1e-4  # grpo.group_advantages' default
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_admission_boundaries_on_hand_made_degradations():
@@ -340,7 +344,12 @@ def test_a_cross_fidelity_run_logs_decisions_that_follow_its_own_rules(tmp_path,
     for r in (r for r in records if "tokens" in r["crossed"]):   # separators and EOS carry only step credit
         low, high = min(r["step_credit"]) - 1e-6, max(r["step_credit"]) + 1e-6
         assert all(low <= c <= high for c in r["outside_credit"])
-    assert "Fidelity" in (run_dir / "report.md").read_text()
+    assert "Fidelity" in (run_dir / "report.md").read_text() and "moved" in (run_dir / "report.md").read_text()
+    if pair == "qwen-llama" and admission == "diagnosis":      # the README's sensitivity commands on this run
+        for command in (["runs", str(run_dir)], ["ablation", str(run_dir), str(run_dir), "--source", "qwen"]):
+            out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "curator_sensitivity.py"), *command],
+                                 capture_output=True, text=True, check=True).stdout
+            assert "CCM" in out if command[0] == "runs" else "in different bands: 0 (0%)" in out
 
 
 def test_admission_routes_each_band_by_hand():
@@ -566,10 +575,26 @@ def test_sensitivity_and_saturation_by_hand():
     # moving CCM from 0.1 to 0.9 adds 0.267 to D
     def record(d, ccm, steps):
         return {"D": d, "theta": [0.3, 0.6], "scaled": {"tbd": 0.5, "ccm": ccm, "rsd": 0.5},
+                "terms": {"tbd": 0.0, "ccm": sum(steps) / len(steps), "rsd": 0.4},
                 "steps": [{"tbd": 0.0, "ccm": s, "rsd": None} for s in steps]}
     records = [record(0.25, 0.0, [0.1]), record(0.5, 0.5, [1.0, 0.2]), record(0.8, 1.0, [1.0, 1.0])]
-    out = fidelity_record.sensitivity(records, {"tbd": 0.0, "ccm": 1 / 3, "rsd": 1 / 3})
+    out = fidelity_record.sensitivity(records, {"tbd": 0.0, "ccm": 1 / 3, "rsd": 1 / 3}, None)
     # D at (p10, p90): 0.283 / 0.55 (PRP -> XGRPO), 0.367 / 0.633 (XGRPO -> SGT), 0.5 / 0.767 (XGRPO -> SGT)
     assert out["ccm"]["moved"] == pytest.approx(1.0) and "tbd" not in out
-    assert out["ccm"]["saturated"] == pytest.approx(1 / 3)       # the third: scaled to 1, every step at its cap
+    assert out["ccm"]["saturated"] == pytest.approx(1 / 3)       # the third: every step at its cap
     assert out["rsd"]["moved"] == 0.0                            # every offer at the same RSD: p10 = p90
+    # at the top of the calibration's scale a term cannot get worse either: RSD 0.4 against a top of 0.35
+    top = term_scales.Calibration(((0.0, 0.1, 0.2), (0.0, 0.2, 0.35)))
+    assert fidelity_record.sensitivity(records, {"tbd": 0.0, "ccm": 1 / 3, "rsd": 1 / 3}, top)["rsd"]["saturated"] == 1
+
+
+def test_the_calibration_script_keeps_every_diagnosed_offers_terms_or_an_even_subsample(tmp_path):
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import calibrate_curator
+    lines = [{"level": "inert"}] + [{"terms": {"tbd": 0.0, "ccm": i / 10, "rsd": math.nan}} for i in range(10)]
+    (tmp_path / "fidelity.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    whole = calibrate_curator.calibration_from_run(tmp_path, keep=20)
+    assert [round(c, 6) for _, c, _ in whole.terms] == [i / 10 for i in range(10)]
+    assert all(math.isnan(r) for _, _, r in whole.terms)
+    half = calibrate_curator.calibration_from_run(tmp_path, keep=5)
+    assert [round(c, 6) for _, c, _ in half.terms] == [0.0, 0.2, 0.4, 0.6, 0.8]
