@@ -63,14 +63,17 @@ class Peer:
 
 def training_batch(policy: policies.Policy, rollouts: policies.Rollouts, received: sharing.Received
                    ) -> grpo.TrainBatch:
-    """The policy's own rollouts, their advantages spread over every completion token with weight 1, and the
-    peer trajectories it received with their own per-token advantages and weights."""
+    """The policy's own rollouts (those the exchange kept), their advantages spread over every completion token
+    with weight 1, then the peer trajectories it received with their own per-token advantages and weights: own
+    first, peers last, the order of the optimizer steps (grpo.minibatch_rows)."""
     advantages = received.advantages.flatten()                                          # [B*G]
-    prompts = [p.tolist() for p in rollouts.prompt_ids] + [c.prompt_ids for c in received.crossings]
-    completions = [c.tolist() for c in rollouts.completion_ids] + [c.completion_ids for c in received.crossings]
-    token_advantages = ([a.expand(len(ids)) for a, ids in zip(advantages, rollouts.completion_ids)]
+    kept = [i for i in range(len(advantages)) if received.kept is None or received.kept.flatten()[i]]
+    prompts = [rollouts.prompt_ids[i].tolist() for i in kept] + [c.prompt_ids for c in received.crossings]
+    completions = ([rollouts.completion_ids[i].tolist() for i in kept]
+                   + [c.completion_ids for c in received.crossings])
+    token_advantages = ([advantages[i].expand(len(rollouts.completion_ids[i])) for i in kept]
                         + [c.advantages for c in received.crossings])
-    token_weights = ([torch.ones(len(ids)) for ids in rollouts.completion_ids]
+    token_weights = ([torch.ones(len(rollouts.completion_ids[i])) for i in kept]
                      + [c.weights for c in received.crossings])
     return grpo.build_batch(prompts, completions, token_advantages, policy.tokenizer.pad_token_id, token_weights)
 
@@ -182,7 +185,7 @@ class PolicyWorker:
         batch = training_batch(p, self.experience.rollouts, self.received)
         with hardware.measured(p.device) as perf:
             stats = grpo.grpo_step(p.model, self.optimizer, batch, a.loss_config, a.epochs, a.micro_batch,
-                                   a.max_grad_norm, self.reference, a.temperature, measure_kl=measure_kl)
+                                   a.max_grad_norm, self.reference, a.temperature, measure_kl, a.minibatches)
         return {**stats, **hardware.perf_metrics("update", batch.mask.sum().item() * a.epochs, perf)}
 
     def evaluate(self, iteration: int) -> dict[str, float]:
