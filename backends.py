@@ -3,8 +3,8 @@
 
 One class holds a policy's work, `PolicyWorker`: its model, optimizer and KL reference; its rollouts and their
 rewards (a code task's sandbox runs where the policy is); its side of the exchange (its own part of
-sharing.exchange, or the receiver's side of curation, receiver.py); its update, its evaluation and its part of each
-checkpoint. `LocalHandle` calls it in this process and returns results; ray_team.RayHandle calls its actor and
+sharing.exchange or graft.exchange, or the receiver's side of curation, receiver.py); its update, its evaluation
+and its part of each checkpoint. `LocalHandle` calls it in this process and returns results; ray_team.RayHandle calls its actor and
 returns futures. `get` turns either into results, and a future passed to another policy's method is resolved there, so
 under Ray a policy's trajectories go to its peers from its actor's object store.
 
@@ -38,6 +38,7 @@ import torch
 
 import checkpoint
 import eval as evaluation
+import graft
 import grpo
 import hardware
 import lora
@@ -160,9 +161,11 @@ class PolicyWorker:
 
     def receive(self, capability: dict[str, float] | None = None) -> sharing.Received:
         """Phase 3 at a fixed level: this policy's part of sharing.exchange (`capability`: HACPO's, this
-        iteration). What returns holds no crossings: they stay here, where the update trains on them."""
-        self.received = sharing.exchange([self.experience, *self.shared], self.args.share_config, self.name,
-                                         capability)[self.name]
+        iteration), or of graft.exchange. What returns holds no crossings: they stay here, where the update trains
+        on them."""
+        experiences, cfg = [self.experience, *self.shared], self.args.share_config
+        self.received = (graft.exchange(experiences, cfg, self.name) if cfg.mode == "graft" else
+                         sharing.exchange(experiences, cfg, self.name, capability))[self.name]
         return dataclasses.replace(self.received, crossings=[])
 
     def offers(self, examples: list, stats: dict) -> tuple[list, list[dict]]:

@@ -24,8 +24,7 @@ trajectories to) and §4.5 (their definitions, since the Mutual RL paper body is
          that carries a gradient crosses as in PRP, with the sequence-level weight s^(1+alpha) and the peer's
          advantage scaled by the capability ratio. Its equations, their numbers and the choices made where
          the paper is silent are in hacpo.py; `hacpo_exchange` applies them.
-  GRAFT  (arXiv 2609.37868) where the receiver's whole group failed a prompt and a peer's group on it is mixed,
-         the peer's group replaces the receiver's, with the peer's advantages and a compatibility weight; graft.py.
+  GRAFT  (arXiv 2609.37868), built on this module's crossing, is graft.py's, with its own exchange.
 
 `exchange` applies one level to an iteration's experience of every policy and returns, per receiver, the
 advantages of its own rollouts and the peer trajectories it takes in, with metrics under `sharing/`.
@@ -44,7 +43,7 @@ import policies
 import tokalign
 
 LEVELS = ("prp", "xgrpo", "sgt")           # data, value, outcome: what the curator admits to
-MODES = ("none", *LEVELS, "hacpo", "graft")
+MODES = ("none", *LEVELS, "hacpo")
 
 
 @dataclass
@@ -243,9 +242,6 @@ def exchange(experiences: list[Experience], cfg: ShareConfig, receiver_name: str
     """
     if cfg.mode not in MODES:
         raise ValueError(f"unknown sharing mode {cfg.mode!r}: use one of {MODES}")
-    if cfg.mode == "graft":
-        import graft   # graft.py builds on this module's crossing
-        return graft.exchange(experiences, cfg, receiver_name)
     if cfg.mode == "hacpo":
         if capability is None:
             raise ValueError("--share hacpo needs the policies' capabilities of this iteration (hacpo.Capabilities, "

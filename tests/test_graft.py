@@ -69,7 +69,7 @@ def test_a_mixed_peer_group_replaces_a_failed_group_with_its_own_advantages(untr
     receiver = experience(llama, PROMPTS, TEXTS, [[0.0, 0.0], [1.0, 0.0], [0.0, 0.0]])
     encoded = with_compatibility(peer, receiver, [0.9, 1.3, 0.95, 0.95, 0.7, 0.85])
     cfg = sharing.ShareConfig("graft", temperature=0.7, graft_delta=0.8)
-    mine = sharing.exchange([receiver, peer], cfg)["llama"]
+    mine = graft.exchange([receiver, peer], cfg)["llama"]
     # prompt 0: both rollouts cross, weights 0.9 and 1 (1.3 is not upweighted); prompt 1 is not failed; prompt 2:
     # s = 0.7 is below delta, 0.85 crosses. The peer's advantages are its own group's [1, 0]: +-(1/2)/(1/2 + eps)
     assert [c.index for c in mine.crossings] == [0, 1, 5]
@@ -82,7 +82,7 @@ def test_a_mixed_peer_group_replaces_a_failed_group_with_its_own_advantages(untr
     assert mine.metrics["sharing/offered"] == 4 and mine.metrics["sharing/accepted"] == 0.75
     assert mine.metrics["sharing/received"] == 3 and mine.metrics["sharing/replaced_groups"] == 2
     # qwen never failed a whole group: nothing crosses to it, all its rollouts stay
-    theirs = sharing.exchange([receiver, peer], cfg, "qwen2")
+    theirs = graft.exchange([receiver, peer], cfg, "qwen2")
     assert theirs.keys() == {"qwen2"} and theirs["qwen2"].crossings == [] and theirs["qwen2"].kept.all()
 
     # the batch: llama's kept rollouts (prompt 1's two) first, then the three crossings, in that order
@@ -98,7 +98,7 @@ def test_with_every_trajectory_below_delta_the_receiver_keeps_its_group(untraine
     peer = experience(untrained["qwen2"], PROMPTS[:1], TEXTS[:1], [[1.0, 0.0]])
     receiver = experience(untrained["llama"], PROMPTS[:1], TEXTS[:1], [[0.0, 0.0]])
     with_compatibility(peer, receiver, [0.5, 0.6])
-    mine = sharing.exchange([receiver, peer], sharing.ShareConfig("graft", temperature=0.7))["llama"]
+    mine = graft.exchange([receiver, peer], sharing.ShareConfig("graft", temperature=0.7))["llama"]
     assert mine.crossings == [] and mine.kept.all() and mine.metrics["sharing/accepted"] == 0.0
 
 
