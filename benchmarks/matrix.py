@@ -158,6 +158,7 @@ def run_set(set_name: str, configurations: list[str], seeds: list[int], jobs: in
     unknown = sorted(set(configurations) - set(SETS[set_name].configurations))
     if unknown:
         raise ValueError(f"{unknown} are not configurations of set {set_name}: {sorted(SETS[set_name].configurations)}")
+    code_commit(repo)   # a dirty tree stops the set before any run starts
     runs_dir.mkdir(parents=True, exist_ok=True)
     out.mkdir(parents=True, exist_ok=True)
     grid = [(c, s) for s in seeds for c in configurations]

@@ -270,8 +270,11 @@ def test_eval_matrix_writes_the_analysis_from_summaries_alone(tmp_path):
 
 
 def test_the_matrix_command_line_runs_the_set_it_names(repo, tmp_path):
+    # the README's command, on one configuration and seed of the pilot, training faked
     train = FakeTrain()
-    matrix.main(["--set", "smoke", "--configurations", "graft", "--seeds", "5", "--jobs", "2", "--runs-dir",
-                 str(tmp_path / "runs"), "--out", str(tmp_path / "out")], train, repo)
-    assert train.calls == [("smoke-graft-s5", ["--share", "graft", "--seed", "5", *matrix.SETS["smoke"].shared])]
-    assert (tmp_path / "out" / "graft-s5.json").exists()
+    matrix.main(["--set", "pilot", "--jobs", "2", "--commit", "--configurations", "graft", "--seeds", "1001",
+                 "--runs-dir", str(tmp_path / "runs")], train, repo)
+    assert train.calls == [("pilot-graft-s1001", ["--share", "graft", "--seed", "1001", *matrix.SETS["pilot"].shared])]
+    assert matrix.SETS["pilot"].shared[-2:] == ("--minibatches", "2")
+    assert json.loads((repo / "results" / "pilot" / "graft-s1001.json").read_text())["seed"] == 1001
+    assert git_log(repo)[0].split(maxsplit=1)[1] == "pilot: graft seed 1001"
