@@ -13,7 +13,8 @@ import graft
 import hacpo
 import sharing
 import train
-from test_sharing import EPS, PROMPTS, TEXTS, experience, naive_logprobs, untrained  # noqa: F401 (a fixture)
+from test_sharing import (EPS, PROMPTS, TEXTS, experience, naive_logprobs, random_binary_rewards,  # noqa: F401
+                          untrained)
 from test_train import tiny_args
 
 
@@ -32,9 +33,7 @@ def test_only_a_wholly_failed_group_meets_a_mixed_one():
 @settings(max_examples=200, deadline=None)
 @given(st.integers(1, 5), st.integers(1, 4), st.integers(1, 4), st.integers(0, 2**31 - 1))
 def test_replaced_prompts_equal_a_naive_loop(groups, g_own, g_peer, seed):
-    gen = torch.Generator().manual_seed(seed)
-    own = torch.randint(0, 2, (groups, g_own), generator=gen).float()
-    peer = torch.randint(0, 2, (groups, g_peer), generator=gen).float()
+    own, peer = random_binary_rewards(seed, (groups, g_own), (groups, g_peer))
     assert graft.replaced_prompts(own, peer).tolist() == naive_replaced(own, peer)
 
 
