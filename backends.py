@@ -68,7 +68,8 @@ def training_batch(policy: policies.Policy, rollouts: policies.Rollouts, receive
     with weight 1, then the peer trajectories it received with their own per-token advantages and weights: own
     first, peers last, the order of the optimizer steps (grpo.minibatch_rows)."""
     advantages = received.advantages.flatten()                                          # [B*G]
-    kept = [i for i in range(len(advantages)) if received.kept is None or received.kept.flatten()[i]]
+    kept = (received.kept.flatten().nonzero().flatten().tolist() if received.kept is not None
+            else range(len(advantages)))
     prompts = [rollouts.prompt_ids[i].tolist() for i in kept] + [c.prompt_ids for c in received.crossings]
     completions = ([rollouts.completion_ids[i].tolist() for i in kept]
                    + [c.completion_ids for c in received.crossings])

@@ -203,15 +203,13 @@ def grpo_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: T
     # completion targets: no forward over right padding or logits over prompts (same loss, summed in another order)
     lengths = tensors["attention_mask"].sum(1)                                                    # [N]
     first = tensors["mask"].argmax(1)                                                             # [N]
-    steps = []
+    steps = []   # per optimizer step: its micro-batches (rows, first column, end), and its (sequences, tokens)
     for part in minibatch_rows(n, minibatches):
         order = part.start + torch.argsort(lengths[part.start:part.stop], stable=True)
-        chunks = []
-        for i in range(0, len(part), micro_batch):
-            rows = order[i:i + micro_batch]
-            chunks.append((rows, int(first[rows].min()), int(lengths[rows].max())))
-        steps.append((chunks, (len(part), tensors["mask"][part.start:part.stop].sum().item())))
-    chunks = [c for step, _ in steps for c in step]
+        micro = [order[i:i + micro_batch] for i in range(0, len(part), micro_batch)]
+        steps.append(([(rows, int(first[rows].min()), int(lengths[rows].max())) for rows in micro],
+                      (len(part), tensors["mask"][part.start:part.stop].sum().item())))
+    chunks = [chunk for step, _ in steps for chunk in step]
     def cut(name: str, rows: torch.Tensor, start: int, end: int) -> torch.Tensor | None:
         return tensors[name][rows, start:end - 1] if tensors[name] is not None else None          # [n, end-1-start]
     def logprobs(m: torch.nn.Module, rows: torch.Tensor, start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:

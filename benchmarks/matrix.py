@@ -68,6 +68,9 @@ SETS = {
 """the named sets: the pre-registered pilot (results/preregistration.md), and a smoke test of the runner"""
 
 
+GIT = threading.Lock()   # one git command at a time across the runner's threads
+
+
 def code_commit(repo: Path = ROOT) -> str:
     """The last commit that touched a file outside results/; refused while such tracked files have uncommitted
     changes, since the commit would then not say what ran."""
@@ -147,9 +150,6 @@ def run_one(set_name: str, configuration: str, seed: int, runs_dir: Path, out: P
             git(repo, "add", "--", str(path))
             git(repo, "commit", "-q", "-m", f"{out.name}: {configuration} seed {seed}", "--", str(path))
     return f"{line}; summary {path}"
-
-
-GIT = threading.Lock()   # one git command at a time across the runner's threads
 
 
 def run_set(set_name: str, configurations: list[str], seeds: list[int], jobs: int, runs_dir: Path, out: Path,
