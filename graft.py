@@ -52,6 +52,24 @@ def compatibility_weights(log_s: torch.Tensor, delta: float) -> torch.Tensor:
                        torch.zeros_like(log_s))
 
 
+def replacing_groups(receiver: sharing.Experience, peers: list[sharing.Experience], cfg: sharing.ShareConfig
+                     ) -> list[tuple[sharing.Experience, sharing.Crossing]]:
+    """(peer, crossing) of every trajectory of the peer groups that may replace the receiver's failed groups, prompt
+    by prompt: of the peers mixed on a prompt, the one whose group has the highest mean log s."""
+    best: dict[int, tuple[float, list[tuple[sharing.Experience, sharing.Crossing]]]] = {}
+    for peer in peers:
+        size = peer.rollouts.group_size
+        prompts = replaced_prompts(receiver.rewards, peer.rewards, cfg.success).nonzero().flatten().tolist()
+        picks = [(b * size + i, peer.advantages[b, i].item()) for b in prompts for i in range(size)]
+        crossed = sharing.cross(peer, picks, receiver.policy, cfg)
+        for b in prompts:
+            group = [(peer, c) for c in crossed if c.index // size == b]
+            score = sharing.sequence_log_ratios(group).mean().item() if group else None
+            if group and (b not in best or score > best[b][0]):
+                best[b] = (score, group)
+    return [pair for b in sorted(best) for pair in best[b][1]]
+
+
 def exchange(experiences: list[sharing.Experience], cfg: sharing.ShareConfig, receiver_name: str | None = None
              ) -> dict[str, sharing.Received]:
     """GRAFT on one iteration: per receiver (only `receiver_name`, if given), the peer groups that replace its
@@ -60,28 +78,15 @@ def exchange(experiences: list[sharing.Experience], cfg: sharing.ShareConfig, re
     for receiver in experiences:
         if receiver_name is not None and receiver.policy.name != receiver_name:
             continue
-        kept = torch.ones_like(receiver.rewards, dtype=torch.bool)                                # [B, G]
-        best: dict[int, tuple[float, list[tuple[sharing.Experience, sharing.Crossing]]]] = {}
-        for peer in experiences:
-            if peer is receiver:
-                continue
-            size = peer.rollouts.group_size
-            prompts = replaced_prompts(receiver.rewards, peer.rewards, cfg.success).nonzero().flatten().tolist()
-            picks = [(b * size + i, peer.advantages[b, i].item()) for b in prompts for i in range(size)]
-            crossed = sharing.cross(peer, picks, receiver.policy, cfg)
-            for b in prompts:
-                group = [(peer, c) for c in crossed if c.index // size == b]
-                score = sharing.sequence_log_ratios(group).mean().item() if group else -float("inf")
-                if group and (b not in best or score > best[b][0]):
-                    best[b] = (score, group)
-        offered = [pair for b in sorted(best) for pair in best[b][1]]
+        offered = replacing_groups(receiver, [e for e in experiences if e is not receiver], cfg)
         log_s = sharing.sequence_log_ratios(offered)                                              # [S]
         weights = compatibility_weights(log_s, cfg.graft_delta)                                   # [S]
-        crossings = [replace(c, weights=torch.full_like(c.weights, w))
-                     for (_, c), w in zip(offered, weights.tolist()) if w > 0]
-        for (peer, c), w in zip(offered, weights.tolist()):
-            if w > 0:
-                kept[c.index // peer.rollouts.group_size] = False
+        accepted = [(peer, replace(c, weights=torch.full_like(c.weights, w)))
+                    for (peer, c), w in zip(offered, weights.tolist()) if w > 0]
+        kept = torch.ones_like(receiver.rewards, dtype=torch.bool)                                # [B, G]
+        for peer, c in accepted:
+            kept[c.index // peer.rollouts.group_size] = False
+        crossings = [c for _, c in accepted]
         metrics = {**{name: v for name, v in sharing.crossing_metrics(crossings, cfg.ratio_cap).items()
                       if "truncated" not in name},   # the ratio cap is PRP's; GRAFT weighs by s
                    "sharing/offered": float(len(offered)),
