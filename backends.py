@@ -3,8 +3,8 @@
 
 One class holds a policy's work, `PolicyWorker`: its model, optimizer and KL reference; its rollouts and their
 rewards (a code task's sandbox runs where the policy is); its side of the exchange (its own part of
-sharing.exchange, or the receiver's side of curation, receiver.py); its update, its evaluation and its part of each
-checkpoint. `LocalHandle` calls it in this process and returns results; ray_team.RayHandle calls its actor and
+sharing.exchange or graft.exchange, or the receiver's side of curation, receiver.py); its update, its evaluation
+and its part of each checkpoint. `LocalHandle` calls it in this process and returns results; ray_team.RayHandle calls its actor and
 returns futures. `get` turns either into results, and a future passed to another policy's method is resolved there, so
 under Ray a policy's trajectories go to its peers from its actor's object store.
 
@@ -38,6 +38,7 @@ import torch
 
 import checkpoint
 import eval as evaluation
+import graft
 import grpo
 import hardware
 import lora
@@ -63,14 +64,18 @@ class Peer:
 
 def training_batch(policy: policies.Policy, rollouts: policies.Rollouts, received: sharing.Received
                    ) -> grpo.TrainBatch:
-    """The policy's own rollouts, their advantages spread over every completion token with weight 1, and the
-    peer trajectories it received with their own per-token advantages and weights."""
+    """The policy's own rollouts (those the exchange kept), their advantages spread over every completion token
+    with weight 1, then the peer trajectories it received with their own per-token advantages and weights: own
+    first, peers last, the order of the optimizer steps (grpo.minibatch_rows)."""
     advantages = received.advantages.flatten()                                          # [B*G]
-    prompts = [p.tolist() for p in rollouts.prompt_ids] + [c.prompt_ids for c in received.crossings]
-    completions = [c.tolist() for c in rollouts.completion_ids] + [c.completion_ids for c in received.crossings]
-    token_advantages = ([a.expand(len(ids)) for a, ids in zip(advantages, rollouts.completion_ids)]
+    kept = (received.kept.flatten().nonzero().flatten().tolist() if received.kept is not None
+            else range(len(advantages)))
+    prompts = [rollouts.prompt_ids[i].tolist() for i in kept] + [c.prompt_ids for c in received.crossings]
+    completions = ([rollouts.completion_ids[i].tolist() for i in kept]
+                   + [c.completion_ids for c in received.crossings])
+    token_advantages = ([advantages[i].expand(len(rollouts.completion_ids[i])) for i in kept]
                         + [c.advantages for c in received.crossings])
-    token_weights = ([torch.ones(len(ids)) for ids in rollouts.completion_ids]
+    token_weights = ([torch.ones(len(rollouts.completion_ids[i])) for i in kept]
                      + [c.weights for c in received.crossings])
     return grpo.build_batch(prompts, completions, token_advantages, policy.tokenizer.pad_token_id, token_weights)
 
@@ -159,9 +164,11 @@ class PolicyWorker:
 
     def receive(self, capability: dict[str, float] | None = None) -> sharing.Received:
         """Phase 3 at a fixed level: this policy's part of sharing.exchange (`capability`: HACPO's, this
-        iteration). What returns holds no crossings: they stay here, where the update trains on them."""
-        self.received = sharing.exchange([self.experience, *self.shared], self.args.share_config, self.name,
-                                         capability)[self.name]
+        iteration), or of graft.exchange. What returns holds no crossings: they stay here, where the update trains
+        on them."""
+        experiences, cfg = [self.experience, *self.shared], self.args.share_config
+        self.received = (graft.exchange(experiences, cfg, self.name) if cfg.mode == "graft" else
+                         sharing.exchange(experiences, cfg, self.name, capability))[self.name]
         return dataclasses.replace(self.received, crossings=[])
 
     def offers(self, examples: list, stats: dict) -> tuple[list, list[dict]]:
@@ -184,7 +191,7 @@ class PolicyWorker:
         batch = training_batch(p, self.experience.rollouts, self.received)
         with hardware.measured(p.device) as perf:
             stats = grpo.grpo_step(p.model, self.optimizer, batch, a.loss_config, a.epochs, a.micro_batch,
-                                   a.max_grad_norm, self.reference, a.temperature, measure_kl=measure_kl)
+                                   a.max_grad_norm, self.reference, a.temperature, measure_kl, a.minibatches)
         return {**stats, **hardware.perf_metrics("update", batch.mask.sum().item() * a.epochs, perf)}
 
     def evaluate(self, iteration: int) -> dict[str, float]:

@@ -15,6 +15,7 @@ policy's rollout and update tokens, so runs can be compared at an equal budget o
     python eval.py runs/A runs/B runs/C --out runs/compare     # side by side
     python eval.py runs/A --task gsm8k --data-dir data/gsm8k   # transfer: the last checkpoint on another task
     python eval.py runs/A runs/B --budget update_tokens=2e6     # accuracy once each run has spent the budget
+    python eval.py --matrix results/pilot                      # the comparison (benchmarks/matrix_analysis.py)
 """
 
 from __future__ import annotations
@@ -91,6 +92,20 @@ def accuracy_within_budget(records: list[dict], policy: str, cost: str, budget: 
     costs = spent(records, policy, cost)
     within = [(it, acc) for it, acc in curve(records, policy, "eval/heldout_accuracy") if costs.get(it, math.inf) <= budget]
     return within[-1] if within and within[-1][0] > 0 else None
+
+
+def area_under(curve: list[tuple[int, float]], end: float) -> float:
+    """Mean accuracy over x = 0..`end` of a curve of (x, accuracy) points from x = 0 (x an iteration or a cost
+    spent): the trapezoid area up to `end`, the last segment cut there by linear interpolation, over `end`."""
+    points = [(x, a) for x, a in curve if x <= end]
+    later = [(x, a) for x, a in curve if x > end]
+    if end <= 0 or not points or points[0][0] != 0 or (points[-1][0] < end and not later):
+        raise ValueError(f"need evaluations from 0 to {end}, got {[x for x, _ in curve]}")
+    if points[-1][0] < end:   # cut the segment that crosses `end`
+        (x0, a0), (x1, a1) = points[-1], later[0]
+        points.append((end, a0 + (a1 - a0) * (end - x0) / (x1 - x0)))
+    area = sum((x1 - x0) * (a0 + a1) / 2 for (x0, a0), (x1, a1) in zip(points, points[1:]))
+    return area / end
 
 
 def reward_variance(means: list[float]) -> float:
@@ -210,7 +225,9 @@ def evaluate_run(run_dir: Path, task_name: str, eval_size: int, data_dir: str | 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("runs", nargs="+", type=Path, help="run directories (runs/NAME)")
+    parser.add_argument("runs", nargs="*", type=Path, help="run directories (runs/NAME)")
+    parser.add_argument("--matrix", type=Path, default=None, help="a folder of run summaries (benchmarks/matrix.py): "
+                        "the comparison's analysis, written there (benchmarks/matrix_analysis.py)")
     parser.add_argument("--target", type=float, default=0.9, help="accuracy that counts as converged")
     parser.add_argument("--out", type=Path, default=None, help="where a comparison goes (default: runs/compare)")
     parser.add_argument("--task", choices=tasks.TASK_NAMES, default=None,
@@ -221,6 +238,14 @@ if __name__ == "__main__":
     parser.add_argument("--budget", default=None, help=f"COST=VALUE, COST one of {', '.join(COSTS)}: each run's "
                         "held-out accuracy at its last evaluation within that budget")
     cli = parser.parse_args()
+    if cli.matrix:
+        import sys
+        sys.path.insert(0, str(Path(__file__).resolve().parent / "benchmarks"))
+        import matrix_analysis
+        print(matrix_analysis.report(cli.matrix))
+        raise SystemExit
+    if not cli.runs:
+        parser.error("give run directories, or --matrix FOLDER")
     if cli.budget:
         cost, _, value = cli.budget.partition("=")
         if cost not in COSTS or not value:

@@ -8,7 +8,9 @@ Per-token loss, for token t of completion i with ratio rho = pi_theta / pi_old:
 Advantages are per token because the fidelity repairs (tokalign, reachability, reward_drift) rescale them
 token by token; w_it are the importance weights of shared off-policy experience (DESIGN.md §4.4, §4.5).
 Aggregation: "sequence" (original GRPO: mean over each completion's tokens, then over completions) or
-"token" (DAPO: sum over all tokens of the batch divided by their number).
+"token" (DAPO: sum over all tokens of the batch divided by their number), over the sequences of one optimizer
+step: an iteration's batch is split into --minibatches consecutive parts, own rollouts first and peer
+trajectories last (as HACPO's recipe and GRAFT order them), each one step, all against the same pi_old.
 """
 
 from __future__ import annotations
@@ -165,11 +167,29 @@ def build_batch(prompts: list[list[int]], completions: list[list[int]], token_ad
                       place(token_weights) if token_weights is not None else None)
 
 
+def minibatch_rows(n: int, minibatches: int) -> list[range]:
+    """The rows of each of `minibatches` optimizer steps over a batch of n sequences, in the batch's order (own
+    rollouts first, peer trajectories last: backends.training_batch): contiguous, their sizes differing by at most
+    one, the larger first. HACPO's recipe and GRAFT train on peer samples in the later steps of an iteration."""
+    if not 1 <= minibatches <= n:
+        raise ValueError(f"--minibatches must be between 1 and the batch's {n} sequences, got {minibatches}")
+    size, extra = divmod(n, minibatches)
+    ends = [(k + 1) * size + min(k + 1, extra) for k in range(minibatches)]
+    return [range(a, b) for a, b in zip([0, *ends], ends)]
+
+
+def row_steps(n: int, minibatches: int) -> list[int]:
+    """[n] the optimizer step (0-based) that trains each row of a batch of n sequences (minibatch_rows)."""
+    return [k for k, part in enumerate(minibatch_rows(n, minibatches)) for _ in part]
+
+
 def grpo_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: TrainBatch, cfg: LossConfig,
               epochs: int = 1, micro_batch: int = 64, max_grad_norm: float = 1.0,
-              ref_model: torch.nn.Module | None = None, temperature: float = 1.0, measure_kl: bool = False
-              ) -> dict[str, float]:
-    """`epochs` clipped updates on one batch; pi_old is the model before the first (so the first has ratio 1).
+              ref_model: torch.nn.Module | None = None, temperature: float = 1.0, measure_kl: bool = False,
+              minibatches: int = 1) -> dict[str, float]:
+    """`epochs` passes over one batch, each `minibatches` clipped updates on consecutive parts of it
+    (minibatch_rows); pi_old is the model before the first update (so the first has ratio 1), the same for every
+    part, as in PPO.
 
     measure_kl: one more forward after the update gives losses/update_kl, the k3 estimate of KL(pi_old || pi_new)
     per completion token of the batch, how far the update moved the policy (the KL penalty's losses/kl is 0
@@ -179,44 +199,53 @@ def grpo_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: T
     device = next(model.parameters()).device
     tensors = {k: v.to(device) if v is not None else None for k, v in vars(batch).items()}
     n, num_tokens = tensors["mask"].shape[0], tensors["mask"].sum().item()
-    # micro-batches of sequences of similar length, each cut to the columns where it has completion targets:
-    # no forward over right padding or logits over prompts (same loss, summed in another order)
+    # per optimizer step, micro-batches of sequences of similar length, each cut to the columns where it has
+    # completion targets: no forward over right padding or logits over prompts (same loss, summed in another order)
     lengths = tensors["attention_mask"].sum(1)                                                    # [N]
-    order = torch.argsort(lengths, stable=True)
     first = tensors["mask"].argmax(1)                                                             # [N]
-    chunks = []
-    for i in range(0, n, micro_batch):
-        rows = order[i:i + micro_batch]
-        chunks.append((rows, int(first[rows].min()), int(lengths[rows].max())))
+    steps = []   # per optimizer step: its micro-batches (rows, first column, end), and its (sequences, tokens)
+    for part in minibatch_rows(n, minibatches):
+        order = part.start + torch.argsort(lengths[part.start:part.stop], stable=True)
+        micro = [order[i:i + micro_batch] for i in range(0, len(part), micro_batch)]
+        steps.append(([(rows, int(first[rows].min()), int(lengths[rows].max())) for rows in micro],
+                      (len(part), tensors["mask"][part.start:part.stop].sum().item())))
+    chunks = [chunk for step, _ in steps for chunk in step]
     def cut(name: str, rows: torch.Tensor, start: int, end: int) -> torch.Tensor | None:
         return tensors[name][rows, start:end - 1] if tensors[name] is not None else None          # [n, end-1-start]
+    def logprobs(m: torch.nn.Module, rows: torch.Tensor, start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return logprobs_and_entropy_from(m, tensors["input_ids"][rows, :end], tensors["attention_mask"][rows, :end],
+                                         start, temperature)
+    # pi_old of the first step's chunks is read off its first forward; the later steps' before the first update
     old_logp, ref_logp = [None] * len(chunks), [None] * len(chunks)
-    if ref_model is not None and cfg.beta > 0:
-        with torch.no_grad():
-            ref_logp = [logprobs_and_entropy_from(ref_model, tensors["input_ids"][rows, :end],
-                                                  tensors["attention_mask"][rows, :end], start, temperature)[0]
-                        for rows, start, end in chunks]
+    with torch.no_grad():
+        for j in range(len(steps[0][0]), len(chunks)):
+            old_logp[j] = logprobs(model, *chunks[j])[0]
+        if ref_model is not None and cfg.beta > 0:
+            ref_logp = [logprobs(ref_model, *chunk)[0] for chunk in chunks]
+    updates = epochs * minibatches
     totals = {"loss": 0.0, "clipped_tokens": 0.0, "kl_sum": 0.0, "entropy_sum": 0.0, "grad_norm": 0.0}
     for _ in range(epochs):
-        optimizer.zero_grad(set_to_none=True)
-        for j, (rows, start, end) in enumerate(chunks):
-            logp, entropy = logprobs_and_entropy_from(model, tensors["input_ids"][rows, :end],
-                                                      tensors["attention_mask"][rows, :end], start, temperature)
-            if old_logp[j] is None:
-                old_logp[j] = logp.detach()
-            mask = cut("mask", rows, start, end)
-            loss, sums = clipped_loss(logp, old_logp[j], cut("advantages", rows, start, end), mask, cfg,
-                                      cut("weights", rows, start, end), ref_logp[j], totals=(n, num_tokens))
-            check_finite("GRPO loss", loss)
-            loss.backward()
-            totals["loss"] += loss.item() / epochs
-            totals["clipped_tokens"] += sums["clipped_tokens"].item()
-            totals["kl_sum"] += sums["kl_sum"].item()
-            totals["entropy_sum"] += (entropy * mask).sum().item()
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
-        check_finite("gradient norm", grad_norm)
-        optimizer.step()
-        totals["grad_norm"] += grad_norm.item() / epochs
+        j = 0
+        for step, size in steps:
+            optimizer.zero_grad(set_to_none=True)
+            for rows, start, end in step:
+                logp, entropy = logprobs(model, rows, start, end)
+                if old_logp[j] is None:
+                    old_logp[j] = logp.detach()
+                mask = cut("mask", rows, start, end)
+                loss, sums = clipped_loss(logp, old_logp[j], cut("advantages", rows, start, end), mask, cfg,
+                                          cut("weights", rows, start, end), ref_logp[j], totals=size)
+                check_finite("GRPO loss", loss)
+                loss.backward()
+                totals["loss"] += loss.item() / updates
+                totals["clipped_tokens"] += sums["clipped_tokens"].item()
+                totals["kl_sum"] += sums["kl_sum"].item()
+                totals["entropy_sum"] += (entropy * mask).sum().item()
+                j += 1
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+            check_finite("gradient norm", grad_norm)
+            optimizer.step()
+            totals["grad_norm"] += grad_norm.item() / updates
     seen = num_tokens * epochs
     out = {"losses/policy_loss": totals["loss"], "losses/clip_ratio": totals["clipped_tokens"] / seen,
            "losses/kl": totals["kl_sum"] / seen, "losses/entropy": totals["entropy_sum"] / seen,
@@ -226,9 +255,7 @@ def grpo_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: T
         moved = 0.0
         with torch.no_grad():
             for j, (rows, start, end) in enumerate(chunks):
-                logp = logprobs_and_entropy_from(model, tensors["input_ids"][rows, :end],
-                                                 tensors["attention_mask"][rows, :end], start, temperature)[0]
-                delta = logp - old_logp[j]                                        # log pi_new / pi_old
+                delta = logprobs(model, rows, start, end)[0] - old_logp[j]                # log pi_new / pi_old
                 moved += ((torch.exp(delta) - delta - 1) * cut("mask", rows, start, end)).sum().item()
         out["losses/update_kl"] = moved / num_tokens
     return out

@@ -36,8 +36,16 @@ Choices where the paper is silent, ambiguous or contradicts itself:
   - delta = 0.2: §3.4 says "in practice, we typically set delta = 0.2", as the recipe does; Appendix A's Table 5
     lists 0.8 and 0.9 under delta, read here as the lower bound 1 - delta.
   - Stepwise clipping (eq. 14) raises the lower bound by delta_step per parameter update within one iteration,
-    not across training; this loop makes one update per iteration (train.py refuses --share hacpo with
-    --epochs > 1), so eq. 14 is eq. 13 here and delta_step has no flag.
+    not across training: with --minibatches N a peer sample trained in step m (0-based; own samples fill the
+    first steps, grpo.minibatch_rows) is clipped to [1 - delta + m delta_step, 1], as the recipe's
+    cross_clip_lower does (delta_step 0.025: with N = 4 its peer samples fall in steps 2 and 3, at 0.85 and
+    0.875). s is measured once, with the receiver as it was before the iteration's first step; the recipe
+    re-measures it with the current model at each step. --epochs > 1 is refused: later epochs would reuse s.
+  - The recipe's own-sample loss is GSPO's sequence ratio with a tiny clip (3e-4, 4e-4); here the receiver's
+    own rollouts keep the GRPO loss every other method trains with, so that methods differ only in what crosses.
+    On the first step both have ratio 1; on later steps GRPO clips each token's ratio at 1 +- 0.2 instead.
+  - Under --minibatches a peer sample clipped at its step stays in that step's batch with weight 0 (the recipe's
+    clipped samples count in its minibatch mean too); one outside [1 - delta, 1] is not sent at all.
   - The capability ratio is bounded (eq. 8 is not): a peer that has not succeeded for K iterations would
     otherwise get an infinite weight. Both capabilities are floored at CAPABILITY_FLOOR first, so two policies
     that both failed are equals (ratio 1). The bound 10 is the recipe's, K = 5 Appendix A's.
@@ -140,13 +148,24 @@ def sequence_log_ratio(receiver_logprobs: torch.Tensor, source_logprobs: torch.T
     return receiver_logprobs.double().mean() - source_logprobs.double().mean()
 
 
-def cross_weights(log_ratio: torch.Tensor, alpha: float, delta: float) -> torch.Tensor:
+def clip_lower(delta: float, step: int = 0, delta_step: float = 0.0) -> float:
+    """The lower clip bound of a peer sample trained in optimizer step `step` of an iteration (eq. 13-14)."""
+    if not 0 <= delta <= 1 or delta_step < 0 or step < 0:
+        raise ValueError(f"need 0 <= delta <= 1, delta_step >= 0 and step >= 0, got {delta}, {delta_step}, {step}")
+    return min(1.0, 1 - delta + step * delta_step)
+
+
+def cross_weights(log_ratio: torch.Tensor, alpha: float, delta: float, step: torch.Tensor | int = 0,
+                  delta_step: float = 0.0) -> torch.Tensor:
     """[S] the gradient weight s^(1+alpha) of S peer samples from their log s [S] (eq. 12), 0 where s is
-    outside the clip range [1 - delta, 1] (eq. 13). Computed in log space: no overflow, and a log s of -inf
-    (probability 0 under the receiver) is weight 0."""
-    if alpha < 0 or not 0 <= delta <= 1:
-        raise ValueError(f"need alpha >= 0 and 0 <= delta <= 1, got alpha={alpha}, delta={delta}")
+    outside the clip range [clip_lower(delta, step, delta_step), 1] (eq. 13-14) of the optimizer step [S] (or
+    one for all) each is trained in. Computed in log space: no overflow, and a log s of -inf (probability 0
+    under the receiver) is weight 0."""
+    if alpha < 0:
+        raise ValueError(f"need alpha >= 0, got alpha={alpha}")
     if torch.isnan(log_ratio).any():
         raise ValueError("sequence log ratios contain NaN")
-    inside = (log_ratio <= 0) & (log_ratio.exp() >= 1 - delta)                                    # [S]
+    steps = torch.as_tensor(step).expand(log_ratio.shape)                                         # [S]
+    lower = torch.tensor([clip_lower(delta, int(m), delta_step) for m in steps.tolist()], dtype=log_ratio.dtype)
+    inside = (log_ratio <= 0) & (log_ratio.exp() >= lower)                                        # [S]
     return torch.where(inside, torch.exp((1 + alpha) * log_ratio.clamp(max=0)), torch.zeros_like(log_ratio))

@@ -24,6 +24,7 @@ trajectories to) and §4.5 (their definitions, since the Mutual RL paper body is
          that carries a gradient crosses as in PRP, with the sequence-level weight s^(1+alpha) and the peer's
          advantage scaled by the capability ratio. Its equations, their numbers and the choices made where
          the paper is silent are in hacpo.py; `hacpo_exchange` applies them.
+  GRAFT  (arXiv 2609.37868), built on this module's crossing, is graft.py's, with its own exchange.
 
 `exchange` applies one level to an iteration's experience of every policy and returns, per receiver, the
 advantages of its own rollouts and the peer trajectories it takes in, with metrics under `sharing/`.
@@ -90,6 +91,8 @@ class Received:
     advantages: torch.Tensor                                  # [B, G] of its own rollouts
     crossings: list[Crossing] = field(default_factory=list)
     metrics: dict[str, float] = field(default_factory=dict)
+    kept: torch.Tensor | None = None                          # [B, G] bool: own rollouts left in the batch
+                                                              # (GRAFT replaces groups); None keeps them all
 
 
 @dataclass(frozen=True)
@@ -112,6 +115,14 @@ class ShareConfig:
     """HACPO: K, the iterations over which each policy's mean reward is averaged into its capability (eq. 9)"""
     hacpo_capability_bound: float = field(kw_only=True, default=10.0)
     """HACPO: every capability ratio P_k / P_j is clamped to [1/bound, bound] (eq. 8 is unbounded)"""
+    hacpo_delta_step: float = field(kw_only=True, default=0.025)
+    """HACPO: the clip range's lower bound rises by it with each optimizer step of an iteration (eq. 14; the
+    recipe's cross_clip_step)"""
+    graft_delta: float = field(kw_only=True, default=0.8)
+    """GRAFT: a peer trajectory with compatibility s below it does not cross; above, its weight is min(s, 1)"""
+    minibatches: int = field(kw_only=True, default=1)
+    """optimizer steps per iteration (grpo.minibatch_rows); HACPO's clip range depends on the step a peer
+    sample is trained in"""
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -268,6 +279,18 @@ def exchange(experiences: list[Experience], cfg: ShareConfig, receiver_name: str
     return out
 
 
+def sequence_log_ratios(offered: list[tuple[Experience, Crossing]]) -> torch.Tensor:
+    """[S] log s of each (source, crossing) offered: the receiver's and the source's mean token log-probs of the
+    text, each over its own tokens (hacpo.sequence_log_ratio; HACPO's eq. 11, GRAFT's compatibility)."""
+    return torch.tensor([hacpo.sequence_log_ratio(c.logprobs, source.rollouts.logprobs[c.index]).item()
+                         for source, c in offered], dtype=torch.float64)
+
+
+def accepted_share(weights: torch.Tensor, offered: int) -> float:
+    """The share of the `offered` peer samples that train the receiver, those with a weight [S] above 0."""
+    return (weights > 0).sum().item() / offered if offered else 0.0
+
+
 def prp_picks(peers: list[Experience]) -> list[list[tuple[int, float]]]:
     """Per peer, (flat index, advantage) of every rollout with a non-zero advantage in its own group."""
     return [[(i, a) for i, a in enumerate(peer.advantages.flatten().tolist()) if a != 0] for peer in peers]
@@ -314,19 +337,23 @@ def hacpo_exchange(experiences: list[Experience], cfg: ShareConfig, capability: 
                 credit = (ratios[j, k] * advantages[:, source == j]).flatten().tolist()         # [B*G_j]
                 picks = [(i, a) for i, a in enumerate(credit) if a != 0]
                 offered += [(peer, c) for c in cross(peer, picks, receiver.policy, cfg)]
-        log_ratio = torch.tensor([hacpo.sequence_log_ratio(c.logprobs, peer.rollouts.logprobs[c.index]).item()
-                                  for peer, c in offered], dtype=torch.float64)                  # [S]
-        weights = hacpo.cross_weights(log_ratio, cfg.hacpo_alpha, cfg.hacpo_delta)                # [S]
-        crossings = [replace(c, weights=torch.full_like(c.weights, w))
-                     for (_, c), w in zip(offered, weights.tolist()) if w > 0]
+        log_ratio = sequence_log_ratios(offered)                                                 # [S]
+        sent = hacpo.cross_weights(log_ratio, cfg.hacpo_alpha, cfg.hacpo_delta) > 0               # [S]
+        # the samples sent fill the iteration's last optimizer steps, whose clip ranges are tighter (eq. 14)
         own = advantages[:, source == k]                                                         # [B, G]
+        steps = grpo.row_steps(own.numel() + int(sent.sum()), cfg.minibatches)[own.numel():]
+        weights = hacpo.cross_weights(log_ratio[sent], cfg.hacpo_alpha, cfg.hacpo_delta, torch.tensor(steps),
+                                      cfg.hacpo_delta_step)                                       # [S']
+        crossings = [replace(c, weights=torch.full_like(c.weights, w))
+                     for (_, c), w in zip([o for o, s in zip(offered, sent.tolist()) if s], weights.tolist())]
         peers = [j for j in range(len(experiences)) if j != k]
         metrics = {**{name: v for name, v in crossing_metrics(crossings, cfg.ratio_cap).items()
                       if "truncated" not in name},   # the ratio cap is PRP's; HACPO clips the sequence ratio
                    "sharing/capability": capability[k].item(),
                    "sharing/capability_ratio": ratios[peers, k].mean().item(),
                    "sharing/baseline_shift": (own - receiver.advantages).abs().mean().item(),
-                   "sharing/offered": float(len(offered))}
+                   "sharing/offered": float(len(offered)),
+                   "sharing/accepted": accepted_share(weights, len(offered))}
         if offered:
             metrics["sharing/sequence_log_ratio_mean"] = log_ratio.mean().item()
             metrics["sharing/clipped_high"] = (log_ratio > 0).double().mean().item()

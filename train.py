@@ -4,6 +4,7 @@
     python train.py --pair trio --iterations 50 --seed 2
     python train.py --share prp                       # Mutual RL's data-level sharing (also xgrpo, sgt)
     python train.py --share hacpo                     # the HACPO baseline (hacpo.py)
+    python train.py --share graft --minibatches 2     # the GRAFT baseline (graft.py), two optimizer steps each
     python train.py --share cross-fidelity            # the curator (curator.py): diagnose, repair, admit
     python train.py --name my-run --resume            # continue a killed run from its last checkpoint
     python train.py --backend ray --ray-address auto  # each policy a Ray actor, on a cluster (ray_team.py)
@@ -17,7 +18,8 @@ that `team.get` waits for; the loop is the same for both.
   3. exchange     every policy's trajectories to every peer; then what the sharing level lets cross (sharing.py),
                   each receiver's part where it is, or the curator's diagnosis, repair and admission of every peer
                   trajectory (curator.py);
-  4. updates      one GRPO update per policy on its own rollouts and what it received;
+  4. updates      GRPO updates per policy on its own rollouts and what it received (--minibatches steps, own
+                  rollouts first);
   5. bookkeeping  metrics, held-out evaluation, checkpoint.
 Where each curator step runs: the cheap diagnosis (retokenization, alignment, TBD, RSD), the gradient norms and
 the calibration of reachability, and the crossing with its repaired credit need the receiver's tokenizer or model,
@@ -69,13 +71,14 @@ class Args:
     model_dir: str | None = None
     """a directory with one folder per real policy, named like the last part of its hub id
     (e.g. DIR/Qwen2.5-0.5B-Instruct, as `hf download` makes with --local-dir); --model-paths takes precedence"""
-    share: Literal["none", "prp", "xgrpo", "sgt", "hacpo", "cross-fidelity"] = "none"
+    share: Literal["none", "prp", "xgrpo", "sgt", "hacpo", "graft", "cross-fidelity"] = "none"
     """how experience crosses between policies (sharing.py): none = independent GRPO; prp = peer rollouts join the
     batch with truncated density ratios; xgrpo = peer rewards join the group baseline; sgt = peer successes
     rescue prompts the receiver failed; hacpo = HACPO (hacpo.py): a capability-aware baseline over all policies'
-    rewards, and peer rollouts with sequence-level ratios clipped to [1 - delta, 1]; cross-fidelity = the
-    curator (curator.py) diagnoses every peer rollout, repairs it and admits it to one of the three levels or
-    rejects it"""
+    rewards, and peer rollouts with sequence-level ratios clipped to [1 - delta, 1]; graft = GRAFT (graft.py): a
+    peer's mixed group replaces the receiver's failed group on a prompt, weighted by compatibility;
+    cross-fidelity = the curator (curator.py) diagnoses every peer rollout, repairs it and admits it to one of the
+    three levels or rejects it"""
     fidelity_lambdas: tuple[float, float, float] = curator.CuratorConfig.lambdas
     """cross-fidelity: weights of the TBD, CCM and RSD terms in the degradation D (summing to 1)"""
     theta1: float | None = curator.CuratorConfig.theta1
@@ -117,6 +120,10 @@ class Args:
     """hacpo: iterations over which each policy's mean reward is averaged into its capability (eq. 9)"""
     hacpo_capability_bound: float = sharing.ShareConfig.hacpo_capability_bound
     """hacpo: capability ratios P_receiver / P_peer are clamped to [1/bound, bound]"""
+    hacpo_delta_step: float = sharing.ShareConfig.hacpo_delta_step
+    """hacpo: the clip range's lower bound rises by it with each optimizer step of an iteration (eq. 14)"""
+    graft_delta: float = sharing.ShareConfig.graft_delta
+    """graft: a peer trajectory crosses only with compatibility s >= delta, weighted min(s, 1)"""
     iterations: int = 100
     """training iterations; each updates every policy once"""
     prompts_per_iteration: int = 16
@@ -145,6 +152,9 @@ class Args:
     """weight of the k3 KL penalty to the policy as it was after warm-up; 0 holds no reference model"""
     epochs: int = 1
     """optimization passes over each iteration's batch"""
+    minibatches: int = sharing.ShareConfig.minibatches
+    """optimizer steps per pass: the batch is split into this many consecutive parts, own rollouts first and peer
+    trajectories last (grpo.minibatch_rows), all against the policy before the first step"""
     micro_batch: int = sharing.ShareConfig.micro_batch
     """sequences per forward/backward pass (gradient accumulation); memory, not maths"""
     max_grad_norm: float = 1.0
@@ -218,12 +228,15 @@ class Args:
         malformed = [item for item in self.model_paths if "=" not in item]
         if malformed:
             raise ValueError(f"--model-paths takes NAME=PATH items, got {malformed}")
-        for name in ("iterations", "eval_every", "checkpoint_every", "epochs", "micro_batch"):
+        for name in ("iterations", "eval_every", "checkpoint_every", "epochs", "micro_batch", "minibatches"):
             if getattr(self, name) < (0 if name == "iterations" else 1):
                 raise ValueError(f"--{name.replace('_', '-')} must be positive, got {getattr(self, name)}")
         if self.prompts_per_iteration < 1 or self.group_size < 2:
             raise ValueError(f"need at least one prompt and two completions per prompt (a group), got "
                              f"{self.prompts_per_iteration} and {self.group_size}")
+        if self.minibatches > self.prompts_per_iteration * self.group_size:
+            raise ValueError(f"--minibatches {self.minibatches} exceeds the {self.prompts_per_iteration} x "
+                             f"{self.group_size} rollouts of an iteration")
         if self.backend == "local" and (self.ray_address is not None or self.gpus_per_policy is not None):
             raise ValueError("--ray-address and --gpus-per-policy place Ray actors: add --backend ray")
         if self.backend == "ray" and self.devices is not None:
@@ -244,12 +257,14 @@ class Args:
     @property
     def share_config(self) -> sharing.ShareConfig:
         if self.share == "hacpo" and self.epochs > 1:
-            raise ValueError("--share hacpo makes one update per iteration (--epochs 1): its stepwise clipping "
-                             "(eq. 14) and sequence ratios belong to each update, and later epochs reuse the first's")
+            raise ValueError("--share hacpo makes one pass per iteration (--epochs 1; --minibatches gives it several "
+                             "steps): its sequence ratios are measured once, and later epochs would reuse them")
         return sharing.ShareConfig(self.share, self.ratio_cap, scale_by_std=self.scale_by_std,
                                    temperature=self.temperature, micro_batch=self.micro_batch,
                                    hacpo_alpha=self.hacpo_alpha, hacpo_delta=self.hacpo_delta,
-                                   hacpo_window=self.hacpo_window, hacpo_capability_bound=self.hacpo_capability_bound)
+                                   hacpo_window=self.hacpo_window, hacpo_capability_bound=self.hacpo_capability_bound,
+                                   hacpo_delta_step=self.hacpo_delta_step, graft_delta=self.graft_delta,
+                                   minibatches=self.minibatches)
 
     @property
     def loss_config(self) -> grpo.LossConfig:
@@ -302,8 +317,8 @@ def print_estimates(args: Args, team: backends.Team, prompt_len: int) -> None:
     """Parameters, memory terms and a time bound per policy (hardware.estimate, where each policy is), before the
     first iteration; on CUDA, whether the policies on each device fit on it."""
     rollouts = args.prompts_per_iteration * args.group_size
-    received = {"none": 0, "xgrpo": 0, "sgt": rollouts // 4, "prp": rollouts, "hacpo": rollouts,
-                "cross-fidelity": rollouts}[args.share] * (len(team.policies) - 1)
+    received = {"none": 0, "xgrpo": 0, "sgt": rollouts // 4, "graft": rollouts // 4, "prp": rollouts,
+                "hacpo": rollouts, "cross-fidelity": rollouts}[args.share] * (len(team.policies) - 1)
     work = hardware.Workload(rollouts, prompt_len, args.max_new_tokens, min(args.micro_batch, rollouts + received),
                              rollouts + received, args.gradient_checkpointing,
                              reference_copy=args.beta > 0 and not args.lora_rank)

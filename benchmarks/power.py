@@ -45,19 +45,27 @@ def run_name(testbed: str, level: str, seed: int) -> str:
 
 
 def train_one(testbed: str, level: str, seed: int, iterations: int, runs_dir: Path, extra: list[str]) -> str:
-    """One run to `iterations`, resumed or extended where it already exists; returns a line for the log."""
-    name = run_name(testbed, level, seed)
+    """One (level, seed) of a testbed to `iterations`; returns a line for the log."""
+    return train_run(run_name(testbed, level, seed), ["--share", level, "--seed", str(seed), *EVALUATION,
+                                                      *TESTBEDS[testbed], *extra], iterations, runs_dir)[1]
+
+
+def train_run(name: str, flags: list[str], iterations: int, runs_dir: Path) -> tuple[bool, str]:
+    """One run of train.py with `flags` to `iterations` as runs_dir/name, on one thread: skipped where its curve
+    already reaches them, resumed where its directory exists (train.py restarts one killed before its first
+    checkpoint, and truncates the metrics of one killed later to its checkpoint, so no line is logged twice).
+    Returns whether the run reached `iterations`, and a line for the log (its output goes to runs_dir/NAME.log)."""
     done = curve_end(runs_dir / name)
     if done >= iterations:
-        return f"{name}: done ({done} iterations)"
-    command = [sys.executable, str(ROOT / "train.py"), "--share", level, "--seed", str(seed), "--iterations",
-               str(iterations), "--name", name, "--runs-dir", str(runs_dir), *EVALUATION, *TESTBEDS[testbed], *extra]
-    if (runs_dir / name / "checkpoints" / "latest").exists():
+        return True, f"{name}: done ({done} iterations)"
+    command = [sys.executable, str(ROOT / "train.py"), *flags, "--iterations", str(iterations), "--name", name,
+               "--runs-dir", str(runs_dir)]
+    if (runs_dir / name).exists():
         command.append("--resume")
     with open(runs_dir / f"{name}.log", "a") as log:
         code = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
                               env={**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}).returncode
-    return f"{name}: {'finished' if code == 0 else f'FAILED (exit {code}), see {runs_dir / name}.log'}"
+    return code == 0, f"{name}: {'finished' if code == 0 else f'FAILED (exit {code}), see {runs_dir / name}.log'}"
 
 
 def curve_end(run_dir: Path) -> int:
@@ -84,15 +92,6 @@ def accuracy_at(curve: list[tuple[int, float]], iteration: int) -> float:
     if not matches:
         raise ValueError(f"no evaluation at iteration {iteration} (evaluated at {[i for i, _ in curve]})")
     return matches[-1]
-
-
-def area_under(curve: list[tuple[int, float]], iteration: int) -> float:
-    """Mean accuracy over iterations 0..`iteration`: the trapezoid area under the curve divided by its length."""
-    points = [(i, a) for i, a in curve if i <= iteration]
-    if len(points) < 2 or points[-1][0] != iteration:
-        raise ValueError(f"need evaluations from the start to iteration {iteration}, got {[i for i, _ in points]}")
-    area = sum((i1 - i0) * (a0 + a1) / 2 for (i0, a0), (i1, a1) in zip(points, points[1:]))
-    return area / (points[-1][0] - points[0][0])
 
 
 @lru_cache(maxsize=None)
@@ -162,7 +161,7 @@ def analyze(testbed: str, levels: list[str], seeds: list[int], at: list[int], ru
                  "cost": {}}
     for other in levels[1:]:
         for iteration in at:
-            for metric, read in (("final", accuracy_at), ("auc", area_under)):
+            for metric, read in (("final", accuracy_at), ("auc", evaluation.area_under)):
                 for policy in policies:
                     values = {lv: [read(curves[lv, s][policy], iteration) for s in seeds] for lv in (base, other)}
                     differences = [b - a for a, b in zip(values[base], values[other])]

@@ -211,3 +211,58 @@ def test_sorted_and_cut_micro_batches_give_the_full_batch_gradient_of_a_transfor
     grpo.grpo_step(model, optimizer, batch, grpo.LossConfig(), micro_batch=2, max_grad_norm=1e9, temperature=0.7)
     for b, p, r in zip(before, model.parameters(), reference.parameters()):
         torch.testing.assert_close(b - p.detach(), r.grad, atol=1e-6, rtol=1e-4)
+
+
+def test_minibatch_rows_split_the_batch_in_order_the_larger_parts_first():
+    assert grpo.minibatch_rows(7, 3) == [range(0, 3), range(3, 5), range(5, 7)]
+    assert grpo.minibatch_rows(4, 1) == [range(0, 4)] and grpo.minibatch_rows(4, 4) == [range(k, k + 1) for k in range(4)]
+    assert grpo.row_steps(5, 2) == [0, 0, 0, 1, 1]
+    for bad in (0, 5):
+        with pytest.raises(ValueError, match="--minibatches"):
+            grpo.minibatch_rows(4, bad)
+
+
+def naive_minibatch_updates(model, batch, parts, lr, eps=0.2, temperature=0.7):
+    """PPO by hand: pi_old from one forward before any step, then one SGD step per part of rows, in the order
+    given, each on the clipped surrogate's per-sequence means averaged over the part's sequences."""
+    def logprobs():
+        logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits[:, :-1] / temperature
+        return torch.log_softmax(logits, -1).gather(-1, batch.input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+    with torch.no_grad():
+        old = logprobs()
+    for rows in parts:
+        model.zero_grad()
+        ratio = torch.exp(logprobs() - old)[rows]
+        a, mask = batch.advantages[rows], batch.mask[rows]
+        per_token = -torch.minimum(ratio * a, ratio.clamp(1 - eps, 1 + eps) * a)
+        ((per_token * mask).sum(1) / mask.sum(1)).mean().backward()
+        with torch.no_grad():
+            for p in model.parameters():
+                p -= lr * p.grad
+
+
+@pytest.mark.parametrize("minibatches", [1, 2, 3])
+def test_minibatches_are_consecutive_optimizer_steps_own_rows_first_against_one_pi_old(minibatches):
+    gen = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(1, 60, (n,), generator=gen).tolist() for n in (5, 1, 3, 6, 2)]
+    completions = [torch.randint(1, 60, (n,), generator=gen).tolist() for n in (2, 4, 1, 3, 5)]
+    advantages = [torch.full((len(c),), a) for c, a in zip(completions, (1.5, -1.0, 2.0, -0.5, 1.0))]
+    batch = grpo.build_batch(prompts, completions, advantages, pad_id=0)
+    parts = {1: [[0, 1, 2, 3, 4]], 2: [[0, 1, 2], [3, 4]], 3: [[0, 1], [2, 3], [4]]}[minibatches]
+    reference = tiny.tiny_model("llama", tiny.TinyShape(32, 2, 4, 0), vocab_size=60, seed=0)
+    naive_minibatch_updates(reference, batch, parts, lr=2.0)
+    model = tiny.tiny_model("llama", tiny.TinyShape(32, 2, 4, 0), vocab_size=60, seed=0)
+    optimizer = torch.optim.SGD(model.parameters(), lr=2.0)
+    steps = []
+    optimizer.register_step_post_hook(lambda *_: steps.append(1))
+    stats = grpo.grpo_step(model, optimizer, batch, grpo.LossConfig(), micro_batch=2, max_grad_norm=1e9,
+                           temperature=0.7, minibatches=minibatches)
+    assert len(steps) == minibatches
+    for p, r in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(p.detach(), r.detach(), atol=1e-5, rtol=1e-4)
+    if minibatches > 1:   # a large step: later parts see ratios away from 1, some of them clipped
+        assert stats["losses/clip_ratio"] > 0
+    reversed_order = tiny.tiny_model("llama", tiny.TinyShape(32, 2, 4, 0), vocab_size=60, seed=0)
+    naive_minibatch_updates(reversed_order, batch, parts[::-1], lr=2.0)
+    if minibatches > 1:   # the order matters, so the test above checks it
+        assert not all(torch.allclose(p, r) for p, r in zip(model.parameters(), reversed_order.parameters()))

@@ -7,6 +7,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
+import eval as evaluation  # noqa: E402
 import power  # noqa: E402
 
 
@@ -29,9 +30,14 @@ def test_paired_summary_and_the_area_under_a_curve_by_hand():
     assert summary["half_width_95"] == pytest.approx(4.303 * 0.2 / 3 ** 0.5, abs=1e-3)
     curve = [(0, 0.0), (10, 0.2), (20, 0.2), (40, 0.6)]
     # trapezoids: 10 * 0.1 + 10 * 0.2 + 20 * 0.4 = 11, over 40 iterations
-    assert power.area_under(curve, 40) == pytest.approx(11 / 40)
-    assert power.area_under(curve, 20) == pytest.approx(3 / 20)
+    assert evaluation.area_under(curve, 40) == pytest.approx(11 / 40)
+    assert evaluation.area_under(curve, 20) == pytest.approx(3 / 20)
+    # cut at 30 between the evaluations at 20 and 40, where the line reads 0.4: 1 + 2 + 10 * 0.3 = 6, over 30
+    assert evaluation.area_under(curve, 30) == pytest.approx(6 / 30)
+    for end in (50, 0):
+        with pytest.raises(ValueError, match="evaluations"):
+            evaluation.area_under(curve, end)
     with pytest.raises(ValueError, match="evaluations"):
-        power.area_under(curve, 30)
+        evaluation.area_under(curve[1:], 20)                                   # no evaluation at 0
     with pytest.raises(ValueError, match="no evaluation"):
         power.accuracy_at(curve, 30)

@@ -52,12 +52,16 @@ def test_sgt_fires_on_all_failed_groups_with_a_peer_success_only():
     assert sharing.sgt_rescues(own, peer) == [(0, 1)]
 
 
+def random_binary_rewards(seed, *shapes):
+    """Rewards 0 or 1 of each shape, drawn from one seeded stream."""
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, 2, shape, generator=gen).float() for shape in shapes]
+
+
 @settings(max_examples=200, deadline=None)
 @given(st.integers(1, 5), st.integers(1, 4), st.integers(1, 4), st.integers(0, 2**31 - 1))
 def test_sgt_rescues_equal_a_naive_loop(groups, g_own, g_peer, seed):
-    gen = torch.Generator().manual_seed(seed)
-    own = torch.randint(0, 2, (groups, g_own), generator=gen).float()
-    peer = torch.randint(0, 2, (groups, g_peer), generator=gen).float()
+    own, peer = random_binary_rewards(seed, (groups, g_own), (groups, g_peer))
     assert sharing.sgt_rescues(own, peer) == naive_rescues(own, peer)
 
 

@@ -1,0 +1,186 @@
+"""The comparison matrix (issue 32): a named set of configurations x seeds, each run once, resumably.
+
+    python benchmarks/matrix.py --set pilot --jobs 2 --commit      # the pilot: 9 configurations x seeds 1001-1008
+    python benchmarks/matrix.py --set smoke --jobs 2 --runs-dir /tmp/smoke-runs --out /tmp/smoke   # minutes
+    python eval.py --matrix results/pilot                          # the analysis (matrix_analysis.py)
+
+Each (configuration, seed) trains as runs/SET-CONFIGURATION-sSEED (power.train_run: one thread, resumed where
+its directory exists, skipped where it is complete), several at a time, each seed's configurations together so
+that a partial grid is still paired. A run whose summary exists is never run again; a killed run resumes from
+its checkpoint, and only a complete run writes its summary, OUT/CONFIGURATION-sSEED.json, so no run counts
+twice. With --commit the runner commits each summary as it lands.
+
+A summary records the commit of the code each sitting of the run trained at (the last commit that touched a file
+outside results/: committing summaries changes no metric); a run is refused while tracked files outside results/
+have uncommitted changes. The analysis refuses to pair runs of different commits unless they are declared
+metric-equivalent (matrix_analysis.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import eval as evaluation  # noqa: E402
+import power  # noqa: E402
+
+
+@dataclass(frozen=True)
+class MatrixSet:
+    configurations: dict[str, tuple[str, ...]]
+    """configuration name -> its train.py flags"""
+    seeds: tuple[int, ...]
+    shared: tuple[str, ...]
+    """train.py flags of every configuration: the evaluation protocol and the minibatch schedule"""
+    iterations: int = 100
+    """every run trains to this iteration"""
+
+
+PILOT_CONFIGURATIONS = {
+    "none": (),
+    "none-g16": ("--group-size", "16"),
+    "prp": ("--share", "prp"),
+    "xgrpo": ("--share", "xgrpo"),
+    "sgt": ("--share", "sgt"),
+    "hacpo": ("--share", "hacpo"),
+    "graft": ("--share", "graft"),
+    "cross-fidelity": ("--share", "cross-fidelity"),
+    "cross-fidelity-random": ("--share", "cross-fidelity", "--admission", "random"),
+}
+SETS = {
+    "pilot": MatrixSet(PILOT_CONFIGURATIONS, tuple(range(1001, 1009)), (*power.EVALUATION, "--minibatches", "2")),
+    "smoke": MatrixSet({name: PILOT_CONFIGURATIONS[name] for name in ("none", "hacpo", "graft")}, (1, 2),
+                       ("--eval-size", "16", "--eval-every", "1", "--eval-samples", "0", "--minibatches", "2",
+                        "--prompts-per-iteration", "4", "--group-size", "4", "--max-new-tokens", "16",
+                        "--warmup-scale", "0.05", "--train-size", "100"), iterations=2),
+}
+"""the named sets: the pre-registered pilot (results/preregistration.md), and a smoke test of the runner"""
+
+
+GIT = threading.Lock()   # one git command at a time across the runner's threads
+
+
+def code_commit(repo: Path = ROOT) -> str:
+    """The last commit that touched a file outside results/; refused while such tracked files have uncommitted
+    changes, since the commit would then not say what ran."""
+    outside = ["--", ".", ":(exclude)results"]
+    dirty = git(repo, "status", "--porcelain", "--untracked-files=no", *outside)
+    if dirty:
+        raise RuntimeError(f"uncommitted changes outside results/ ({dirty.split()[-1]}, ...): commit them first, "
+                           f"so that each run's commit says what it ran")
+    return git(repo, "rev-list", "-1", "HEAD", *outside)
+
+
+def git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True).stdout.strip()
+
+
+def summarize(run_dir: Path, configuration: str, seed: int, flags: list[str], shared: list[str], commits: list[str]
+              ) -> dict:
+    """What the analysis reads of one complete run: per policy its held-out greedy curve, its training reward
+    per iteration and their variance (eval.reward_variance), its cost spent by each evaluation (wall time is the
+    run's), the mean per iteration of every sharing/ and fidelity/ metric (what crossed); and the run's totals."""
+    records = evaluation.load_metrics(run_dir)
+    names = list(dict.fromkeys(r["policy"] for r in records))
+    policies = {}
+    for name in names:
+        heldout = evaluation.curve(records, name, "eval/heldout_accuracy")
+        if len({i for i, _ in heldout}) != len(heldout):
+            raise ValueError(f"{run_dir}: {name} was evaluated twice at one iteration; a resume logged twice")
+        rewards = [r for _, r in evaluation.curve(records, name, "charts/reward_mean")]
+        spent = {cost: evaluation.spent(records, name, cost) for cost in evaluation.COSTS}
+        crossed = {}
+        for key in dict.fromkeys(k for r in records if r["policy"] == name for k in r):
+            if key.startswith(("sharing/", "fidelity/")):
+                values = [v for _, v in evaluation.curve(records, name, key)]
+                crossed[key] = sum(values) / len(values)
+        policies[name] = {"heldout": heldout, "reward_mean": rewards,
+                          "reward_variance": evaluation.reward_variance(rewards),
+                          "spent": {cost: [(i, spent[cost][i]) for i, _ in heldout] for cost in evaluation.COSTS},
+                          "crossed": crossed}
+    last = max(r["iteration"] for r in records)
+    return {"configuration": configuration, "seed": seed, "flags": flags, "shared": shared, "commits": commits,
+            "iterations": last, "policies": policies,
+            "iteration_s": evaluation.spent(records, names[0], "iteration_s")[last],
+            **{cost: sum(evaluation.spent(records, n, cost)[last] for n in names)
+               for cost in ("rollout_tokens", "update_tokens")}}
+
+
+def summary_path(out: Path, configuration: str, seed: int) -> Path:
+    return out / f"{configuration}-s{seed}.json"
+
+
+Train = Callable[[str, list[str], int, Path], tuple[bool, str]]
+
+
+def run_one(set_name: str, configuration: str, seed: int, runs_dir: Path, out: Path, commit: bool,
+            train: Train = power.train_run, repo: Path = ROOT) -> str:
+    """One (configuration, seed) of a set: skipped where its summary exists; else trained (or resumed) to the
+    set's iterations, then summarized, the summary committed with `commit`. Returns a line for the log."""
+    matrix = SETS[set_name]
+    path = summary_path(out, configuration, seed)
+    if path.exists():
+        return f"{path.name}: summarized already"
+    name = f"{set_name}-{configuration}-s{seed}"
+    sittings = runs_dir / f"{name}.commits"           # the code commit of each sitting that trained, one a line
+    if power.curve_end(runs_dir / name) < matrix.iterations:
+        with GIT:
+            current = code_commit(repo)
+        with sittings.open("a") as f:
+            f.write(current + "\n")
+    flags = list(matrix.configurations[configuration])
+    finished, line = train(name, [*flags, "--seed", str(seed), *matrix.shared], matrix.iterations, runs_dir)
+    if not finished:
+        return line
+    summary = summarize(runs_dir / name, configuration, seed, flags, list(matrix.shared), sittings.read_text().split())
+    path.write_text(json.dumps(summary, indent=1) + "\n")
+    if commit:
+        with GIT:
+            git(repo, "add", "--", str(path))
+            git(repo, "commit", "-q", "-m", f"{out.name}: {configuration} seed {seed}", "--", str(path))
+    return f"{line}; summary {path}"
+
+
+def run_set(set_name: str, configurations: list[str], seeds: list[int], jobs: int, runs_dir: Path, out: Path,
+            commit: bool, train: Train = power.train_run, repo: Path = ROOT) -> Iterator[str]:
+    """Every (configuration, seed), `jobs` at a time, seed by seed; yields the log lines in that order."""
+    unknown = sorted(set(configurations) - set(SETS[set_name].configurations))
+    if unknown:
+        raise ValueError(f"{unknown} are not configurations of set {set_name}: {sorted(SETS[set_name].configurations)}")
+    code_commit(repo)   # a dirty tree stops the set before any run starts
+    runs_dir.mkdir(parents=True, exist_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
+    grid = [(c, s) for s in seeds for c in configurations]
+    with ThreadPoolExecutor(jobs) as pool:
+        yield from pool.map(lambda job: run_one(set_name, *job, runs_dir, out, commit, train, repo), grid)
+
+
+def main(argv: list[str] | None = None, train: Train = power.train_run, repo: Path = ROOT) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--set", choices=sorted(SETS), default="pilot")
+    parser.add_argument("--configurations", nargs="+", default=None, help="a subset of the set's (default: all)")
+    parser.add_argument("--seeds", type=int, nargs="+", default=None, help="default: the set's")
+    parser.add_argument("--jobs", type=int, default=2, help="runs at a time, one thread each")
+    parser.add_argument("--runs-dir", type=Path, default=ROOT / "runs")
+    parser.add_argument("--out", type=Path, default=None, help="where summaries go (default: results/SET)")
+    parser.add_argument("--commit", action="store_true", help="git-commit each summary as it lands")
+    args = parser.parse_args(argv)
+    matrix = SETS[args.set]
+    for line in run_set(args.set, args.configurations or list(matrix.configurations), args.seeds or list(matrix.seeds),
+                        args.jobs, args.runs_dir, args.out or repo / "results" / args.set, args.commit, train, repo):
+        print(line, flush=True)
+
+
+if __name__ == "__main__":
+    main()

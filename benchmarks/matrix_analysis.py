@@ -1,0 +1,342 @@
+"""The comparison's analysis from the run summaries alone (benchmarks/matrix.py writes them; issue 32).
+
+    python eval.py --matrix results/pilot     # analysis.md, analysis.json, curves.png and plane.png in the folder
+
+Primary metric: per policy, the area under the held-out greedy curve over iterations 0..I, in points (0-100;
+eval.area_under). Per configuration, its mean and SD over seeds. Per contrast A - B and policy, the differences
+seed by seed over the seeds both ran: their mean and SD, a 95% percentile bootstrap interval over seeds and a
+bootstrap p-value (twice the share of resampled means on the far side of 0); then Holm's step-down correction
+over the primary contrasts x policies: the adjusted p-value, and the interval at the level Holm tests that
+hypothesis at (1 - alpha / (m - rank + 1), ranked by raw p-value). "The better GRPO budget" is, per policy, the
+GRPO configuration with the higher mean primary metric. The same at equal update tokens and at equal wall time:
+each run's accuracy against the cost it had spent, its area up to the cost the cheaper run of the pair spent in
+all (the last segment cut by interpolation), over that cost. The seeds the matrix needs: 80% power for a 2-point
+difference at the SD's upper 80% confidence bound, sd sqrt((n - 1) / chi2_0.2(n - 1)), by the paired t-test's
+approximation n >= ((t_{1-alpha/2} + t_power) sd / 2)^2, t with n - 1 degrees of freedom.
+
+Runs are paired only within one class of metric-equivalent commits: each summary lists the commits its sittings
+trained at, and FOLDER/equivalent-commits.txt declares classes (a line of commit hashes, a comment after #).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+import eval as evaluation
+import power
+
+POINTS = 100.0                          # accuracy in [0, 1] -> points
+GRPO_BUDGETS = ("none", "none-g16")
+PRIMARY = (("cross-fidelity", "sgt"), ("cross-fidelity", "cross-fidelity-random"), ("cross-fidelity", GRPO_BUDGETS))
+"""the pre-registered primary contrasts A - B (results/preregistration.md); a tuple B is the better of its
+configurations"""
+VIEWS = {"auc": None, "equal update tokens": "update_tokens", "equal wall time": "iteration_s"}
+"""each view of a contrast, and the cost its runs are compared at (None: the primary metric, over iterations)"""
+EQUIVALENCE_FILE = "equivalent-commits.txt"
+
+
+@dataclass(frozen=True)
+class AnalysisConfig:
+    alpha: float = 0.05
+    """two-sided level of each interval, and the family-wise error rate Holm controls"""
+    resamples: int = 10_000
+    """bootstrap resamples of the seeds"""
+    bootstrap_seed: int = 0
+    """the bootstrap's random stream, so that a report is repeatable"""
+    target: float = 2.0
+    """the difference in points the matrix should detect"""
+    power: float = 0.8
+    """the matrix's power against `target`"""
+    sd_confidence: float = 0.8
+    """the one-sided confidence of the SD's upper bound the seed count is computed at"""
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Summaries and their commits
+# ---------------------------------------------------------------------------------------------------------------
+
+def equivalence_classes(path: Path) -> dict[str, int]:
+    """commit -> class number, one class per line of `path` (hashes separated by spaces, # comments), lines
+    that share a commit merged; a commit in no line is a class of its own."""
+    lines = [line.split("#")[0].split() for line in path.read_text().splitlines()] if path.exists() else []
+    classes: list[set[str]] = []
+    for commits in filter(None, lines):
+        merged = set(commits)
+        for other in [c for c in classes if c & merged]:
+            merged |= other
+            classes.remove(other)
+        classes.append(merged)
+    return {commit: k for k, members in enumerate(classes) for commit in members}
+
+
+def load(folder: Path) -> list[dict]:
+    """Every summary of the folder, refused where two are of one (configuration, seed), where their shared flags
+    differ, or where their commits span more than one class of metric-equivalent commits."""
+    summaries = [json.loads(p.read_text()) for p in sorted(Path(folder).glob("*.json")) if p.name != "analysis.json"]
+    if not summaries:
+        raise FileNotFoundError(f"no run summaries in {folder}")
+    runs = [(s["configuration"], s["seed"]) for s in summaries]
+    twice = sorted({r for r in runs if runs.count(r) > 1})
+    if twice:
+        raise ValueError(f"{folder}: more than one summary of {twice}")
+    shared = {tuple(s["shared"]) for s in summaries}
+    if len(shared) > 1:
+        raise ValueError(f"{folder}: runs with different shared flags (evaluation, schedule): {sorted(shared)}")
+    classes = equivalence_classes(Path(folder) / EQUIVALENCE_FILE)
+    spanned = {classes.get(c, c) for s in summaries for c in s["commits"]}
+    if len(spanned) > 1:
+        commits = sorted({c for s in summaries for c in s["commits"]})
+        raise ValueError(f"{folder}: runs made at commits {commits}, not declared metric-equivalent in "
+                         f"{EQUIVALENCE_FILE}; rerun them at one commit or declare them there")
+    return summaries
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# One run's metrics, and the paired differences
+# ---------------------------------------------------------------------------------------------------------------
+
+def primary_metric(summary: dict, policy: str) -> float:
+    """The area under the held-out greedy curve over iterations 0..I, in points."""
+    return POINTS * evaluation.area_under(summary["policies"][policy]["heldout"], summary["iterations"])
+
+
+def cost_spent(summary: dict, policy: str, cost: str) -> float:
+    return summary["policies"][policy]["spent"][cost][-1][1]
+
+
+def area_at_cost(summary: dict, policy: str, cost: str, budget: float) -> float:
+    """The area under held-out accuracy against the cost spent, up to `budget`, in points."""
+    mine = summary["policies"][policy]
+    points = [(spent, accuracy) for (_, spent), (_, accuracy) in zip(mine["spent"][cost], mine["heldout"])]
+    return POINTS * evaluation.area_under(points, budget)
+
+
+def paired_differences(a: dict[int, dict], b: dict[int, dict], policy: str, view: str) -> dict[int, float]:
+    """seed -> metric(a) - metric(b) over the seeds both configurations ran (a, b: seed -> summary). At a cost,
+    both runs of a seed are read at the cost the cheaper one spent."""
+    out = {}
+    for seed in sorted(set(a) & set(b)):
+        cost = VIEWS[view]
+        if cost is None:
+            out[seed] = primary_metric(a[seed], policy) - primary_metric(b[seed], policy)
+        else:
+            budget = min(cost_spent(a[seed], policy, cost), cost_spent(b[seed], policy, cost))
+            out[seed] = area_at_cost(a[seed], policy, cost, budget) - area_at_cost(b[seed], policy, cost, budget)
+    return out
+
+
+def bootstrap_means(differences: list[float], resamples: int, seed: int) -> np.ndarray:
+    """[resamples] means of the differences resampled with replacement (seeds drawn at random)."""
+    values = np.asarray(differences, dtype=float)
+    draws = np.random.default_rng(seed).integers(0, len(values), size=(resamples, len(values)))
+    return values[draws].mean(axis=1)
+
+
+def percentile_interval(means: np.ndarray, level: float) -> tuple[float, float]:
+    tail = (1 - level) / 2
+    low, high = np.quantile(means, [tail, 1 - tail], method="inverted_cdf")
+    return float(low), float(high)
+
+
+def bootstrap_p(means: np.ndarray) -> float:
+    """Two-sided: twice the share of resampled means on the far side of 0 (at most 1)."""
+    return float(min(1.0, 2 * min((means <= 0).mean(), (means >= 0).mean())))
+
+
+def holm(p: list[float], alpha: float) -> tuple[list[float], list[float], list[bool]]:
+    """Holm's step-down correction of m p-values: each one's adjusted p-value, the level it is tested at
+    (alpha / (m - rank), rank 0 the smallest p) and whether it is rejected (all smaller ones were, and it is
+    below its level)."""
+    m = len(p)
+    adjusted, levels, rejected = [0.0] * m, [0.0] * m, [False] * m
+    running, still = 0.0, True
+    for rank, i in enumerate(sorted(range(m), key=lambda k: p[k])):
+        running = max(running, min(1.0, (m - rank) * p[i]))
+        adjusted[i], levels[i] = running, alpha / (m - rank)
+        still = still and p[i] <= levels[i]
+        rejected[i] = still
+    return adjusted, levels, rejected
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Seeds for the matrix
+# ---------------------------------------------------------------------------------------------------------------
+
+def chi2_cdf(x: float, dof: int) -> float:
+    """P(chi2_dof <= x): the regularized lower incomplete gamma P(dof/2, x/2), by its power series."""
+    if x <= 0:
+        return 0.0
+    s, z = dof / 2, x / 2
+    term = total = 1 / s
+    k = 0
+    while term > total * 1e-16:
+        k += 1
+        term *= z / (s + k)
+        total += term
+    return math.exp(s * math.log(z) - z - math.lgamma(s)) * total
+
+
+def chi2_quantile(p: float, dof: int) -> float:
+    """The `p` quantile of chi2 with `dof` degrees of freedom, by bisection on chi2_cdf."""
+    low, high = 0.0, float(dof)
+    while chi2_cdf(high, dof) < p:
+        low, high = high, 2 * high
+    for _ in range(100):
+        middle = (low + high) / 2
+        low, high = (middle, high) if chi2_cdf(middle, dof) < p else (low, middle)
+    return (low + high) / 2
+
+
+def sd_upper_bound(sd: float, seeds: int, confidence: float) -> float:
+    """The one-sided `confidence` upper bound of an SD measured on `seeds` paired differences (chi-square)."""
+    return sd * math.sqrt((seeds - 1) / chi2_quantile(1 - confidence, seeds - 1))
+
+
+def seeds_for_power(sd: float, cfg: AnalysisConfig, most: int = 100_000) -> int:
+    """The fewest seeds (at least 2) whose paired t-test has power cfg.power against cfg.target at SD `sd`."""
+    def enough(n: int) -> bool:
+        quantiles = power.t_quantile(1 - cfg.alpha / 2, n - 1) + power.t_quantile(cfg.power, n - 1)
+        return quantiles * sd / math.sqrt(n) <= cfg.target
+    if not enough(most):
+        raise ValueError(f"even {most} seeds lack power {cfg.power} against {cfg.target} at SD {sd}")
+    low, high = 2, most
+    while low < high:
+        middle = (low + high) // 2
+        low, high = (low, middle) if enough(middle) else (middle + 1, high)
+    return low
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The analysis
+# ---------------------------------------------------------------------------------------------------------------
+
+def mean_sd(values: list[float]) -> tuple[float, float]:
+    mean = sum(values) / len(values)
+    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1)) if len(values) > 1 else math.nan
+    return mean, sd
+
+
+def analyze(summaries: list[dict], cfg: AnalysisConfig = AnalysisConfig()) -> dict:
+    by_config: dict[str, dict[int, dict]] = {}
+    for s in summaries:
+        by_config.setdefault(s["configuration"], {})[s["seed"]] = s
+    policies = list(summaries[0]["policies"])
+    out: dict = {"config": asdict(cfg), "configurations": {}, "contrasts": {}}
+    for name, runs in by_config.items():
+        out["configurations"][name] = {
+            policy: {"seeds": sorted(runs), "auc": mean_sd([primary_metric(r, policy) for r in runs.values()]),
+                     "reward_variance": mean_sd([r["policies"][policy]["reward_variance"] for r in runs.values()]),
+                     "received": mean_sd([r["policies"][policy]["crossed"].get("sharing/received", 0.0)
+                                          for r in runs.values()])}
+            for policy in policies}
+    for view in VIEWS:
+        rows = []
+        for a, b in PRIMARY:
+            for policy in policies:
+                against = better(b, by_config, out, policy) if isinstance(b, tuple) else b
+                if a not in by_config or against not in by_config:
+                    continue
+                differences = paired_differences(by_config[a], by_config[against], policy, view)
+                if len(differences) < 2:
+                    continue
+                rows.append(contrast_row(a, against, policy, differences, cfg))
+        adjusted, levels, rejected = holm([r["p"] for r in rows], cfg.alpha)
+        for row, p, level, reject in zip(rows, adjusted, levels, rejected):
+            means = bootstrap_means(list(row["differences"].values()), cfg.resamples, cfg.bootstrap_seed)
+            row.update(holm_p=p, holm_interval=percentile_interval(means, 1 - level), holm_rejected=reject)
+        out["contrasts"][view] = rows
+    return out
+
+
+def better(candidates: tuple[str, ...], by_config: dict, out: dict, policy: str) -> str:
+    """Of `candidates` that ran, the one with the higher mean primary metric for `policy`."""
+    ran = [c for c in candidates if c in by_config]
+    return max(ran, key=lambda c: out["configurations"][c][policy]["auc"][0]) if ran else candidates[0]
+
+
+def contrast_row(a: str, b: str, policy: str, differences: dict[int, float], cfg: AnalysisConfig) -> dict:
+    values = list(differences.values())
+    mean, sd = mean_sd(values)
+    means = bootstrap_means(values, cfg.resamples, cfg.bootstrap_seed)
+    upper = sd_upper_bound(sd, len(values), cfg.sd_confidence)
+    return {"contrast": f"{a} - {b}", "policy": policy, "differences": differences, "mean": mean, "sd": sd,
+            "interval": percentile_interval(means, 1 - cfg.alpha), "p": bootstrap_p(means), "sd_upper": upper,
+            "seeds_for_matrix": seeds_for_power(upper, cfg) if upper > 0 else 2}
+
+
+def markdown(result: dict) -> str:
+    def ms(pair: tuple[float, float], digits: int = 2) -> str:
+        return f"{pair[0]:.{digits}f} ± {pair[1]:.{digits}f}"
+    lines = ["# The comparison: the analysis of its run summaries\n",
+             "Primary metric: area under the held-out greedy curve, points (0-100), mean ± SD over seeds.\n",
+             "| configuration | policy | seeds | AUC | reward variance (x1e4) | received per iteration |",
+             "|---|---|---|---|---|---|"]
+    for name, per_policy in result["configurations"].items():
+        for policy, m in per_policy.items():
+            variance = (1e4 * m["reward_variance"][0], 1e4 * m["reward_variance"][1])
+            lines.append(f"| {name} | {policy} | {len(m['seeds'])} | {ms(m['auc'])} | {ms(variance)} "
+                         f"| {ms(m['received'], 1)} |")
+    for view, rows in result["contrasts"].items():
+        lines += ["", f"## Primary contrasts, {view}: paired differences seed by seed, points\n",
+                  "| contrast | policy | per-seed difference | mean | SD | 95% interval | p | Holm p | Holm interval "
+                  "| Holm rejects | SD upper 80% | seeds for the matrix |", "|---" * 12 + "|"]
+        for r in rows:
+            seeds = " ".join(f"{d:+.2f}" for d in r["differences"].values())
+            lines.append(f"| {r['contrast']} | {r['policy']} | {seeds} | {r['mean']:+.2f} | {r['sd']:.2f} "
+                         f"| [{r['interval'][0]:+.2f}, {r['interval'][1]:+.2f}] | {r['p']:.3f} | {r['holm_p']:.3f} "
+                         f"| [{r['holm_interval'][0]:+.2f}, {r['holm_interval'][1]:+.2f}] | {r['holm_rejected']} "
+                         f"| {r['sd_upper']:.2f} | {r['seeds_for_matrix']} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(summaries: list[dict], result: dict, folder: Path) -> None:
+    """curves.png: each configuration's held-out curve per policy, mean over seeds with a band of ±1 SD;
+    plane.png: the stability-support plane, what crossed per iteration against the reward variance, one point
+    per configuration (its policies and seeds averaged)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    policies = list(summaries[0]["policies"])
+    fig, axes = plt.subplots(1, len(policies), figsize=(6 * len(policies), 4), squeeze=False)
+    for ax, policy in zip(axes[0], policies):
+        for name in result["configurations"]:
+            curves = [s["policies"][policy]["heldout"] for s in summaries if s["configuration"] == name]
+            iterations = [i for i, _ in curves[0]]
+            values = np.array([[POINTS * a for _, a in c] for c in curves])           # [seeds, evaluations]
+            mean, sd = values.mean(0), values.std(0, ddof=1) if len(values) > 1 else np.zeros(values.shape[1])
+            line, = ax.plot(iterations, mean, label=name)
+            ax.fill_between(iterations, mean - sd, mean + sd, color=line.get_color(), alpha=0.15)
+        ax.set(xlabel="iteration", ylabel="held-out greedy accuracy (points)", title=policy)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(folder / "curves.png", dpi=110)
+    plt.close(fig)
+    fig, ax = plt.subplots(figsize=(6, 4.5))
+    for name, per_policy in result["configurations"].items():
+        x = sum(m["received"][0] for m in per_policy.values()) / len(per_policy)
+        y = sum(m["reward_variance"][0] for m in per_policy.values()) / len(per_policy)
+        ax.scatter([x], [y])
+        ax.annotate(name, (x, y), fontsize=8)
+    ax.set(xlabel="crossed per iteration (sharing/received: trajectories; rewards for xgrpo)",
+           ylabel="receiver's training reward variance", title="stability-support plane")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(folder / "plane.png", dpi=110)
+    plt.close(fig)
+
+
+def report(folder: Path, cfg: AnalysisConfig = AnalysisConfig()) -> str:
+    """The analysis of FOLDER's summaries: analysis.md, analysis.json and the two plots written there."""
+    summaries = load(folder)
+    result = analyze(summaries, cfg)
+    text = markdown(result)
+    (Path(folder) / "analysis.md").write_text(text)
+    (Path(folder) / "analysis.json").write_text(json.dumps(result, indent=1))
+    plot(summaries, result, Path(folder))
+    return text

@@ -1,0 +1,280 @@
+"""The comparison's runner (benchmarks/matrix.py) and analysis (benchmarks/matrix_analysis.py) on fake run
+directories and summaries, against hand-computed cases; nothing trains."""
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+import matrix  # noqa: E402
+import matrix_analysis as analysis  # noqa: E402
+import power  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def write_metrics(run_dir: Path, first: int, last: int, every: int = 10) -> None:
+    """Lines train.py would log for iterations first..last of policies p and q: rewards and costs each
+    iteration, held-out accuracy 0.01 * iteration (p) and twice that (q) every `every` iterations."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    lines = []
+    for it in range(first, last + 1):
+        for policy, scale in (("p", 1), ("q", 2)):
+            if it > 0:
+                lines.append({"iteration": it, "policy": policy, "charts/reward_mean": 0.1 * (it % 2),
+                              "perf/iteration_s": 2.0, "perf/rollout_tokens": 100.0 * scale,
+                              "perf/update_tokens": 150.0 * scale, "sharing/received": 4.0})
+            if it % every == 0:
+                lines.append({"iteration": it, "policy": policy, "eval/heldout_accuracy": 0.01 * it * scale})
+    with (run_dir / "metrics.jsonl").open("a") as f:
+        f.writelines(json.dumps(line) + "\n" for line in lines)
+
+
+@pytest.fixture
+def repo(tmp_path):
+    """A git repository with one commit of code and one of results."""
+    path = tmp_path / "repo"
+    (path / "results").mkdir(parents=True)
+    (path / "code.py").write_text("x = 1\n")
+    for args in (["init", "-q"], ["config", "user.email", "t@t"], ["config", "user.name", "t"], ["add", "code.py"],
+                 ["commit", "-q", "-m", "code"]):
+        subprocess.run(["git", "-C", str(path), *args], check=True)
+    (path / "results" / "old.json").write_text("{}")
+    subprocess.run(["git", "-C", str(path), "add", "results"], check=True)
+    subprocess.run(["git", "-C", str(path), "commit", "-q", "-m", "a result"], check=True)
+    return path
+
+
+def git_log(path: Path, *args: str) -> list[str]:
+    return subprocess.run(["git", "-C", str(path), "log", "--format=%H %s", *args], check=True, capture_output=True,
+                          text=True).stdout.split("\n")[:-1]
+
+
+def test_the_code_commit_skips_results_and_a_dirty_tree_is_refused(repo):
+    code, result = git_log(repo)[::-1]
+    assert matrix.code_commit(repo) == code.split()[0]
+    (repo / "results" / "new.json").write_text("{}")      # untracked, and under results/: no matter
+    assert matrix.code_commit(repo) == code.split()[0]
+    (repo / "code.py").write_text("x = 2\n")
+    with pytest.raises(RuntimeError, match="uncommitted"):
+        matrix.code_commit(repo)
+
+
+def test_train_run_starts_resumes_or_skips(tmp_path, monkeypatch):
+    commands = []
+
+    def fake_train(command, **kwargs):
+        commands.append(command)
+        last = int(command[command.index("--iterations") + 1])
+        run_dir = tmp_path / command[command.index("--name") + 1]
+        write_metrics(run_dir, power.curve_end(run_dir) + 1 if run_dir.exists() else 0, last)
+        return subprocess.CompletedProcess(command, 0)
+    monkeypatch.setattr(power.subprocess, "run", fake_train)
+    assert power.train_run("r", ["--seed", "3"], 20, tmp_path) == (True, "r: finished")
+    assert "--resume" not in commands[0] and commands[0][-6:] == ["--iterations", "20", "--name", "r",
+                                                                  "--runs-dir", str(tmp_path)]
+    assert power.train_run("r", ["--seed", "3"], 40, tmp_path)[0] and "--resume" in commands[1]
+    assert power.train_run("r", ["--seed", "3"], 40, tmp_path) == (True, "r: done (40 iterations)")
+    assert len(commands) == 2
+
+
+class FakeTrain:
+    """train.py as matrix.run_one calls it: it dies at `dies_at` on its first sitting (metrics logged, exit
+    code 1), and on a later one resumes from the last evaluation, as train.py resumes from its checkpoint."""
+
+    def __init__(self, dies_at: int | None = None):
+        self.dies_at, self.calls = dies_at, []
+
+    def __call__(self, name, flags, iterations, runs_dir):
+        self.calls.append((name, flags))
+        run_dir = runs_dir / name
+        start = power.curve_end(run_dir) + 1 if run_dir.exists() else 0
+        if self.dies_at is not None and len(self.calls) == 1:
+            write_metrics(run_dir, start, self.dies_at)
+            return False, f"{name}: FAILED"
+        write_metrics(run_dir, start, iterations)
+        return True, f"{name}: finished"
+
+
+def test_a_killed_run_resumes_and_is_summarized_once_and_a_finished_one_never_reruns(repo, tmp_path, monkeypatch):
+    monkeypatch.setitem(matrix.SETS, "t", matrix.MatrixSet({"a": ("--share", "prp")}, (7,), ("--eval-every", "10"),
+                                                           iterations=40))
+    runs, out = tmp_path / "runs", repo / "results" / "t"
+    train = FakeTrain(dies_at=20)
+    first = list(matrix.run_set("t", ["a"], [7], 1, runs, out, True, train, repo))
+    assert first == ["t-a-s7: FAILED"] and not (out / "a-s7.json").exists()
+    (repo / "code.py").write_text("x = 3\n")               # a fix between the two sittings
+    subprocess.run(["git", "-C", str(repo), "commit", "-qam", "fix"], check=True)
+    second = list(matrix.run_set("t", ["a"], [7], 1, runs, out, True, train, repo))
+    assert second == [f"t-a-s7: finished; summary {out / 'a-s7.json'}"]
+    assert train.calls[1] == ("t-a-s7", ["--share", "prp", "--seed", "7", "--eval-every", "10"])
+    summary = json.loads((out / "a-s7.json").read_text())
+    assert [i for i, _ in summary["policies"]["p"]["heldout"]] == [0, 10, 20, 30, 40]   # each evaluation once
+    assert summary["policies"]["q"]["heldout"][-1] == [40, pytest.approx(0.8)]
+    # the wall time is the run's (2 s an iteration); tokens add up over both policies (p 150, q 300 an iteration)
+    assert (summary["iteration_s"], summary["update_tokens"], summary["rollout_tokens"]) == (80.0, 18000.0, 12000.0)
+    assert summary["policies"]["p"]["spent"]["update_tokens"][1] == [10, 1500.0]
+    assert summary["policies"]["p"]["crossed"] == {"sharing/received": 4.0}
+    assert summary["policies"]["p"]["reward_variance"] == pytest.approx(0.01 / 2)    # alternating 0, 0.1
+    fix, code = git_log(repo, "--", "code.py")[:2]
+    assert summary["commits"] == [code.split()[0], fix.split()[0]]                     # both sittings
+    assert git_log(repo)[0].split(maxsplit=1)[1] == "t: a seed 7"                      # committed as it landed
+    third = list(matrix.run_set("t", ["a"], [7], 1, runs, out, True, train, repo))
+    assert third == ["a-s7.json: summarized already"] and len(train.calls) == 2
+    with pytest.raises(ValueError, match="not configurations"):
+        list(matrix.run_set("t", ["b"], [7], 1, runs, out, False, train, repo))
+
+
+def test_a_run_that_logged_an_evaluation_twice_is_refused(tmp_path):
+    write_metrics(tmp_path / "r", 0, 20)
+    write_metrics(tmp_path / "r", 20, 30)                   # a resume that repeated iteration 20
+    with pytest.raises(ValueError, match="twice"):
+        matrix.summarize(tmp_path / "r", "a", 1, [], [], ["c"])
+
+
+def test_the_pilot_holds_the_preregistered_configurations_and_seeds():
+    pilot = matrix.SETS["pilot"]
+    assert list(pilot.configurations) == ["none", "none-g16", "prp", "xgrpo", "sgt", "hacpo", "graft",
+                                          "cross-fidelity", "cross-fidelity-random"]
+    assert pilot.seeds == tuple(range(1001, 1009)) and pilot.iterations == 100
+    assert pilot.configurations["cross-fidelity-random"][-2:] == ("--admission", "random")
+    named = {c for a, b in analysis.PRIMARY for c in (a, *(b if isinstance(b, tuple) else (b,)))}
+    assert named <= set(pilot.configurations)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The analysis
+# ---------------------------------------------------------------------------------------------------------------
+
+def summary(configuration, seed, auc_points, commits=("c1",), cost=1000.0):
+    """A summary whose policy p has a flat held-out curve at auc_points / 100 (so its primary metric is
+    auc_points), q one at half that, and update tokens spent evenly up to `cost`."""
+    def policy(level):
+        heldout = [[i, level / 100] for i in range(0, 101, 50)]
+        return {"heldout": heldout, "reward_mean": [0.1, 0.3], "reward_variance": 0.02,
+                "spent": {c: [[i, cost * i / 100] for i, _ in heldout] for c in ("update_tokens", "iteration_s",
+                                                                                 "rollout_tokens")},
+                "crossed": {"sharing/received": 3.0}}
+    return {"configuration": configuration, "seed": seed, "flags": [], "shared": ["--minibatches", "2"],
+            "commits": list(commits), "iterations": 100,
+            "policies": {"p": policy(auc_points), "q": policy(auc_points / 2)}}
+
+
+def write_summaries(folder, summaries):
+    folder.mkdir(parents=True, exist_ok=True)
+    for s in summaries:
+        (folder / f"{s['configuration']}-s{s['seed']}.json").write_text(json.dumps(s))
+
+
+def test_differences_are_taken_seed_by_seed_over_the_seeds_both_ran():
+    a = {seed: summary("a", seed, v) for seed, v in ((3, 50.0), (1, 40.0), (2, 45.0))}
+    b = {seed: summary("b", seed, v) for seed, v in ((2, 44.0), (1, 41.0), (4, 90.0))}
+    assert analysis.paired_differences(a, b, "p", "auc") == pytest.approx({1: -1.0, 2: 1.0})
+
+
+def test_at_equal_cost_both_runs_are_read_at_what_the_cheaper_one_spent():
+    # a rises from 0 to 60 points over 1,000 tokens; b is flat at 30 over 2,000. At b's cost read to 1,000 tokens,
+    # a's area is 30 (a line from 0 to 60) and b's 30
+    a, b = summary("a", 1, 0.0, cost=1000.0), summary("b", 1, 30.0, cost=2000.0)
+    a["policies"]["p"]["heldout"] = [[0, 0.0], [50, 0.3], [100, 0.6]]
+    assert analysis.paired_differences({1: a}, {1: b}, "p", "equal update tokens") == pytest.approx({1: 0.0})
+    assert analysis.paired_differences({1: a}, {1: b}, "p", "auc") == pytest.approx({1: 0.0})
+    b["policies"]["p"]["heldout"] = [[0, 0.3], [50, 0.3], [100, 0.9]]    # b at 1,000 of its 2,000 tokens: 0.6
+    # b up to 1,000 tokens (iteration 50): flat at 30 -> 30; a: 30. Over all of b's iterations it would be 45
+    assert analysis.paired_differences({1: a}, {1: b}, "p", "equal update tokens") == pytest.approx({1: 0.0})
+    assert analysis.paired_differences({1: a}, {1: b}, "p", "auc") == pytest.approx({1: 30.0 - 45.0})
+
+
+def test_the_bootstrap_interval_and_p_value_by_hand():
+    # every resample of [1, 1, 1] has mean 1
+    means = analysis.bootstrap_means([1.0, 1.0, 1.0], 1000, 0)
+    assert analysis.percentile_interval(means, 0.95) == (1.0, 1.0) and analysis.bootstrap_p(means) == 0.0
+    # [0, 1]: resampled means 0, 1/2, 1 with probabilities 1/4, 1/2, 1/4; the 95% interval is [0, 1] and the
+    # p-value twice P(mean <= 0) = 1/2
+    means = analysis.bootstrap_means([0.0, 1.0], 100_000, 0)
+    assert set(np.unique(means)) == {0.0, 0.5, 1.0} and (means == 0.5).mean() == pytest.approx(0.5, abs=0.01)
+    assert analysis.percentile_interval(means, 0.95) == (0.0, 1.0)
+    assert analysis.percentile_interval(means, 0.4) == (0.5, 0.5)
+    assert analysis.bootstrap_p(means) == pytest.approx(0.5, abs=0.01)
+
+
+def test_holm_by_hand():
+    # sorted 0.01, 0.03, 0.04 tested at 0.05/3, 0.05/2, 0.05: the first rejected, the second not (0.03 > 0.025),
+    # so neither is the third; adjusted 3 x 0.01, max(0.03, 2 x 0.03), max(0.06, 0.04)
+    adjusted, levels, rejected = analysis.holm([0.01, 0.04, 0.03], 0.05)
+    assert adjusted == pytest.approx([0.03, 0.06, 0.06]) and levels == pytest.approx([0.05 / 3, 0.05, 0.025])
+    assert rejected == [True, False, False]
+    assert analysis.holm([0.001, 0.01, 0.04], 0.05)[2] == [True, True, True]
+    assert analysis.holm([0.9, 0.8], 0.05)[0] == [1.0, 1.0]
+
+
+@pytest.mark.parametrize("p, dof, table", [(0.2, 1, 0.0642), (0.2, 5, 2.343), (0.2, 7, 3.822), (0.2, 10, 6.179),
+                                           (0.95, 7, 14.067), (0.05, 20, 10.851)])
+def test_chi_square_quantiles_match_the_printed_table(p, dof, table):
+    assert analysis.chi2_quantile(p, dof) == pytest.approx(table, abs=2e-3)
+
+
+def test_the_seed_rule_by_hand():
+    # 8 pilot seeds: the SD's upper 80% bound is sd * sqrt(7 / 3.822)
+    assert analysis.sd_upper_bound(2.0, 8, 0.8) == pytest.approx(2.0 * math.sqrt(7 / 3.822), rel=1e-3)
+    cfg = analysis.AnalysisConfig()
+    # at SD 2 against 2 points: n >= (t_.975 + t_.8)^2 with n - 1 dof; n = 10 gives (2.262 + 0.883)^2 = 9.9
+    # and n = 9 gives (2.306 + 0.889)^2 = 10.2 > 9
+    assert analysis.seeds_for_power(2.0, cfg) == 10
+    n = analysis.seeds_for_power(3.6, cfg)
+    t = lambda q, d: power.t_quantile(q, d)  # noqa: E731
+    assert (t(0.975, n - 1) + t(0.8, n - 1)) * 3.6 / math.sqrt(n) <= 2
+    assert (t(0.975, n - 2) + t(0.8, n - 2)) * 3.6 / math.sqrt(n - 1) > 2
+
+
+def test_runs_at_commits_not_declared_equivalent_are_not_paired(tmp_path):
+    write_summaries(tmp_path, [summary("sgt", 1, 40.0, ["c1"]), summary("cross-fidelity", 1, 42.0, ["c1", "c2"])])
+    with pytest.raises(ValueError, match="not declared metric-equivalent"):
+        analysis.load(tmp_path)
+    (tmp_path / analysis.EQUIVALENCE_FILE).write_text("c2 c3  # a README change\nc1 c3\n")   # merged by c3
+    assert len(analysis.load(tmp_path)) == 2
+    (tmp_path / "copy.json").write_text(json.dumps(summary("sgt", 1, 40.0)))
+    with pytest.raises(ValueError, match="more than one summary"):
+        analysis.load(tmp_path)
+
+
+def test_eval_matrix_writes_the_analysis_from_summaries_alone(tmp_path):
+    cf = [40.0, 43.0, 41.0, 46.0]
+    runs = [summary("cross-fidelity", s, v) for s, v in zip(range(1001, 1005), cf)]
+    runs += [summary("sgt", s, v) for s, v in zip(range(1001, 1005), (40.0, 41.0, 40.0, 42.0))]
+    runs += [summary(name, s, auc) for name, auc in (("none", 38.0), ("none-g16", 39.0)) for s in range(1001, 1005)]
+    write_summaries(tmp_path / "pilot", runs)
+    done = subprocess.run([sys.executable, str(ROOT / "eval.py"), "--matrix", str(tmp_path / "pilot")], cwd=ROOT,
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    result = json.loads((tmp_path / "pilot" / "analysis.json").read_text())
+    rows = {(r["contrast"], r["policy"]): r for r in result["contrasts"]["auc"]}
+    # the random control did not run: two contrasts per policy; the better GRPO budget is none-g16
+    assert set(rows) == {(c, p) for c in ("cross-fidelity - sgt", "cross-fidelity - none-g16") for p in "pq"}
+    assert rows["cross-fidelity - sgt", "p"]["differences"] == pytest.approx({"1001": 0.0, "1002": 2.0, "1003": 1.0,
+                                                                              "1004": 4.0})
+    assert rows["cross-fidelity - sgt", "q"]["mean"] == pytest.approx(7 / 8)
+    assert rows["cross-fidelity - none-g16", "p"]["mean"] == pytest.approx(42.5 - 39.0)
+    # Holm over the four: the holm interval is at least as wide as the raw one
+    for r in rows.values():
+        assert r["holm_interval"][0] <= r["interval"][0] and r["holm_interval"][1] >= r["interval"][1]
+    assert result["configurations"]["sgt"]["p"]["auc"] == pytest.approx([40.75, math.sqrt(0.9166666)], rel=1e-4)
+    assert "| cross-fidelity - sgt | p | +0.00 +2.00 +1.00 +4.00 | +1.75 |" in done.stdout
+    assert all((tmp_path / "pilot" / png).stat().st_size > 0 for png in ("curves.png", "plane.png"))
+
+
+def test_the_matrix_command_line_runs_the_set_it_names(repo, tmp_path):
+    # the README's command, on one configuration and seed of the pilot, training faked
+    train = FakeTrain()
+    matrix.main(["--set", "pilot", "--jobs", "2", "--commit", "--configurations", "graft", "--seeds", "1001",
+                 "--runs-dir", str(tmp_path / "runs")], train, repo)
+    assert train.calls == [("pilot-graft-s1001", ["--share", "graft", "--seed", "1001", *matrix.SETS["pilot"].shared])]
+    assert matrix.SETS["pilot"].shared[-2:] == ("--minibatches", "2")
+    assert json.loads((repo / "results" / "pilot" / "graft-s1001.json").read_text())["seed"] == 1001
+    assert git_log(repo)[0].split(maxsplit=1)[1] == "pilot: graft seed 1001"
