@@ -185,3 +185,22 @@ def test_real_weights_cross_fidelity_with_lora_on_all_30_layers(tmp_path, cache_
     scripted(smol)
     run_dir = train.main(real_weights_args(tmp_path, cache_dir, share="cross-fidelity", lora_rank=4))
     check_one_iteration(run_dir, "cross-fidelity", smol, 4)
+
+
+@pytest.mark.parametrize("lora_rank", [0, 4], ids=["full", "lora"])
+def test_real_weights_resume_equals_an_uninterrupted_run(tmp_path, cache_dir, smol_cut, scripted, lora_rank):
+    # a checkpoint keeps state dicts (transformers' save_pretrained refuses a model loaded from GGUF as it loads)
+    scripted(smol_cut)
+    whole = train.main(real_weights_args(tmp_path, cache_dir, iterations=2, lora_rank=lora_rank, name="whole"))
+    train.main(real_weights_args(tmp_path, cache_dir, iterations=1, lora_rank=lora_rank, name="extended"))
+    extended = train.main(real_weights_args(tmp_path, cache_dir, iterations=2, lora_rank=lora_rank, name="extended",
+                                            resume=True))
+    a, b = (torch.load(run / "checkpoints" / "iter-000002" / "llama.pt")["model"] for run in (whole, extended))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    # the training lines: the shorter run also evaluated at its last iteration
+    strip = lambda run: [{k: v for k, v in r.items() if k != "time_s" and not k.startswith("perf/")}
+                         for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())
+                         if "charts/reward_mean" in r]
+    assert strip(whole) == strip(extended)
+    for run in (whole, extended):
+        shutil.rmtree(run / "checkpoints")
