@@ -26,7 +26,8 @@ predictor, the scores and the admission need every policy's view or the curator'
 process. Hence only trajectories and diagnoses cross between a policy and the trainer, never weights; a receiver's
 crossings stay with it (backends.py's docstring lists what crosses).
 Metrics go to runs/NAME/metrics.jsonl, one line per policy and iteration, under stable names (charts/, losses/,
-sharing/, fidelity/, eval/, perf/); a cross-fidelity run logs every curation decision to runs/NAME/fidelity.jsonl;
+sharing/, fidelity/, eval/, perf/), and with --tensorboard as TensorBoard events under the same names (metrics_log.py);
+a cross-fidelity run logs every curation decision to runs/NAME/fidelity.jsonl;
 checkpoints to runs/NAME/checkpoints (checkpoint.py; each policy writes its own part); the evaluation report
 (eval.py) to runs/NAME at the end.
 """
@@ -52,6 +53,7 @@ import arith
 import grpo
 import hacpo
 import hardware
+import metrics_log
 import sharing
 import tasks
 
@@ -183,6 +185,9 @@ class Args:
     """iterations between checkpoints (the last iteration is always saved)"""
     resume: bool = False
     """continue the run NAME from its last checkpoint"""
+    tensorboard: bool = False
+    """also write every metric as TensorBoard events under the same names, in runs/NAME/tensorboard/POLICY
+    (`tensorboard --logdir runs`); metrics.jsonl stays the record eval.py reads"""
     devices: str | None = None
     """comma-separated torch devices, policy i on device i (round robin), e.g. cuda:0,cuda:1; policies on their
     own GPUs roll out and update in parallel. Default: cuda if available, else cpu"""
@@ -302,18 +307,14 @@ def print_estimates(args: Args, team: backends.Team, prompt_len: int) -> None:
                   f"{'fits' if total < capacity else 'DOES NOT FIT'}")
 
 
-def log_evaluation(team: backends.Team, args: Args, iteration: int, started: float, path: Path) -> dict[str, float]:
+def log_evaluation(team: backends.Team, iteration: int, started: float, metrics: metrics_log.MetricsLog
+                   ) -> dict[str, float]:
     """Phase 5's evaluation, one line per policy in metrics.jsonl (backends.PolicyWorker.evaluate). Returns each
     policy's greedy pass@1."""
     records = team.get([p.evaluate(iteration) for p in team.policies])
     for name, record in zip(team.names, records):
-        log(path, {"iteration": iteration, "policy": name, "time_s": time.time() - started, **record})
+        metrics.write({"iteration": iteration, "policy": name, "time_s": time.time() - started, **record})
     return {name: record["eval/heldout_accuracy"] for name, record in zip(team.names, records)}
-
-
-def log(path: Path, record: dict) -> None:
-    with path.open("a") as f:
-        f.write(json.dumps(record) + "\n")
 
 
 def main(args: Args) -> Path:
@@ -347,8 +348,8 @@ def run(args: Args, team: backends.Team) -> Path:
         print(f"resumed from iteration {start}")
     for path in (metrics_path, fidelity_path):   # a resumed run repeats no line and loses none; a fresh one keeps none
         checkpoint.truncate_metrics(path, start if start else -1)
-    accuracy = log_evaluation(team, args, 0, started, metrics_path) if start == 0 else \
-        {name: float("nan") for name in names}
+    metrics = metrics_log.MetricsLog(run_dir, args.tensorboard, start)
+    accuracy = log_evaluation(team, 0, started, metrics) if start == 0 else {name: float("nan") for name in names}
     guarded = curation is not None and curation.bandit is not None   # the stability guard reads losses/update_kl
 
     bar = tqdm(range(start, args.iterations), initial=start, total=args.iterations, desc="train")
@@ -373,7 +374,7 @@ def run(args: Args, team: backends.Team) -> Path:
             received, decisions = curation.exchange(experiences, task, problems, args.share_config, it + 1,
                                                     team.sides(experiences))
             for record in decisions:
-                log(fidelity_path, record)
+                metrics_log.append_line(fidelity_path, record)
         else:
             # HACPO's capabilities live here, across iterations; each receiver gets this iteration's values
             capability = (capabilities.update({e.policy.name: e.rewards for e in experiences})
@@ -396,16 +397,17 @@ def run(args: Args, team: backends.Team) -> Path:
                 stats["fidelity/guard_tripped"] = float(bool(verdicts[name]))
             stats["charts/finished"] = sum(e.rollouts.finished) / len(e.rollouts.finished)
             stats["perf/iteration_s"] = iteration_s
-            log(metrics_path, {"iteration": it + 1, "policy": name, "time_s": time.time() - started, **stats})
+            metrics.write({"iteration": it + 1, "policy": name, "time_s": time.time() - started, **stats})
         done = it + 1
         if done % args.eval_every == 0 or done == args.iterations:
-            accuracy = log_evaluation(team, args, done, started, metrics_path)
+            accuracy = log_evaluation(team, done, started, metrics)
         if done % args.checkpoint_every == 0 or done == args.iterations:
             team.get([p.save(str(checkpoint.checkpoint_folder(run_dir, done))) for p in team.policies])
             checkpoint.commit_checkpoint(run_dir, done, names, curation if curation is not None else capabilities)
         bar.set_postfix({f"{e.policy.name}_r": f"{e.rewards.mean():.2f}" for e in experiences} |
                         {f"{n}_acc": f"{a:.2f}" for n, a in accuracy.items()})
 
+    metrics.close()
     report = evaluation.write_report(run_dir)
     print(report)
     print(f"done in {time.time() - started:.0f}s; report in {run_dir / 'report.md'}")

@@ -1,6 +1,7 @@
 """End-to-end: a tiny run changes every policy and logs the documented metrics; a killed run resumes exactly."""
 
 import json
+import struct
 
 import pytest
 import torch
@@ -111,3 +112,39 @@ def test_a_run_on_a_local_benchmark_copy_evaluates_transfer_to_another_task(tmp_
     write_jsonl(tmp_path / "proofnet" / "test.jsonl", PROOFNET)
     with pytest.raises(ValueError, match="no automatic checker"):
         train.main(tiny_args(tmp_path, cache_dir, task="proofnet", data_dir=str(tmp_path / "proofnet"), name="p"))
+
+
+def tensorboard_events(folder):
+    """Every event of a folder's event files, read as TFRecords (length, its CRC, the Event proto, its CRC) with
+    tensorboardX's Event message, without the tensorboard package."""
+    from tensorboardX.proto.event_pb2 import Event
+    events = []
+    for path in sorted(folder.glob("events.out.tfevents.*")):
+        data, at = path.read_bytes(), 0
+        while at < len(data):
+            (length,) = struct.unpack("<Q", data[at:at + 8])
+            events.append(Event.FromString(data[at + 12:at + 12 + length]))
+            at += 12 + length + 4
+    return events
+
+
+def test_tensorboard_events_hold_every_metric_line_under_its_name(tmp_path, cache_dir):
+    run_dir = train.main(tiny_args(tmp_path, cache_dir, share="prp", tensorboard=True))
+    expected = {(r["policy"], name, r["iteration"]): value for r in records(run_dir)
+                for name, value in r.items() if "/" in name}
+    assert {name for _, name, _ in expected} >= TRAIN_KEYS - {"iteration", "policy", "time_s"} | EVAL_KEYS - {
+        "iteration", "policy", "time_s"} | {"sharing/received"}
+    logged = {(folder.name, v.tag, e.step): v.simple_value
+              for folder in (run_dir / "tensorboard").iterdir() for e in tensorboard_events(folder)
+              for v in e.summary.value}
+    assert logged.keys() == expected.keys()
+    assert all(logged[k] == pytest.approx(v, rel=1e-6, abs=1e-30) for k, v in expected.items())
+
+
+def test_a_resumed_run_purges_the_tensorboard_events_after_its_checkpoint(tmp_path):
+    import metrics_log
+    log = metrics_log.MetricsLog(tmp_path, True, resumed_at=4)
+    log.write({"iteration": 5, "policy": "qwen", "charts/x": 1.0})
+    log.close()
+    starts = [e.step for e in tensorboard_events(tmp_path / "tensorboard" / "qwen") if e.HasField("session_log")]
+    assert starts == [5]   # TensorBoard hides every earlier event from step 5 on
