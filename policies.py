@@ -26,7 +26,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 from transformers.generation.logits_process import TopPLogitsWarper
 
 import arith
-
+import data
 import tiny
 from grpo import pack_sequences
 from token_bytes import byte_offsets, encode_text, token_bytes_table
@@ -293,18 +293,39 @@ def gguf_file(location: str) -> Path | None:
     return found[0] if found else None
 
 
+class WeightsUnavailable(RuntimeError):
+    """A real policy's weights could not be loaded; the message says where to put them."""
+
+
+def local_or_reachable(location: str) -> str:
+    """A local path as it is; a hub id's snapshot in the Hugging Face cache, else the id itself once the hub has
+    answered a quick probe (data.hub_reachable): unprobed, an unreachable hub takes most of a minute to fail."""
+    if Path(location).exists():
+        return location
+    from huggingface_hub import constants, snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+    try:
+        return snapshot_download(location, local_files_only=True)
+    except LocalEntryNotFoundError:
+        pass
+    if constants.HF_HUB_OFFLINE or not data.hub_reachable(constants.ENDPOINT):
+        raise OSError(f"{location} is not in the Hugging Face cache and {constants.ENDPOINT} is "
+                      f"{'switched off by HF_HUB_OFFLINE' if constants.HF_HUB_OFFLINE else 'unreachable'}")
+    return location
+
+
 def load_hub_policy(spec: PolicySpec, location: str, device: torch.device, dtype: torch.dtype) -> Policy:
     """Load a real model from the hub, a local directory or a GGUF file (dequantized to `dtype`); offline, say how
     to point at local weights."""
     gguf = gguf_file(location)
-    where = {"pretrained_model_name_or_path": str(gguf.parent), "gguf_file": gguf.name} if gguf else \
-        {"pretrained_model_name_or_path": location}
     try:
+        where = {"pretrained_model_name_or_path": str(gguf.parent), "gguf_file": gguf.name} if gguf else \
+            {"pretrained_model_name_or_path": local_or_reachable(location)}
         tokenizer = AutoTokenizer.from_pretrained(**where)
         model = AutoModelForCausalLM.from_pretrained(**where, dtype=dtype)
     except (OSError, ValueError) as err:  # ValueError: a path that is neither a directory nor a valid hub id
-        raise RuntimeError(
-            f"could not load {spec.name} from {location!r} ({err.__class__.__name__}). Without a network to the "
+        raise WeightsUnavailable(
+            f"could not load {spec.name} from {location!r} ({err}). Without a network to the "
             f"model hub, download the weights elsewhere (e.g. `hf download {spec.hub_id or 'ORG/MODEL'}`), copy the "
             f"directory here and pass --model-paths {spec.name}=/path/to/dir (or a .gguf file), or use --scale "
             f"tiny.") from err

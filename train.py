@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import json
 import random
+import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -48,12 +49,14 @@ import backends
 import checkpoint
 import coevolution
 import curator
+import data
 import eval as evaluation
 import arith
 import grpo
 import hacpo
 import hardware
 import metrics_log
+import policies
 import sharing
 import tasks
 
@@ -176,7 +179,8 @@ class Args:
     seed: int = 1
     """seeds models, warm-up, problems and sampling; a CPU run is repeatable"""
     name: str | None = None
-    """run name; default PAIR-SHARE-sSEED"""
+    """run name; default PAIR-SHARE-sSEED, then the task, step format, TBD measure, ablations, thresholds,
+    process signal, scale and LoRA rank where they differ from their defaults (checkpoint.run_name)"""
     runs_dir: str = "runs"
     """where run directories are made"""
     cache_dir: str | None = None
@@ -231,6 +235,14 @@ class Args:
         if self.cpus_per_policy < 1 or not 0 <= (self.gpus_per_policy or 0) <= 1:
             raise ValueError(f"--cpus-per-policy must be at least 1 and --gpus-per-policy within [0, 1], got "
                              f"{self.cpus_per_policy} and {self.gpus_per_policy}")
+        if self.share == "hacpo" and self.epochs > 1:
+            raise ValueError("--share hacpo makes one update per iteration (--epochs 1): its stepwise clipping "
+                             "(eq. 14) and sequence ratios belong to each update, and later epochs reuse the first's")
+        try:   # here, not after the warm-up: the curator's own checks, in the flags' names
+            self.curator_config
+        except ValueError as err:
+            raise ValueError(f"cross-fidelity settings (--fidelity-lambdas, --theta1, --theta2, --ablate, "
+                             f"--process-signal): {err}") from None
 
     @property
     def task_config(self) -> arith.TaskConfig:
@@ -242,9 +254,6 @@ class Args:
 
     @property
     def share_config(self) -> sharing.ShareConfig:
-        if self.share == "hacpo" and self.epochs > 1:
-            raise ValueError("--share hacpo makes one update per iteration (--epochs 1): its stepwise clipping "
-                             "(eq. 14) and sequence ratios belong to each update, and later epochs reuse the first's")
         return sharing.ShareConfig(self.share, self.ratio_cap, scale_by_std=self.scale_by_std,
                                    temperature=self.temperature, micro_batch=self.micro_batch,
                                    hacpo_alpha=self.hacpo_alpha, hacpo_delta=self.hacpo_delta,
@@ -317,15 +326,26 @@ def log_evaluation(team: backends.Team, iteration: int, started: float, metrics:
     return {name: record["eval/heldout_accuracy"] for name, record in zip(team.names, records)}
 
 
+def run_dir_of(args: Args) -> Path:
+    return Path(args.runs_dir).resolve() / (args.name or checkpoint.run_name(asdict(args), asdict(Args())))
+
+
 def main(args: Args) -> Path:
-    """One run on the team of policies of --backend, released at the end or when the run fails."""
-    with backends.connect(args) as team:
-        return run(args, team)
+    """One run on the team of policies of --backend, released at the end or when the run fails; interrupted, it
+    says how to continue."""
+    try:
+        with backends.connect(args) as team:
+            return run(args, team)
+    except KeyboardInterrupt:
+        if (run_dir_of(args) / "config.json").exists():
+            print(f"\ninterrupted: the same command with --resume continues {run_dir_of(args).name} from its last "
+                  f"checkpoint", file=sys.stderr)
+        raise
 
 
 def run(args: Args, team: backends.Team) -> Path:
     # ---- set-up: run directory, tasks, policies, curator; a resumed run restores its last checkpoint ----------
-    run_dir = Path(args.runs_dir).resolve() / (args.name or f"{args.pair}-{args.share}-s{args.seed}")
+    run_dir = run_dir_of(args)
     metrics_path, fidelity_path = run_dir / "metrics.jsonl", run_dir / "fidelity.jsonl"
     config = json.loads(json.dumps({**asdict(args), "scale": team.scale}))  # as it reads back from config.json
     print(f"pair={args.pair} scale={team.scale} {team.placement} run={run_dir}")
@@ -334,6 +354,9 @@ def run(args: Args, team: backends.Team) -> Path:
     started = time.time()
     team.start(task, transfer)
     names = team.names
+    if team.scale == "tiny" and args.task != "arith" and len(args.model_paths) < len(names):
+        print(f"warning: the tiny policies' vocabularies and warm-up cover the arithmetic task only; on {args.task} "
+              f"they score 0. Use real weights (--scale small, or --model-paths for every policy)", file=sys.stderr)
     samples = [task.prompt(q) for q in task.train[:50] + task.heldout[:50]]
     print_estimates(args, team, max(team.get([p.longest_prompt(samples) for p in team.policies])))
     curation = make_curator(args, names) if args.share == "cross-fidelity" else None
@@ -415,4 +438,9 @@ def run(args: Args, team: backends.Team) -> Path:
 
 
 if __name__ == "__main__":
-    main(tyro.cli(Args))
+    try:
+        main(tyro.cli(Args))
+    except KeyboardInterrupt:
+        raise SystemExit(130) from None
+    except (ValueError, OSError, data.DataUnavailable, policies.WeightsUnavailable, backends.PolicyLost) as err:
+        raise SystemExit(f"train.py: error: {err}") from None   # the message says what to fix; a traceback buries it
