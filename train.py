@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import json
 import random
+import signal
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -438,6 +439,8 @@ def run(args: Args, team: backends.Team) -> Path:
 
 
 if __name__ == "__main__":
+    # a plain kill (SIGTERM) leaves through the team's close, as Ctrl-C does, so Ray stops the helpers it started
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
         main(tyro.cli(Args))
     except KeyboardInterrupt:

@@ -8,17 +8,18 @@
   memory    hardware.estimate of one GRPO update of one micro-batch against its measured peak
             (memory_estimate.measure_update: every tensor storage alive at once), full fine-tuning and LoRA,
             float32, at the small shape's sequence lengths
-  speed     perf/iteration_s of train.py runs with SmolLM2 in the llama seat beside the tiny Qwen policy, at the
-            small shape (PROMPTS prompts x GROUP completions of up to NEW_TOKENS tokens)
+  speed     perf/iteration_s of the README's SmolLM2 run (RUN: SmolLM2 in the llama seat beside the tiny Qwen
+            policy, cross-fidelity, LoRA, 4 prompts x 4 completions of up to 32 tokens), other flags after --
 
     python benchmarks/smollm2.py accuracy [--eval-size 500] [--humaneval 164] [--max-new-tokens 40]
     python benchmarks/smollm2.py memory
-    python benchmarks/smollm2.py speed [--iterations 3] [--share none cross-fidelity]
+    python benchmarks/smollm2.py speed [-- --share none --lora-rank 0]
 """
 
 import argparse
 import json
 import re
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -37,7 +38,7 @@ import tasks  # noqa: E402
 from memory_estimate import measure_update  # noqa: E402
 
 PROMPTS, GROUP, NEW_TOKENS = 4, 4, 32
-"""the small shape of the speed and memory measurements"""
+"""the small shape of the memory measurement, RUN's"""
 
 
 def load_smollm2() -> policies.Policy:
@@ -85,14 +86,18 @@ def update_memory(policy: policies.Policy, lora_rank: int, prompt_len: int) -> t
     return hardware.estimate(model, work).total_bytes, measured
 
 
-def iteration_seconds(share: str, iterations: int, runs_dir: str, lora_rank: int = 0) -> list[float]:
-    """perf/iteration_s of each iteration of a train.py run at the small shape (the llama seat's, which every
-    policy's line repeats)."""
+RUN = ("--share cross-fidelity --lora-rank 8 --prompts-per-iteration 4 --group-size 4 --max-new-tokens 32 "
+       "--eval-size 20 --iterations 3")
+"""the README's SmolLM2 run (with --model-paths llama=<the packaged file>), which `speed` times"""
+
+
+def iteration_seconds(flags: list[str], runs_dir: str) -> list[float]:
+    """perf/iteration_s of each iteration of `train.py --model-paths llama=<SmolLM2> FLAGS` (the llama line's;
+    every policy's line of an iteration repeats it)."""
     import train
-    args = train.Args(model_paths=(f"llama={policies.packaged_gguf()}",), share=share, iterations=iterations,
-                      prompts_per_iteration=PROMPTS, group_size=GROUP, max_new_tokens=NEW_TOKENS, eval_size=20,
-                      eval_samples=0, lora_rank=lora_rank, runs_dir=runs_dir,
-                      name=f"smollm2-{share}-r{lora_rank}-{int(time.time())}")
+    import tyro
+    args = tyro.cli(train.Args, args=[f"--model-paths=llama={policies.packaged_gguf()}", *flags,
+                                      f"--runs-dir={runs_dir}", f"--name=smollm2-speed-{int(time.time())}"])
     run_dir = train.main(args)
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     return [r["perf/iteration_s"] for r in rows if r["policy"] == "llama" and "perf/iteration_s" in r]
@@ -105,9 +110,8 @@ def main() -> None:
     cli.add_argument("--humaneval", type=int, default=164, help="HumanEval problems (0 skips it)")
     cli.add_argument("--max-new-tokens", type=int, default=40, help="arithmetic: a run's default")
     cli.add_argument("--code-tokens", type=int, default=256, help="HumanEval completion length")
-    cli.add_argument("--iterations", type=int, default=3)
-    cli.add_argument("--share", nargs="+", default=["none", "cross-fidelity"])
     cli.add_argument("--runs-dir", default="runs")
+    cli.add_argument("flags", nargs="*", help="speed: train.py flags after --, added to RUN's")
     cli = cli.parse_args()
     torch.set_num_threads(1)
     started = time.perf_counter()
@@ -123,11 +127,9 @@ def main() -> None:
             print(f"{'LoRA r=16' if rank else 'full'}: estimate {estimated / 2 ** 30:.3f} GiB, measured "
                   f"{measured / 2 ** 30:.3f} GiB, ratio {estimated / measured:.3f}")
     else:
-        for share in cli.share:
-            for rank in (0, 16):
-                seconds = iteration_seconds(share, cli.iterations, cli.runs_dir, rank)
-                print(f"{share}, {'LoRA r=16' if rank else 'full'}: s per iteration "
-                      + ", ".join(f"{s:.1f}" for s in seconds), flush=True)
+        flags = shlex.split(RUN) + cli.flags
+        seconds = iteration_seconds(flags, cli.runs_dir)
+        print(f"train.py {' '.join(flags)}: s per iteration " + ", ".join(f"{s:.1f}" for s in seconds))
     print(f"({time.perf_counter() - started:.0f} s, one thread)")
 
 
