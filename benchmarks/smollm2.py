@@ -5,9 +5,9 @@
             a run evaluates them (the reward wants a last line `Answer: N`; beside it, the share whose last number
             is the answer), and on HumanEval, each program judged in the sandbox (--humaneval N: the first N of its
             164 problems by task id)
-  memory    hardware.estimate of one GRPO update of one micro-batch against its measured peak
-            (memory_estimate.measure_update: every tensor storage alive at once), full fine-tuning and LoRA,
-            float32, at the small shape's sequence lengths
+  memory    hardware.estimate of one GRPO update of one micro-batch (a group of GROUP sequences) against its
+            measured peak (memory_estimate.measure_update: every tensor storage alive at once), full fine-tuning
+            and LoRA, float32, at the small shape's sequence lengths
   speed     perf/iteration_s of the README's SmolLM2 run (RUN: SmolLM2 in the llama seat beside the tiny Qwen
             policy, cross-fidelity, LoRA, 4 prompts x 4 completions of up to 32 tokens), other flags after --
 
@@ -17,6 +17,7 @@
 """
 
 import argparse
+import copy
 import json
 import re
 import shlex
@@ -37,8 +38,8 @@ import policies  # noqa: E402
 import tasks  # noqa: E402
 from memory_estimate import measure_update  # noqa: E402
 
-PROMPTS, GROUP, NEW_TOKENS = 4, 4, 32
-"""the small shape of the memory measurement, RUN's"""
+GROUP, NEW_TOKENS = 4, 32
+"""the small shape: RUN's, and the memory measurement's group"""
 
 
 def load_smollm2() -> policies.Policy:
@@ -69,12 +70,12 @@ def accuracy(policy: policies.Policy, eval_size: int, humaneval: int, max_new_to
     return out
 
 
-def update_memory(policy: policies.Policy, lora_rank: int, prompt_len: int) -> tuple[int, int]:
-    """(estimated, measured) peak bytes of one GRPO update of PROMPTS * GROUP sequences in one micro-batch, with
-    random token ids (the memory does not depend on them)."""
+def update_memory(policy: policies.Policy, lora_rank: int, prompt_len: int, n: int = GROUP) -> tuple[int, int]:
+    """(estimated, measured) peak bytes of one GRPO update of one micro-batch of `n` sequences (a prompt's group)
+    with random token ids (the memory does not depend on them)."""
     model = lora.add_lora(policy.model, lora_rank, 2 * lora_rank) if lora_rank else policy.model
     model.train()
-    n, vocab = PROMPTS * GROUP, len(policy.tokenizer)
+    vocab = len(policy.tokenizer)
     gen = torch.Generator().manual_seed(0)
     prompts = [torch.randint(vocab, (prompt_len - i % 4,), generator=gen).tolist() for i in range(n)]
     completions = [torch.randint(vocab, (NEW_TOKENS,), generator=gen).tolist() for _ in range(n)]
@@ -120,11 +121,11 @@ def main() -> None:
                                        cli.code_tokens).items():
             print(f"{task}: greedy pass@1 {acc:.3f} on {n} problems")
     elif cli.what == "memory":
-        arith = tasks.load_task("arith", 1, 0, 50)
-        prompt_len = max(len(load_smollm2().encode_prompt(arith.prompt(q))) for q in arith.heldout)
+        arith, smollm2 = tasks.load_task("arith", 1, 0, 50), load_smollm2()
+        prompt_len = max(len(smollm2.encode_prompt(arith.prompt(q))) for q in arith.heldout)
         for rank in (0, 16):
-            estimated, measured = update_memory(load_smollm2(), rank, prompt_len)
-            print(f"{'LoRA r=16' if rank else 'full'}: estimate {estimated / 2 ** 30:.3f} GiB, measured "
+            estimated, measured = update_memory(copy.deepcopy(smollm2), rank, prompt_len)
+            print(f"{'LoRA r=16' if rank else 'full'}, {GROUP} sequences of {prompt_len} + {NEW_TOKENS} tokens: estimate {estimated / 2 ** 30:.3f} GiB, measured "
                   f"{measured / 2 ** 30:.3f} GiB, ratio {estimated / measured:.3f}")
     else:
         flags = shlex.split(RUN) + cli.flags

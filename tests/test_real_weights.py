@@ -204,3 +204,18 @@ def test_real_weights_resume_equals_an_uninterrupted_run(tmp_path, cache_dir, sm
     assert strip(whole) == strip(extended)
     for run in (whole, extended):
         shutil.rmtree(run / "checkpoints")
+
+
+def test_real_weights_benchmark_at_a_tiny_size(smol_cut):
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import smollm2
+    problem = arith.generate_problems(1, "heldout", 0)[0]
+    assert smollm2.last_number_right(problem, f"so {problem.answer - 1}, no: {problem.answer}.")
+    assert not smollm2.last_number_right(problem, f"{problem.answer} then {problem.answer + 1}")
+    measured = smollm2.accuracy(smol_cut, eval_size=2, humaneval=1, max_new_tokens=4, code_tokens=4)
+    assert {task: n for task, (_, n) in measured.items()} == {"arith": 2, "arith, last number": 2, "humaneval": 1}
+    for rank in (0, 4):   # hardware.estimate holds for SmolLM2's shape as for the tiny ones (tests/test_hardware.py)
+        estimated, peak = smollm2.update_memory(copy.deepcopy(smol_cut), rank, prompt_len=24, n=2)
+        assert 0.9 < estimated / peak < 1.1
