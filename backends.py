@@ -53,6 +53,10 @@ if TYPE_CHECKING:   # train.py builds the backend; this file never imports it at
 REPO = str(Path(__file__).resolve().parent)
 
 
+class PolicyLost(RuntimeError):
+    """A policy's process died (its Ray actor, ray_team.py): the run cannot go on without it."""
+
+
 @dataclasses.dataclass(frozen=True)
 class Peer:
     """What a policy's experience carries of the policy once it leaves the policy: its name, and where a receiver

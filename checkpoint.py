@@ -25,18 +25,49 @@ RESUMABLE = ("resume", "iterations", "backend", "ray_address")
 give the same metrics)"""
 
 
+NAMED = ("task", "step_format", "tbd_measure", "ablate", "thresholds", "process_signal", "scale", "lora_rank")
+"""settings that a default run name spells out where they differ from their defaults (beside pair, share, seed)"""
+
+
+def run_name(config: dict, defaults: dict) -> str:
+    """PAIR-SHARE-sSEED, then each setting of NAMED that differs from its default (e.g. qwen-llama-none-s1-gsm8k,
+    qwen-llama-cross-fidelity-s1-ablate-ccm-adaptive), so that runs differing there do not share a directory."""
+    parts = [config["pair"], config["share"], f"s{config['seed']}"]
+    for key in NAMED:
+        value = config[key]
+        if value != defaults[key] and value not in (None, (), []):
+            spelled = "-".join(value) if key == "ablate" else str(value)
+            parts.append({"tbd_measure": "tbd-", "ablate": "ablate-", "lora_rank": "lora"}.get(key, "") + spelled)
+    return "-".join(parts)
+
+
+def changed_settings(saved: Path, config: dict) -> list[str]:
+    """The settings of `config` that differ from a run's saved config.json, but those a resume may change."""
+    return sorted(k for k, v in json.loads(saved.read_text()).items() if k not in RESUMABLE and config.get(k) != v)
+
+
 def open_run(run_dir: Path, config: dict, resume: bool) -> None:
-    """Make the run directory and write its config.json; a directory that holds a run needs `resume`, and a
-    resume must not change the run's settings but those of RESUMABLE."""
+    """Make the run directory and write its config.json; a directory that holds a run needs `resume`, a resume
+    needs a run, and a resume must not change the run's settings but those of RESUMABLE."""
     saved = run_dir / "config.json"
-    if run_dir.exists() and not resume and (run_dir / "metrics.jsonl").exists():
-        raise FileExistsError(f"{run_dir} holds a run; pass --resume to continue it or --name for a new one")
-    if resume and saved.exists():
-        changed = {k for k, v in json.loads(saved.read_text()).items() if k not in RESUMABLE and config.get(k) != v}
-        if changed:
-            raise ValueError(f"--resume with other settings than the run's ({sorted(changed)}); resume as it was")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    saved.write_text(json.dumps(config, indent=2))
+    if resume and not saved.exists():
+        others = sorted(p.parent.name for p in run_dir.parent.glob("*/config.json"))
+        raise FileNotFoundError(f"--resume: no run in {run_dir} to continue (runs in {run_dir.parent}: "
+                                f"{', '.join(others) or 'none'})")
+    changed = changed_settings(saved, config) if saved.exists() else []
+    if not resume and (run_dir / "metrics.jsonl").exists():
+        raise FileExistsError(f"{run_dir} holds a run with other settings ({changed}): pass --name for a new run"
+                              if changed else f"{run_dir} holds a run; pass --resume to continue it or --name for a "
+                                              f"new one")
+    if resume and changed:
+        raise ValueError(f"--resume with other settings than the run's ({changed}); resume as it was, or pass "
+                         f"--name for a new run")
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        saved.write_text(json.dumps(config, indent=2))
+    except OSError as err:
+        raise OSError(f"cannot write the run directory {run_dir} ({err.strerror}): pass a writable --runs-dir") \
+            from None
 
 
 def truncate_metrics(path: Path, iteration: int) -> None:
@@ -76,8 +107,13 @@ def checkpoint_folder(run_dir: Path, iteration: int) -> Path:
 def save_policy(folder: Path, policy: policies.Policy, optimizer: torch.optim.Optimizer) -> None:
     """One policy's part of a checkpoint, written by whoever holds the policy (its Ray actor, under Ray)."""
     folder.mkdir(parents=True, exist_ok=True)
-    torch.save({"model": trainable_state(policy.model), "optimizer": optimizer.state_dict()},
-               folder / f"{policy.name}.pt")
+    try:
+        torch.save({"model": trainable_state(policy.model), "optimizer": optimizer.state_dict()},
+                   folder / f"{policy.name}.pt")
+    except (OSError, RuntimeError) as err:   # a full disk shows as torch's "unexpected pos N vs M"
+        free = shutil.disk_usage(folder).free / 2 ** 20
+        raise OSError(f"could not write {policy.name}'s checkpoint to {folder} ({err}); {free:.0f} MiB free there: "
+                      f"is the disk full? Make room, then rerun the same command with --resume") from None
 
 
 def commit_checkpoint(run_dir: Path, iteration: int, names: list[str], state: object = None) -> None:

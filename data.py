@@ -97,9 +97,19 @@ def _read_rows(path: Path) -> list[dict]:
         return pyarrow.parquet.read_table(path).to_pylist()
     with open(path, encoding="utf-8") as f:
         if path.suffix == ".json":
-            data = json.load(f)
+            try:
+                data = json.load(f)
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{path}: not valid JSON ({err})") from None
             return data if isinstance(data, list) else [data]
-        return [json.loads(line) for line in f if line.strip()]
+        return [_json_line(path, number, line) for number, line in enumerate(f, 1) if line.strip()]
+
+
+def _json_line(path: Path, number: int, line: str) -> dict:
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path}, line {number}: not a JSON row ({err.msg}): {line.strip()[:80]!r}") from None
 
 
 def _is_lfs_pointer(path: Path) -> bool:

@@ -120,9 +120,12 @@ class Offer:
 def make_offer(source: sharing.Experience, index: int, receiver: policies.Policy, task: tasks.Task, example,
                stats: dict[str, reward_drift.StepStats], tbd_measure: str = "credit") -> Offer | None:
     """The cheap diagnosis (TBD, RSD) of one rollout for one receiver; None when no step of it reaches the
-    receiver's tokens (an empty completion, a lone cut byte). The hidden TBD measure is filled in later, over all
-    the iteration's offers (`measure_hidden_tbd`)."""
-    src, tgt, alignment = sharing.aligned_rollout(source, index, receiver)
+    receiver's tokens (an empty completion, a lone cut byte, a text its tokenizer cannot spell). The hidden TBD
+    measure is filled in later, over all the iteration's offers (`measure_hidden_tbd`)."""
+    aligned = sharing.aligned_rollout(source, index, receiver)
+    if aligned is None:
+        return None
+    src, tgt, alignment = aligned
     steps = tokalign.step_byte_spans(src.data, task.step_spans)
     process = reward_drift.process_rewards(task, example, source.rollouts.texts[index])
     kept = [(span, reachability.step_token_ranges(tgt.offsets, [span]), p) for span, p in zip(steps, process)]

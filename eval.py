@@ -57,6 +57,12 @@ def heldout_accuracy(policy, examples: list, max_new_tokens: int, task: tasks.Ta
     return correct / len(examples)
 
 
+def load_config(run_dir: Path) -> dict:
+    """The run's config.json, or {} for a directory of metrics alone."""
+    path = Path(run_dir) / "config.json"
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
 def load_metrics(run_dir: Path) -> list[dict]:
     path = Path(run_dir) / "metrics.jsonl"
     if not path.exists():
@@ -84,6 +90,28 @@ def spent(records: list[dict], policy: str, cost: str) -> dict[int, float]:
         total += by_iteration[iteration]
         out[iteration] = total
     return out
+
+
+def parse_budget(text: str) -> tuple[str, float]:
+    """COST=VALUE of --budget, refused with the form it takes."""
+    cost, _, value = text.partition("=")
+    try:
+        if cost in COSTS:
+            return cost, float(value)
+    except ValueError:
+        pass
+    raise ValueError(f"--budget takes COST=VALUE, COST one of {', '.join(COSTS)} and VALUE a number (e.g. "
+                     f"update_tokens=2e6), got {text!r}")
+
+
+def budget_line(records: list[dict], policy: str, cost: str, budget: float) -> str:
+    """What a policy's run reached within `budget` of `cost`, saying so where the run ended before spending it."""
+    total = max(spent(records, policy, cost).items())
+    at = accuracy_within_budget(records, policy, cost, budget)
+    reached = f"{at[1]:.3f} at iteration {at[0]}" if at else "no evaluation within the budget"
+    if total[1] < budget:
+        return f"{reached}; the run ended at iteration {total[0]} having spent {total[1]:.4g} of {budget:.4g}"
+    return reached
 
 
 def accuracy_within_budget(records: list[dict], policy: str, cost: str, budget: float) -> tuple[int, float] | None:
@@ -117,7 +145,7 @@ def reward_variance(means: list[float]) -> float:
 
 def summarize(run_dir: Path, target: float) -> list[dict]:
     """One row per policy of a run."""
-    records = load_metrics(run_dir)
+    records, config = load_metrics(run_dir), load_config(run_dir)
     rows = []
     for policy in dict.fromkeys(r["policy"] for r in records):
         accuracy = curve(records, policy, "eval/heldout_accuracy")
@@ -133,23 +161,46 @@ def summarize(run_dir: Path, target: float) -> list[dict]:
                      "received_per_iteration": sum(received) / len(received) if received else None,
                      "iterations_to_target": reached[0] if reached else None,
                      "iterations": max((r["iteration"] for r in records), default=0),
+                     "planned": config.get("iterations"), "heldout": config.get("eval_size"),
                      **{cost: spent(records, policy, cost).get(max(r["iteration"] for r in records), math.nan)
                         for cost in COSTS}})
     return rows
 
 
+def standard_error(accuracy: float, problems: int | None) -> float:
+    """The binomial standard error of an accuracy over `problems` held-out problems (NaN if unknown)."""
+    return math.sqrt(accuracy * (1 - accuracy) / problems) if problems else math.nan
+
+
 def markdown_table(rows: list[dict], target: float) -> str:
     head = ("| run | policy | held-out acc. start | final | best | mean train reward | reward var. "
-            f"| iterations to {target:.0%} | received / iteration | train s | rollout tokens | update tokens |\n"
-            "|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+            f"| iterations to {target:.0%} | received / iteration | train s | rollout tokens | update tokens "
+            "| final s.e. | iterations done / planned | held-out problems |\n" + "|---" * 15 + "|\n")
     def cell(v) -> str:
         return "—" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.3f}" if isinstance(v, float) else str(v)
     return head + "".join(
         f"| {r['run']} | {r['policy']} | {cell(r['start_accuracy'])} | {cell(r['final_accuracy'])} "
         f"| {cell(r['best_accuracy'])} | {cell(r['mean_train_reward'])} | {cell(r['reward_var'])} "
         f"| {cell(r['iterations_to_target']) if r['iterations_to_target'] is not None else 'not reached'} "
-        f"| {cell(r['received_per_iteration'])} | " + " | ".join(whole(r[cost]) for cost in COSTS) + " |\n"
-        for r in rows)
+        f"| {cell(r['received_per_iteration'])} | " + " | ".join(whole(r[cost]) for cost in COSTS)
+        + f" | {cell(standard_error(r['final_accuracy'], r['heldout']))} | {r['iterations']} / {r['planned'] or '?'} "
+        f"| {r['heldout'] or '?'} |\n" for r in rows)
+
+
+NOTES = ("reward var.: the iteration-to-iteration variance of the mean training reward, half the mean squared "
+         "difference of consecutive iterations, so that a learning trend is not counted as noise. final s.e.: the "
+         "binomial standard error of the final held-out accuracy over its problems.\n")
+
+
+def mismatch_warning(rows: list[dict]) -> str:
+    """A warning line where the runs compared differ in iterations done or held-out problems, else ''."""
+    differ = [label for label, key in (("iterations done", "iterations"), ("held-out problems", "heldout"))
+              if len({r[key] for r in rows}) > 1]
+    if not differ:
+        return ""
+    counts = "; ".join(f"{r['run']}: {r['iterations']} iterations, {r['heldout'] or '?'} problems"
+                       for r in {r["run"]: r for r in rows}.values())
+    return f"**Warning: the runs differ in {' and '.join(differ)}** ({counts}): compare with care.\n\n"
 
 
 def whole(v: float) -> str:
@@ -163,17 +214,25 @@ def plot_curves(run_dirs: list[Path], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, (ax_acc, ax_rew) = plt.subplots(1, 2, figsize=(11, 4))
-    for run_dir in run_dirs:
+    markers, colors = "os^vDP", plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    policies_seen: dict[str, str] = {}
+    for k, run_dir in enumerate(run_dirs):
         records = load_metrics(run_dir)
-        for policy in dict.fromkeys(r["policy"] for r in records):
-            label = f"{Path(run_dir).name}/{policy}" if len(run_dirs) > 1 else policy
+        for j, policy in enumerate(dict.fromkeys(r["policy"] for r in records)):
+            # one run alone: a color per policy; several: a color per run, a marker per policy, one legend entry each
+            color = colors[(j if len(run_dirs) == 1 else k) % len(colors)]
+            marker = policies_seen.setdefault(policy, markers[len(policies_seen) % len(markers)])
+            label = policy if len(run_dirs) == 1 else Path(run_dir).name if j == 0 else None
             acc = curve(records, policy, "eval/heldout_accuracy")
-            line, = ax_acc.plot([i for i, _ in acc], [a for _, a in acc], marker="o", label=label)
+            ax_acc.plot([i for i, _ in acc], [a for _, a in acc], marker=marker, color=color, label=label)
             sampled = curve(records, policy, "eval/heldout_sampled_accuracy")
-            ax_acc.plot([i for i, _ in sampled], [a for _, a in sampled], linestyle="--", color=line.get_color(),
-                        label=f"{label}, sampled" if sampled else None)
+            ax_acc.plot([i for i, _ in sampled], [a for _, a in sampled], linestyle="--", color=color)
             rew = curve(records, policy, "charts/reward_mean")
-            ax_rew.plot([i for i, _ in rew], smooth([r for _, r in rew]), label=label)
+            ax_rew.plot([i for i, _ in rew], smooth([r for _, r in rew]), color=color, marker=marker, markevery=10,
+                        label=policy if len(run_dirs) == 1 else None)
+    if len(run_dirs) > 1:   # the markers' key, on the reward panel
+        for policy, marker in policies_seen.items():
+            ax_rew.plot([], [], marker=marker, color="grey", linestyle="none", label=policy)
     ax_acc.set(xlabel="iteration", ylabel="held-out accuracy", title="greedy pass@1 (dashed: sampled at the training "
                "temperature)", ylim=(0, 1))
     ax_rew.set(xlabel="iteration", ylabel="mean reward (moving average of 10)", title="training reward", ylim=(0, 1))
@@ -194,7 +253,11 @@ def write_report(run_dir: Path, target: float = 0.9) -> str:
     the markdown."""
     run_dir = Path(run_dir)
     fidelity = fidelity_record.fidelity_report(run_dir) if (run_dir / "fidelity.jsonl").exists() else ""
-    text = f"# {run_dir.name}\n\n" + fidelity + markdown_table(summarize(run_dir, target), target)
+    config = load_config(run_dir)
+    settings = "".join(f"- {k}: {v}\n" for k, v in config.items())
+    text = (f"# {run_dir.name}\n\n" + fidelity + markdown_table(summarize(run_dir, target), target) + "\n" + NOTES
+            + "\n![held-out accuracy and training reward](curves.png)\n"
+            + (f"\n<details><summary>config.json</summary>\n\n{settings}\n</details>\n" if config else ""))
     (run_dir / "report.md").write_text(text)
     plot_curves([run_dir], run_dir / "curves.png")
     return text
@@ -203,7 +266,8 @@ def write_report(run_dir: Path, target: float = 0.9) -> str:
 def compare(run_dirs: list[Path], out: Path, target: float = 0.9) -> str:
     """Side-by-side table and curves of several runs, written to `out`."""
     out.mkdir(parents=True, exist_ok=True)
-    text = "# comparison\n\n" + markdown_table([row for d in run_dirs for row in summarize(d, target)], target)
+    rows = [row for d in run_dirs for row in summarize(d, target)]
+    text = "# comparison\n\n" + mismatch_warning(rows) + markdown_table(rows, target) + "\n" + NOTES
     (out / "comparison.md").write_text(text)
     plot_curves(run_dirs, out / "comparison.png")
     return text
@@ -247,14 +311,14 @@ if __name__ == "__main__":
     if not cli.runs:
         parser.error("give run directories, or --matrix FOLDER")
     if cli.budget:
-        cost, _, value = cli.budget.partition("=")
-        if cost not in COSTS or not value:
-            raise SystemExit(f"--budget takes COST=VALUE with COST one of {', '.join(COSTS)}, got {cli.budget!r}")
+        try:
+            cost, budget = parse_budget(cli.budget)
+        except ValueError as err:
+            parser.error(str(err))
         for run in cli.runs:
             records = load_metrics(run)
             for policy in dict.fromkeys(r["policy"] for r in records):
-                at = accuracy_within_budget(records, policy, cost, float(value))
-                print(f"{run} {policy}: " + (f"{at[1]:.3f} at iteration {at[0]}" if at else "over budget from the start"))
+                print(f"{run} {policy}: {budget_line(records, policy, cost, budget)}")
         raise SystemExit
     if cli.task:
         for run in cli.runs:
@@ -263,5 +327,8 @@ if __name__ == "__main__":
         raise SystemExit
     if len(cli.runs) == 1:
         print(write_report(cli.runs[0], cli.target))
+        print(f"wrote {cli.runs[0] / 'report.md'} and {cli.runs[0] / 'curves.png'}")
     else:
-        print(compare(cli.runs, cli.out or cli.runs[0].parent / "compare", cli.target))
+        out = cli.out or cli.runs[0].parent / "compare"
+        print(compare(cli.runs, out, cli.target))
+        print(f"wrote {out / 'comparison.md'} and {out / 'comparison.png'}")

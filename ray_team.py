@@ -19,15 +19,12 @@ from typing import TYPE_CHECKING, Any
 import ray
 
 import backends
+from backends import PolicyLost
 import policies
 import tasks
 
 if TYPE_CHECKING:
     from train import Args
-
-
-class PolicyLost(RuntimeError):
-    """A policy's actor died: the run cannot go on without it."""
 
 
 class RayHandle:

@@ -53,7 +53,8 @@ class ReceiverSide:
                                              examples[i // peer.rollouts.group_size], stats, self.cfg.tbd_measure)
                 if offer is None:
                     records.append({"source": peer.policy.name, "index": i, "level": "rejected", "crossed": "none",
-                                    "reason": "no step reaches the receiver's tokens", "repairs": []})
+                                    "reason": "no step reaches the receiver's tokens (or its tokenizer cannot spell "
+                                              "the text)", "repairs": []})
                 else:
                     offers.append(offer)
         if offers and self.cfg.measures_hidden_tbd:

@@ -184,11 +184,15 @@ def receiver_logprobs(receiver: policies.Policy, prompts: list[list[int]], compl
 Aligned = tuple[tokalign.Encoding, tokalign.Encoding, tokalign.Alignment]   # source, receiver encoding, alignment
 
 
-def aligned_rollout(source: Experience, index: int, receiver: policies.Policy) -> Aligned:
-    """One of the source's rollouts retokenized by the receiver and aligned with it (tokalign)."""
+def aligned_rollout(source: Experience, index: int, receiver: policies.Policy) -> Aligned | None:
+    """One of the source's rollouts retokenized by the receiver and aligned with it (tokalign); None where the
+    receiver's tokenizer cannot spell its text (token_bytes.encode_text) or holds no token of it (a lone cut byte)."""
     src = tokalign.Encoding.from_ids(source.rollouts.completion_ids[index].tolist(), source.policy.token_bytes)
-    tgt = tokalign.retokenize(src, receiver.tokenizer, receiver.token_bytes)
-    return src, tgt, tokalign.align(src, tgt)
+    try:
+        tgt = tokalign.retokenize(src, receiver.tokenizer, receiver.token_bytes)
+    except ValueError:
+        return None
+    return (src, tgt, tokalign.align(src, tgt)) if tgt.ids else None
 
 
 def cross(source: Experience, picks: list[tuple[int, float]], receiver: policies.Policy, cfg: ShareConfig,
@@ -196,15 +200,15 @@ def cross(source: Experience, picks: list[tuple[int, float]], receiver: policies
     """Move the source's rollouts `picks` = (flat index, sequence advantage) into the receiver's tokenization.
 
     `aligned` holds rollouts already retokenized and aligned for this receiver, by flat index (the curator's
-    offers), so that none is done twice. A rollout whose text the receiver cannot encode into at least one token
-    (a lone cut byte) is dropped.
+    offers), so that none is done twice. A rollout that `aligned_rollout` cannot move is dropped (counted by
+    crossing_metrics as sharing/dropped).
     """
     group_size = source.rollouts.group_size
     moved = []
     for index, advantage in picks:
-        src, tgt, alignment = (aligned or {}).get(index) or aligned_rollout(source, index, receiver)
-        if tgt.ids:
-            moved.append((index, advantage, src, tgt, alignment))
+        found = (aligned or {}).get(index) or aligned_rollout(source, index, receiver)
+        if found is not None:
+            moved.append((index, advantage, *found))
     if not moved:
         return []
     encoded = {b: receiver.encode_prompt(source.prompts[b]) for b in {index // group_size for index, *_ in moved}}
@@ -223,10 +227,12 @@ def cross(source: Experience, picks: list[tuple[int, float]], receiver: policies
     return crossings
 
 
-def crossing_metrics(crossings: list[Crossing], cap: float) -> dict[str, float]:
-    """How much crossed, what it earned, and the density-ratio statistics PRP pays for (over aligned groups)."""
+def crossing_metrics(crossings: list[Crossing], cap: float, picked: int | None = None) -> dict[str, float]:
+    """How much crossed, what it earned, and the density-ratio statistics PRP pays for (over aligned groups); given
+    how many rollouts were `picked`, also how many of them the receiver could not take (sharing/dropped)."""
+    dropped = {} if picked is None else {"sharing/dropped": float(picked - len(crossings))}
     if not crossings:
-        return {"sharing/received": 0.0}
+        return {"sharing/received": 0.0, **dropped}
     log_ratio = torch.cat([c.log_ratio for c in crossings])
     return {"sharing/received": float(len(crossings)),
             "sharing/received_reward": sum(c.reward for c in crossings) / len(crossings),
@@ -234,7 +240,7 @@ def crossing_metrics(crossings: list[Crossing], cap: float) -> dict[str, float]:
             "sharing/log_ratio_max": log_ratio.max().item(),
             "sharing/truncated_share": (log_ratio > math.log(cap)).float().mean().item(),
             "sharing/weight_mean": torch.cat([c.weights for c in crossings]).mean().item(),
-            "sharing/residual": sum(c.residual for c in crossings) / len(crossings)}
+            "sharing/residual": sum(c.residual for c in crossings) / len(crossings), **dropped}
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -275,7 +281,8 @@ def exchange(experiences: list[Experience], cfg: ShareConfig, receiver_name: str
         else:
             chosen = prp_picks(peers) if cfg.mode == "prp" else sgt_picks(receiver.rewards, peers, cfg)
             crossings = [c for peer, p in zip(peers, chosen) for c in cross(peer, p, receiver.policy, cfg)]
-            out[name] = Received(receiver.advantages, crossings, crossing_metrics(crossings, cfg.ratio_cap))
+            out[name] = Received(receiver.advantages, crossings,
+                                 crossing_metrics(crossings, cfg.ratio_cap, sum(map(len, chosen))))
     return out
 
 

@@ -28,7 +28,8 @@ predictor, the scores and the admission need every policy's view or the curator'
 process. Hence only trajectories and diagnoses cross between a policy and the trainer, never weights; a receiver's
 crossings stay with it (backends.py's docstring lists what crosses).
 Metrics go to runs/NAME/metrics.jsonl, one line per policy and iteration, under stable names (charts/, losses/,
-sharing/, fidelity/, eval/, perf/); a cross-fidelity run logs every curation decision to runs/NAME/fidelity.jsonl;
+sharing/, fidelity/, eval/, perf/), and with --tensorboard as TensorBoard events under the same names (metrics_log.py);
+a cross-fidelity run logs every curation decision to runs/NAME/fidelity.jsonl;
 checkpoints to runs/NAME/checkpoints (checkpoint.py; each policy writes its own part); the evaluation report
 (eval.py) to runs/NAME at the end.
 """
@@ -37,6 +38,8 @@ from __future__ import annotations
 
 import json
 import random
+import signal
+import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -49,11 +52,14 @@ import backends
 import checkpoint
 import coevolution
 import curator
+import data
 import eval as evaluation
 import arith
 import grpo
 import hacpo
 import hardware
+import metrics_log
+import policies
 import sharing
 import tasks
 import term_scales
@@ -193,7 +199,8 @@ class Args:
     seed: int = 1
     """seeds models, warm-up, problems and sampling; a CPU run is repeatable"""
     name: str | None = None
-    """run name; default PAIR-SHARE-sSEED"""
+    """run name; default PAIR-SHARE-sSEED, then the task, step format, TBD measure, ablations, thresholds,
+    process signal, scale and LoRA rank where they differ from their defaults (checkpoint.run_name)"""
     runs_dir: str = "runs"
     """where run directories are made"""
     cache_dir: str | None = None
@@ -202,6 +209,9 @@ class Args:
     """iterations between checkpoints (the last iteration is always saved)"""
     resume: bool = False
     """continue the run NAME from its last checkpoint"""
+    tensorboard: bool = False
+    """also write every metric as TensorBoard events under the same names, in runs/NAME/tensorboard/POLICY
+    (`tensorboard --logdir runs`); metrics.jsonl stays the record eval.py reads"""
     devices: str | None = None
     """comma-separated torch devices, policy i on device i (round robin), e.g. cuda:0,cuda:1; policies on their
     own GPUs roll out and update in parallel. Default: cuda if available, else cpu"""
@@ -245,6 +255,14 @@ class Args:
         if self.cpus_per_policy < 1 or not 0 <= (self.gpus_per_policy or 0) <= 1:
             raise ValueError(f"--cpus-per-policy must be at least 1 and --gpus-per-policy within [0, 1], got "
                              f"{self.cpus_per_policy} and {self.gpus_per_policy}")
+        if self.share == "hacpo" and self.epochs > 1:
+            raise ValueError("--share hacpo makes one pass per iteration (--epochs 1; --minibatches gives it several "
+                             "steps): its sequence ratios are measured once, and later epochs would reuse them")
+        try:   # here, not after the warm-up: the curator's own checks, in the flags' names
+            self.curator_config
+        except ValueError as err:
+            raise ValueError(f"cross-fidelity settings (--fidelity-lambdas, --theta1, --theta2, --calibration, "
+                             f"--ablate, --process-signal): {err}") from None
 
     @property
     def task_config(self) -> arith.TaskConfig:
@@ -256,9 +274,6 @@ class Args:
 
     @property
     def share_config(self) -> sharing.ShareConfig:
-        if self.share == "hacpo" and self.epochs > 1:
-            raise ValueError("--share hacpo makes one pass per iteration (--epochs 1; --minibatches gives it several "
-                             "steps): its sequence ratios are measured once, and later epochs would reuse them")
         return sharing.ShareConfig(self.share, self.ratio_cap, scale_by_std=self.scale_by_std,
                                    temperature=self.temperature, micro_batch=self.micro_batch,
                                    hacpo_alpha=self.hacpo_alpha, hacpo_delta=self.hacpo_delta,
@@ -333,29 +348,36 @@ def print_estimates(args: Args, team: backends.Team, prompt_len: int) -> None:
                   f"{'fits' if total < capacity else 'DOES NOT FIT'}")
 
 
-def log_evaluation(team: backends.Team, args: Args, iteration: int, started: float, path: Path) -> dict[str, float]:
+def log_evaluation(team: backends.Team, iteration: int, started: float, metrics: metrics_log.MetricsLog
+                   ) -> dict[str, float]:
     """Phase 5's evaluation, one line per policy in metrics.jsonl (backends.PolicyWorker.evaluate). Returns each
     policy's greedy pass@1."""
     records = team.get([p.evaluate(iteration) for p in team.policies])
     for name, record in zip(team.names, records):
-        log(path, {"iteration": iteration, "policy": name, "time_s": time.time() - started, **record})
+        metrics.write({"iteration": iteration, "policy": name, "time_s": time.time() - started, **record})
     return {name: record["eval/heldout_accuracy"] for name, record in zip(team.names, records)}
 
 
-def log(path: Path, record: dict) -> None:
-    with path.open("a") as f:
-        f.write(json.dumps(record) + "\n")
+def run_dir_of(args: Args) -> Path:
+    return Path(args.runs_dir).resolve() / (args.name or checkpoint.run_name(asdict(args), asdict(Args())))
 
 
 def main(args: Args) -> Path:
-    """One run on the team of policies of --backend, released at the end or when the run fails."""
-    with backends.connect(args) as team:
-        return run(args, team)
+    """One run on the team of policies of --backend, released at the end or when the run fails; interrupted, it
+    says how to continue."""
+    try:
+        with backends.connect(args) as team:
+            return run(args, team)
+    except KeyboardInterrupt:
+        if (run_dir_of(args) / "config.json").exists():
+            print(f"\ninterrupted: the same command with --resume continues {run_dir_of(args).name} from its last "
+                  f"checkpoint", file=sys.stderr)
+        raise
 
 
 def run(args: Args, team: backends.Team) -> Path:
     # ---- set-up: run directory, tasks, policies, curator; a resumed run restores its last checkpoint ----------
-    run_dir = Path(args.runs_dir).resolve() / (args.name or f"{args.pair}-{args.share}-s{args.seed}")
+    run_dir = run_dir_of(args)
     metrics_path, fidelity_path = run_dir / "metrics.jsonl", run_dir / "fidelity.jsonl"
     config = json.loads(json.dumps({**asdict(args), "scale": team.scale}))  # as it reads back from config.json
     print(f"pair={args.pair} scale={team.scale} {team.placement} run={run_dir}")
@@ -364,6 +386,9 @@ def run(args: Args, team: backends.Team) -> Path:
     started = time.time()
     team.start(task, transfer)
     names = team.names
+    if team.scale == "tiny" and args.task != "arith" and len(args.model_paths) < len(names):
+        print(f"warning: the tiny policies' vocabularies and warm-up cover the arithmetic task only; on {args.task} "
+              f"they score 0. Use real weights (--scale small, or --model-paths for every policy)", file=sys.stderr)
     samples = [task.prompt(q) for q in task.train[:50] + task.heldout[:50]]
     print_estimates(args, team, max(team.get([p.longest_prompt(samples) for p in team.policies])))
     curation = make_curator(args, names) if args.share == "cross-fidelity" else None
@@ -378,8 +403,8 @@ def run(args: Args, team: backends.Team) -> Path:
         print(f"resumed from iteration {start}")
     for path in (metrics_path, fidelity_path):   # a resumed run repeats no line and loses none; a fresh one keeps none
         checkpoint.truncate_metrics(path, start if start else -1)
-    accuracy = log_evaluation(team, args, 0, started, metrics_path) if start == 0 else \
-        {name: float("nan") for name in names}
+    metrics = metrics_log.MetricsLog(run_dir, args.tensorboard, start)
+    accuracy = log_evaluation(team, 0, started, metrics) if start == 0 else {name: float("nan") for name in names}
     guarded = curation is not None and curation.bandit is not None   # the stability guard reads losses/update_kl
 
     bar = tqdm(range(start, args.iterations), initial=start, total=args.iterations, desc="train")
@@ -404,7 +429,7 @@ def run(args: Args, team: backends.Team) -> Path:
             received, decisions = curation.exchange(experiences, task, problems, args.share_config, it + 1,
                                                     team.sides(experiences))
             for record in decisions:
-                log(fidelity_path, record)
+                metrics_log.append_line(fidelity_path, record)
         else:
             # HACPO's capabilities live here, across iterations; each receiver gets this iteration's values
             capability = (capabilities.update({e.policy.name: e.rewards for e in experiences})
@@ -427,16 +452,17 @@ def run(args: Args, team: backends.Team) -> Path:
                 stats["fidelity/guard_tripped"] = float(bool(verdicts[name]))
             stats["charts/finished"] = sum(e.rollouts.finished) / len(e.rollouts.finished)
             stats["perf/iteration_s"] = iteration_s
-            log(metrics_path, {"iteration": it + 1, "policy": name, "time_s": time.time() - started, **stats})
+            metrics.write({"iteration": it + 1, "policy": name, "time_s": time.time() - started, **stats})
         done = it + 1
         if done % args.eval_every == 0 or done == args.iterations:
-            accuracy = log_evaluation(team, args, done, started, metrics_path)
+            accuracy = log_evaluation(team, done, started, metrics)
         if done % args.checkpoint_every == 0 or done == args.iterations:
             team.get([p.save(str(checkpoint.checkpoint_folder(run_dir, done))) for p in team.policies])
             checkpoint.commit_checkpoint(run_dir, done, names, curation if curation is not None else capabilities)
         bar.set_postfix({f"{e.policy.name}_r": f"{e.rewards.mean():.2f}" for e in experiences} |
                         {f"{n}_acc": f"{a:.2f}" for n, a in accuracy.items()})
 
+    metrics.close()
     report = evaluation.write_report(run_dir)
     print(report)
     print(f"done in {time.time() - started:.0f}s; report in {run_dir / 'report.md'}")
@@ -444,4 +470,11 @@ def run(args: Args, team: backends.Team) -> Path:
 
 
 if __name__ == "__main__":
-    main(tyro.cli(Args))
+    # a plain kill (SIGTERM) leaves through the team's close, as Ctrl-C does, so Ray stops the helpers it started
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    try:
+        main(tyro.cli(Args))
+    except KeyboardInterrupt:
+        raise SystemExit(130) from None
+    except (ValueError, OSError, data.DataUnavailable, policies.WeightsUnavailable, backends.PolicyLost) as err:
+        raise SystemExit(f"train.py: error: {err}") from None   # the message says what to fix; a traceback buries it

@@ -547,3 +547,10 @@ def test_mbpp_asserts_run_apart_from_the_solution_and_see_the_modules_it_imports
     assert task.reward(example, "def volume_sphere(r):\n    return r") == 0.0
     always_equal = "class Close(float):\n    def __eq__(s, o):\n        return True\ndef volume_sphere(r):\n    return Close(1)"
     assert task.reward(example, always_equal) == 0.0
+
+
+def test_a_malformed_json_line_names_its_file_and_line(tmp_path):
+    path = tmp_path / "train.jsonl"
+    path.write_text(json.dumps(GSM8K[0]) + "\n\n" + '{"question": "cut short\n')
+    with pytest.raises(ValueError, match=r"train.jsonl, line 3: not a JSON row .*cut short"):
+        data_sources._read_rows(path)

@@ -84,3 +84,44 @@ def test_sampled_accuracy_at_a_vanishing_temperature_is_greedy_accuracy(cache_di
     greedy = evaluation.heldout_accuracy(policy, task.heldout, 16, task)
     sampled = evaluation.heldout_accuracy(policy, task.heldout, 16, task, temperature=1e-4, samples=3)
     assert 0 < greedy < 1 and sampled == pytest.approx(greedy)
+
+
+def test_a_budget_says_when_a_run_ended_before_spending_it_or_had_no_evaluation_within_it(tmp_path):
+    run = write_run(tmp_path / "a", [(0, 0.2), (2, 0.5)], [0.1, 0.3])
+    with (run / "metrics.jsonl").open("a") as f:
+        for it in (1, 2):
+            f.write(json.dumps({"iteration": it, "policy": "p", "perf/update_tokens": 100.0}) + "\n")
+    records = evaluation.load_metrics(run)
+    assert evaluation.budget_line(records, "p", "update_tokens", 200.0) == "0.500 at iteration 2"
+    assert evaluation.budget_line(records, "p", "update_tokens", 1000.0) == (
+        "0.500 at iteration 2; the run ended at iteration 2 having spent 200 of 1000")
+    assert evaluation.budget_line(records, "p", "update_tokens", 150.0) == "no evaluation within the budget"
+    assert evaluation.parse_budget("update_tokens=2e6") == ("update_tokens", 2e6)
+    for bad in ("update_tokens=abc", "tokens=5", "update_tokens"):
+        with pytest.raises(ValueError, match="COST=VALUE"):
+            evaluation.parse_budget(bad)
+
+
+def test_a_comparison_warns_of_runs_of_unequal_length_and_keys_one_legend_entry_per_run(tmp_path, monkeypatch):
+    runs = []
+    for name, iterations in (("a", 10), ("b", 10), ("c", 20)):
+        run = write_run(tmp_path / name, [(0, 0.2), (iterations, 0.5)], [0.1] * iterations)
+        with (run / "metrics.jsonl").open("a") as f:   # a second policy
+            f.write(json.dumps({"iteration": iterations, "policy": "q", "eval/heldout_accuracy": 0.4}) + "\n")
+        (run / "config.json").write_text(json.dumps({"iterations": 20, "eval_size": 100}))
+        runs.append(run)
+    import matplotlib.figure
+    figures = []
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", lambda fig, *a, **k: figures.append(fig))
+    text = evaluation.compare(runs, tmp_path / "cmp", target=0.9)
+    assert "differ in iterations done" in text and "held-out problems" not in text.split("|")[0]
+    assert "| a | p | 0.200 | 0.500 |" in text and "| 0.050 | 10 / 20 | 100 |" in text   # sqrt(.5 * .5 / 100)
+    accuracy_axes = figures[0].axes[0]
+    assert [t.get_text() for t in accuracy_axes.get_legend().get_texts()] == ["a", "b", "c"]
+
+
+def test_a_report_holds_the_config_the_notes_and_a_link_to_its_curves(tmp_path):
+    run = write_run(tmp_path / "a", [(0, 0.2), (10, 0.5)], [0.1, 0.3])
+    (run / "config.json").write_text(json.dumps({"iterations": 100, "eval_size": 500, "lr": 1e-4}))
+    text = evaluation.write_report(run)
+    assert "10 / 100" in text and "- lr: 0.0001" in text and "](curves.png)" in text and "reward var.:" in text

@@ -1,13 +1,21 @@
 """End-to-end: a tiny run changes every policy and logs the documented metrics; a killed run resumes exactly."""
 
 import json
+import re
+import shlex
+import struct
+from dataclasses import asdict
+from pathlib import Path
 
 import pytest
 import torch
+import tyro
 
 import arith
+import checkpoint
 import grpo
 import policies
+import tiny
 import train
 
 TRAIN_KEYS = {"iteration", "policy", "time_s", "losses/policy_loss", "losses/clip_ratio", "losses/kl",
@@ -56,7 +64,8 @@ def test_two_iterations_change_every_policy_and_log_the_documented_metrics(tmp_p
 
 
 @pytest.mark.parametrize("setting", [{}, dict(share="prp", lora_rank=4, beta=0.1)], ids=["full", "prp-lora-kl"])
-def test_a_killed_run_resumes_and_a_shorter_one_extends_to_where_an_uninterrupted_one_ends(tmp_path, cache_dir, monkeypatch, setting):
+def test_a_killed_run_resumes_and_a_shorter_one_extends_to_where_an_uninterrupted_one_ends(tmp_path, cache_dir, monkeypatch, setting,
+                                                                                         capsys):
     overrides = dict(iterations=4, checkpoint_every=2, eval_every=2, **setting)
     whole = train.main(tiny_args(tmp_path, cache_dir, name="whole", **overrides))
 
@@ -69,6 +78,7 @@ def test_a_killed_run_resumes_and_a_shorter_one_extends_to_where_an_uninterrupte
     monkeypatch.setattr(grpo, "grpo_step", dies_in_the_fourth_iteration)
     with pytest.raises(KeyboardInterrupt):
         train.main(tiny_args(tmp_path, cache_dir, name="killed", **overrides))
+    assert "the same command with --resume continues killed" in capsys.readouterr().err
     assert (tmp_path / "killed" / "checkpoints" / "latest").read_text() == "iter-000002"
     monkeypatch.setattr(grpo, "grpo_step", real_step)
     resumed = train.main(tiny_args(tmp_path, cache_dir, name="killed", resume=True, **overrides))
@@ -91,19 +101,26 @@ def test_an_existing_run_is_not_overwritten_nor_resumed_with_other_settings(tmp_
     train.main(tiny_args(tmp_path, cache_dir, iterations=1))
     with pytest.raises(FileExistsError, match="--resume"):
         train.main(tiny_args(tmp_path, cache_dir, iterations=1))
+    with pytest.raises(FileExistsError, match=r"other settings \(\['lr'\]\): pass --name") as refused:
+        train.main(tiny_args(tmp_path, cache_dir, iterations=1, lr=0.5))
+    assert "--resume" not in str(refused.value)   # it would be refused too
     with pytest.raises(ValueError, match="lr"):
         train.main(tiny_args(tmp_path, cache_dir, iterations=1, lr=0.5, resume=True))
+    with pytest.raises(FileNotFoundError, match="no run in .*rnu to continue .*runs in .*: run"):
+        train.main(tiny_args(tmp_path, cache_dir, iterations=1, name="rnu", resume=True))
+    assert not (tmp_path / "rnu").exists()
     with pytest.raises(ValueError, match="NAME=PATH"):
         train.main(tiny_args(tmp_path, cache_dir, name="other", model_paths=("qwen",)))
 
 
-def test_a_run_on_a_local_benchmark_copy_evaluates_transfer_to_another_task(tmp_path, cache_dir):
+def test_a_run_on_a_local_benchmark_copy_evaluates_transfer_to_another_task(tmp_path, cache_dir, capsys):
     from test_benchmarks import GSM8K, GSM8K_TEST, PROOFNET, write_jsonl
     write_jsonl(tmp_path / "gsm8k" / "train.jsonl", GSM8K)
     write_jsonl(tmp_path / "gsm8k" / "test.jsonl", GSM8K_TEST)
     args = tiny_args(tmp_path, cache_dir, task="gsm8k", data_dir=str(tmp_path / "gsm8k"), eval_task="humaneval",
                      iterations=1, prompts_per_iteration=2, eval_size=2, max_new_tokens=8)
     logged = records(train.main(args))
+    assert "arithmetic task only; on gsm8k they score 0" in capsys.readouterr().err
     evals = [r for r in logged if "eval/heldout_accuracy" in r]
     assert len(evals) == 4 and all(0 <= r["eval/transfer_accuracy"] <= 1 for r in evals)
     assert all(0 <= r["charts/reward_mean"] <= 1 for r in logged if "charts/reward_mean" in r)
@@ -111,3 +128,89 @@ def test_a_run_on_a_local_benchmark_copy_evaluates_transfer_to_another_task(tmp_
     write_jsonl(tmp_path / "proofnet" / "test.jsonl", PROOFNET)
     with pytest.raises(ValueError, match="no automatic checker"):
         train.main(tiny_args(tmp_path, cache_dir, task="proofnet", data_dir=str(tmp_path / "proofnet"), name="p"))
+
+
+def tensorboard_events(folder):
+    """Every event of a folder's event files, read as TFRecords (length, its CRC, the Event proto, its CRC) with
+    tensorboardX's Event message, without the tensorboard package."""
+    from tensorboardX.proto.event_pb2 import Event
+    events = []
+    for path in sorted(folder.glob("events.out.tfevents.*")):
+        data, at = path.read_bytes(), 0
+        while at < len(data):
+            (length,) = struct.unpack("<Q", data[at:at + 8])
+            events.append(Event.FromString(data[at + 12:at + 12 + length]))
+            at += 12 + length + 4
+    return events
+
+
+def test_tensorboard_events_hold_every_metric_line_under_its_name(tmp_path, cache_dir):
+    run_dir = train.main(tiny_args(tmp_path, cache_dir, share="prp", tensorboard=True))
+    expected = {(r["policy"], name, r["iteration"]): value for r in records(run_dir)
+                for name, value in r.items() if "/" in name}
+    assert {name for _, name, _ in expected} >= TRAIN_KEYS - {"iteration", "policy", "time_s"} | EVAL_KEYS - {
+        "iteration", "policy", "time_s"} | {"sharing/received"}
+    logged = {(folder.name, v.tag, e.step): v.simple_value
+              for folder in (run_dir / "tensorboard").iterdir() for e in tensorboard_events(folder)
+              for v in e.summary.value}
+    assert logged.keys() == expected.keys()
+    assert all(logged[k] == pytest.approx(v, rel=1e-6, abs=1e-30) for k, v in expected.items())
+
+
+def test_a_resumed_run_purges_the_tensorboard_events_after_its_checkpoint(tmp_path):
+    import metrics_log
+    log = metrics_log.MetricsLog(tmp_path, True, resumed_at=4)
+    log.write({"iteration": 5, "policy": "qwen", "charts/x": 1.0})
+    log.close()
+    starts = [e.step for e in tensorboard_events(tmp_path / "tensorboard" / "qwen") if e.HasField("session_log")]
+    assert starts == [5]   # TensorBoard hides every earlier event from step 5 on
+
+
+def test_default_run_names_spell_out_the_settings_that_differ_from_their_defaults():
+    defaults = asdict(train.Args())
+    name = lambda **changed: checkpoint.run_name({**defaults, **changed}, defaults)
+    assert name() == "qwen-llama-none-s1"
+    assert name(task="gsm8k") == "qwen-llama-none-s1-gsm8k"
+    assert name(share="cross-fidelity", ablate=("ccm", "rsd"), thresholds="adaptive", tbd_measure="hidden",
+                step_format="prose", lora_rank=16) == (
+        "qwen-llama-cross-fidelity-s1-prose-tbd-hidden-ablate-ccm-rsd-adaptive-lora16")
+
+
+@pytest.mark.parametrize("flags, flag", [(dict(theta1=0.3, theta2=0.2), "--theta1"),
+                                         (dict(fidelity_lambdas=(0.5, 0.5, 0.5)), "--fidelity-lambdas"),
+                                         (dict(ablate=("ccm",), process_signal="intrinsic"), "--process-signal"),
+                                         (dict(share="hacpo", epochs=2), "--epochs 1")])
+def test_settings_that_cannot_run_are_refused_as_the_arguments_are_parsed(tmp_path, flags, flag):
+    with pytest.raises(ValueError, match=flag):
+        train.Args(runs_dir=str(tmp_path), **flags)
+    assert not any(tmp_path.iterdir())
+
+
+def test_a_checkpoint_on_a_full_disk_says_so_and_an_unwritable_runs_folder_names_the_fix(tmp_path, monkeypatch):
+    spec = policies.PRESETS["tiny"]["qwen-llama"][0]
+    tok = tiny.tiny_tokenizer(spec.family)
+    policy = policies.Policy("qwen", tiny.tiny_model(spec.family, spec.tiny, len(tok), 0), tok, False)
+    optimizer = torch.optim.AdamW(policy.model.parameters())
+    def disk_full(*a, **k):   # what torch.save raises when a write comes up short
+        raise RuntimeError("[enforce fail at inline_container.cc:664] . unexpected pos 21120 vs 21014")
+    monkeypatch.setattr(checkpoint.torch, "save", disk_full)
+    with pytest.raises(OSError, match="MiB free there: is the disk full"):
+        checkpoint.save_policy(tmp_path / "iter-000010", policy, optimizer)
+    def read_only(*a, **k):   # root writes anywhere, so the refusal is simulated
+        raise PermissionError(13, "Permission denied")
+    monkeypatch.setattr(Path, "mkdir", read_only)
+    with pytest.raises(OSError, match="Permission denied.*writable --runs-dir"):
+        checkpoint.open_run(tmp_path / "runs" / "run", {}, resume=False)
+
+
+def test_every_train_command_of_the_readme_parses(monkeypatch):
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    readme = readme.replace('$(python -c "import policies; print(policies.packaged_gguf())")',
+                            str(policies.packaged_gguf()))
+    blocks = "\n".join(re.findall(r"```bash\n(.*?)```", readme, re.S))
+    commands = [line.split("#")[0].split("python train.py", 1)[1] for line in blocks.splitlines()
+                if "python train.py" in line and "--help" not in line]
+    assert len(commands) > 10
+    for command in commands:
+        args = tyro.cli(train.Args, args=shlex.split(command))
+        assert args.share_config and args.curator_config
