@@ -88,8 +88,8 @@ def test_a_killed_actor_ends_the_run_within_seconds_naming_its_policy(tmp_path, 
         metrics = tmp_path / "run" / "metrics.jsonl"
         while not metrics.exists() or metrics.read_text().count("losses/policy_loss") < 2:
             time.sleep(0.05)
+        killed.append(time.perf_counter())      # before the kill: the run may end before this thread runs again
         ray.kill(teams[0].actors[1])
-        killed.append(time.perf_counter())
     threading.Thread(target=kill_llama_once_an_iteration_is_logged, daemon=True).start()
     with pytest.raises(ray_team.PolicyLost, match="llama's Ray actor died"):
         train.main(tiny_args(tmp_path, cache_dir, **on_ray(iterations=100, eval_every=100, checkpoint_every=100)))
