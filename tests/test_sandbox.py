@@ -363,12 +363,13 @@ def test_a_sandbox_that_did_not_start_is_judged_again(role, reason, tmp_path, mo
     flaky.chmod(0o755)
     sandbox.probe()
     monkeypatch.setattr(sandbox, "bwrap_path", lambda: str(flaky))
+    earlier = set(sandbox_cgroups())      # an earlier test's judgement slow to reap under load may still hold one
     verdict = sandbox.judge("def f():\n    return 1\n", "assert f() == 1", ["f"])
     assert verdict.passed and failed.is_dir(), verdict
     assert [r.getMessage() for r in caplog.records if "could not be made" in r.getMessage()][0].startswith(
         f"code judgement 1 of {sandbox.ATTEMPTS} could not be made: {reason}")
     # the other sandbox was stopped while bwrap may still have been setting it up: nothing of it is left
-    assert sandbox_cgroups() == []
+    assert set(sandbox_cgroups()) <= earlier
     if os.geteuid() == 0:
         assert no_sandbox_process_left()
 
