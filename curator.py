@@ -41,6 +41,7 @@ import reward_drift
 import sharing
 import tasks
 import term_scales
+from term_scales import admission_band
 from diagnosis import TERMS, Offer
 from receiver import ReceiverSide
 from sharing import LEVELS
@@ -127,13 +128,6 @@ class CuratorConfig:
 def degradation(terms: torch.Tensor, weights: torch.Tensor) -> float:
     """D = sum_i lambda_i term_i; terms [3] in [0, 1], NaN for an ablated term (its weight is 0)."""
     return float((torch.nan_to_num(terms, nan=0.0) * weights).sum())
-
-
-def admission_band(d: float, theta1: float, theta2: float) -> int:
-    """0 = PRP, 1 = XGRPO, 2 = SGT."""
-    if not math.isfinite(d):
-        raise ValueError(f"the degradation is {d}; a trajectory cannot be admitted on it")
-    return 0 if d < theta1 else 1 if d < theta2 else 2
 
 
 def rescue_candidate(offer: Offer, own_rewards: torch.Tensor, success: float) -> bool:

@@ -112,10 +112,6 @@ def fidelity_metrics(records: list[dict], thetas: dict[str, tuple[float, float]]
     return out
 
 
-def band_of(d: float, theta: list[float]) -> int:
-    return 0 if d < theta[0] else 1 if d < theta[1] else 2
-
-
 def sensitivity(records: list[dict], weights: dict[str, float], calibration: term_scales.Calibration | None
                 ) -> dict[str, dict[str, float]]:
     """Per term with a weight, over the diagnosed records: `moved`, the share of offers whose band differs between
@@ -132,8 +128,8 @@ def sensitivity(records: list[dict], weights: dict[str, float], calibration: ter
             continue
         q10, q90 = torch.quantile(torch.tensor([r["scaled"][t] for r in mine], dtype=torch.float64),
                                   torch.tensor([0.1, 0.9], dtype=torch.float64)).tolist()
-        moved = sum(band_of(r["D"] + w * (q10 - r["scaled"][t]), r["theta"])
-                    != band_of(r["D"] + w * (q90 - r["scaled"][t]), r["theta"]) for r in mine)
+        moved = sum(term_scales.admission_band(r["D"] + w * (q10 - r["scaled"][t]), *r["theta"])
+                    != term_scales.admission_band(r["D"] + w * (q90 - r["scaled"][t]), *r["theta"]) for r in mine)
         saturated = sum(r["terms"][t] >= tops[t] or all(s[t] is not None and s[t] >= SATURATED for s in r["steps"])
                         for r in mine)
         out[t] = {"offers": len(mine), "p10": q10, "p90": q90, "moved": moved / len(mine),

@@ -41,6 +41,13 @@ def weights(ablate: tuple[str, ...] = (), lambdas: tuple[float, float, float] = 
     return w
 
 
+def admission_band(d: float, theta1: float, theta2: float) -> int:
+    """0 = PRP, 1 = XGRPO, 2 = SGT."""
+    if not math.isfinite(d):
+        raise ValueError(f"the degradation is {d}; a trajectory cannot be admitted on it")
+    return 0 if d < theta1 else 1 if d < theta2 else 2
+
+
 def share_thresholds(d: list[float], shares: tuple[float, float] = (1 / 3, 1 / 3)) -> tuple[float, float]:
     """(theta1, theta2) that admit the given shares of the offers' degradations `d` to PRP and XGRPO (the rest to
     SGT): the shares[0] and shares[0] + shares[1] quantiles (linear interpolation between order statistics)."""
