@@ -1,9 +1,10 @@
 """Threshold co-evolution and the fidelity predictor: proposal §2.3 and its challenge 4.
 
 Thresholds. "A more aggressive sharing level" means raised (theta1, theta2) (DESIGN.md §4.1): more trajectories
-reach the finer levels. Per source -> receiver pair and context, a ladder of levels L = 0, 1, ... gives
-    theta(L) = (theta1_0 + L step, theta2_0 + L step),  theta2 <= 1,
-from the calibration's thresholds (term_scales.py). The context is the pair and its capability gap (the source's
+reach the finer levels. Per source -> receiver pair and context, a ladder of levels L = 0, 1, ..., 1/step gives
+    theta(L) = (theta1_0 + L step, theta2_0 + L step),
+raised from the iteration's level-0 thresholds (the receiver's calibration sample's, term_scales.py, or the fixed
+ones given); at L = 1/step every D, which is at most 1, is below both. The context is the pair and its capability gap (the source's
 mean training reward minus the receiver's, in three buckets): a stronger source's trajectories carry more phantom
 advantage, so the level that pays need not be the same. Each cycle an epsilon-greedy bandit plays the context's
 level, or with probability epsilon a neighbour (up or down, half each). A level earns its place by a measured gain:
@@ -106,9 +107,9 @@ def mean_and_se(values) -> tuple[float, float]:
 class ThresholdBandit:
     """Per (pair, gap bucket) the current level, and per (context, level) the gains of its recent cycles."""
 
-    def __init__(self, theta1: float, theta2: float, cfg: BanditConfig, seed: int):
-        self.base, self.cfg = (theta1, theta2), cfg
-        self.max_level = max(int((1.0 - theta2) / cfg.step + 1e-9), 0)
+    def __init__(self, cfg: BanditConfig, seed: int):
+        self.cfg = cfg
+        self.max_level = int(1.0 / cfg.step + 1e-9)
         self.level: dict[tuple, int] = defaultdict(int)
         self.gains: dict[tuple, dict[int, deque[float]]] = defaultdict(dict)     # context -> level -> its gains
         self.played: dict[tuple[str, str], tuple[tuple, int]] = {}
@@ -117,17 +118,14 @@ class ThresholdBandit:
         self.guards: dict[str, StabilityGuard] = {}
         self.rng = random.Random(f"bandit/{seed}")
 
-    def thresholds(self, level: int) -> tuple[float, float]:
-        return self.base[0] + level * self.cfg.step, self.base[1] + level * self.cfg.step
-
-    def choose(self, source: str, receiver: str, gap: float) -> tuple[float, float]:
-        """The (theta1, theta2) the pair plays this cycle."""
+    def choose(self, source: str, receiver: str, gap: float) -> int:
+        """The level the pair plays this cycle: its thresholds are raised by level x step."""
         context = (source, receiver, gap_bucket(gap, self.cfg.gap_band))
         level = self.level[context]
         if self.rng.random() < self.cfg.epsilon:
             level = min(max(level + self.rng.choice((-1, 1)), 0), self.max_level)
         self.played[(source, receiver)] = (context, level)
-        return self.thresholds(level)
+        return level
 
     def updated(self, receiver: str, update: dict[str, float]) -> None:
         """After the receiver's update: the levels its pairs played this cycle and the update's statistics wait

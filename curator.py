@@ -3,12 +3,12 @@
 The degradation of a trajectory moved from a source policy to a receiver (DESIGN.md §4.1: the proposal's F grows
 with degradation, so it is called D here and fidelity is 1 - D):
     D = l1 s_TBD(1 - S_TBD) + l2 s_CCM(P) + l3 s_RSD(D_RSD),      l1 + l2 + l3 = 1,
-each term a mean over the trajectory's steps (diagnosis.py) put on one scale by its distribution on a calibration
-run (term_scales.py), so equal weights give equal influence. Admission is on the diagnosis D: D < theta1 PRP (its
-tokens, with repaired per-token credit and truncated density ratios); theta1 <= D < theta2 XGRPO (its reward joins
-the receiver's group on that prompt); D >= theta2 SGT (it crosses only as a verified success on a prompt the
-receiver's whole group failed), else rejected. The thresholds give each level a third of the calibration offers,
-for the run's own weights, ablations included. Whatever crosses as tokens is repaired (diagnosis.step_credit):
+each term a mean over the trajectory's steps (diagnosis.py) put on one scale by its distribution over the
+receiver's diagnosed offers of its last `calibration_window` iterations (term_scales.py), so equal weights give equal
+influence. Admission is on the diagnosis D: D < theta1 PRP (its tokens, with repaired per-token credit and truncated
+density ratios); theta1 <= D < theta2 XGRPO (its reward joins the receiver's group on that prompt); D >= theta2 SGT
+(it crosses only as a verified success on a prompt the receiver's whole group failed), else rejected. The
+thresholds give each level a third of the same offers, for the run's own weights, ablations included. Whatever crosses as tokens is repaired (diagnosis.step_credit):
 admission reads the diagnosis, not what the repair leaves, because the repairs cannot be scored honestly: the TBD
 repair does not undo the credit a straddling token mixes, and attenuating an unreachable step removes its signal
 along with its harm (DESIGN.md §4.10). The levels nest: a verified rescue crosses at every level.
@@ -47,6 +47,7 @@ from receiver import ReceiverSide
 from sharing import LEVELS
 
 ADMISSIONS = ("diagnosis", "random")
+CALIBRATIONS = ("window", "none")
 
 
 @dataclass(frozen=True)
@@ -54,13 +55,16 @@ class CuratorConfig:
     lambdas: tuple[float, float, float] = (1 / 3, 1 / 3, 1 / 3)
     """weights of the TBD, CCM and RSD terms in D; they must sum to 1"""
     theta1: float | None = None
-    """D below it: PRP (the starting value where thresholds adapt). Default: the calibration's 1/3 quantile of D
-    under the run's weights (term_scales.py)"""
+    """D below it: PRP (where thresholds adapt, the level 0 they are raised from). Default: the 1/3 quantile of D
+    over the calibration sample, under the run's weights (term_scales.py), recomputed every iteration"""
     theta2: float | None = None
-    """D at or above it: SGT; between theta1 and theta2: XGRPO. Default: the calibration's 2/3 quantile"""
-    calibration: str = "none"
-    """the calibration run's terms (term_scales.Calibration, a results/calibration-*.json) that scale the terms
-    and set the default thresholds; none = raw terms, and theta1, theta2 must be given"""
+    """D at or above it: SGT; between theta1 and theta2: XGRPO. Default: the calibration sample's 2/3 quantile"""
+    calibration: str = "window"
+    """window: each term scaled by its distribution over the receiver's diagnosed offers of the last
+    `calibration_window` iterations (term_scales.py); none: raw terms, and theta1, theta2 must be given"""
+    calibration_window: int = 8
+    """iterations of the receiver's diagnosed offers, the current one included, that scale the terms and set the
+    default thresholds (about 900 offers on the tiny pair)"""
     admission: str = "diagnosis"
     """diagnosis: each offer at the band of its D; random: the bands permuted among each source's offers"""
     ccm_beta: float = 1.0
@@ -95,9 +99,13 @@ class CuratorConfig:
             raise ValueError("give both theta1 and theta2, or neither (the calibration's)")
         if self.theta1 is not None and not 0 <= self.theta1 <= self.theta2:
             raise ValueError(f"need 0 <= theta1 <= theta2, got {self.theta1}, {self.theta2}")
+        if self.calibration not in CALIBRATIONS:
+            raise ValueError(f"calibration is one of {CALIBRATIONS}, got {self.calibration!r}")
         if self.theta1 is None and self.calibration == "none":
             raise ValueError("without a calibration the terms are raw and the thresholds must be given: "
-                             "set theta1 and theta2, or a calibration file")
+                             "set theta1 and theta2, or calibration 'window'")
+        if self.calibration_window < 1:
+            raise ValueError(f"calibration_window is at least 1 iteration, got {self.calibration_window}")
         if set(self.ablate) - set(TERMS) or set(self.ablate) == set(TERMS):
             raise ValueError(f"ablate takes a proper subset of {TERMS}, got {self.ablate}")
         if self.tbd_measure not in boundary_drift.MEASURES:
@@ -166,7 +174,7 @@ def permuted_bands(bands: list[int | None], sources: list[str], rng: random.Rand
 @dataclass(frozen=True)
 class Score:
     """A trajectory's degradation D, the band it gives (0 PRP, 1 XGRPO, 2 SGT), the term with the largest weighted
-    share, and the terms raw (in [0, 1], NaN where ablated) and on the calibration's scale."""
+    share, and the terms raw (in [0, 1], NaN where ablated) and on the calibration sample's scale."""
 
     D: float
     band: int
@@ -233,26 +241,43 @@ def admit(offers: list[Offer], bands: list[int | None], receiver: sharing.Experi
 
 
 class Curator:
-    """The curator across iterations: each policy's step statistics, each pair's recent degradation, the
-    calibration, the thresholds (fixed or co-evolving) and the fidelity predictor. `exchange` curates one
-    iteration."""
+    """The curator across iterations: each policy's step statistics, each pair's recent degradation, each
+    receiver's calibration sample, the thresholds (fixed or co-evolving) and the fidelity predictor. `exchange`
+    curates one iteration."""
 
     def __init__(self, cfg: CuratorConfig, names: list[str], seed: int, bandit: coevolution.BanditConfig | None,
                  predictor: coevolution.PredictorConfig | None):
         self.cfg, self.seed = cfg, seed
-        self.scales = None if cfg.calibration == "none" else term_scales.Calibration.load(cfg.calibration)
-        theta = (cfg.theta1, cfg.theta2) if cfg.theta1 is not None else self.scales.thresholds(cfg.weights)
         self.stats = {n: reward_drift.StepStats(cfg.step_window) for n in names}
         self.pairs = {(a, b): i for i, (a, b) in enumerate((a, b) for a in names for b in names if a != b)}
         self.recent = {pair: (0.0, 0.0) for pair in self.pairs}     # EMA of D and CCM per pair: predictor features
         self.own_norms = {n: deque(maxlen=cfg.reach_window) for n in names}   # per iteration [S], R's calibration
-        self.theta = theta
-        self.bandit = coevolution.ThresholdBandit(*theta, bandit, seed) if bandit else None
+        self.term_rows = {n: deque(maxlen=cfg.calibration_window) for n in names}  # per iteration: its offers' terms
+        self.base: dict[str, tuple[float, float]] = {}                      # receiver -> its last level-0 thresholds
+        self.bandit = coevolution.ThresholdBandit(bandit, seed) if bandit else None
         self.predictor = (coevolution.FidelityPredictor(len(diagnosis.FEATURES) + len(self.pairs), predictor, seed)
                           if predictor else None)
 
-    def thresholds(self, source: str, receiver: str, gap: float) -> tuple[float, float]:
-        return self.bandit.choose(source, receiver, gap) if self.bandit else self.theta
+    def level(self, source: str, receiver: str, gap: float) -> int:
+        """How far the pair's thresholds are raised this cycle: the bandit's level, 0 with fixed thresholds."""
+        return self.bandit.choose(source, receiver, gap) if self.bandit else 0
+
+    def calibrate(self, receiver: str, rows: list[torch.Tensor]) -> term_scales.Calibration | None:
+        """The iteration's diagnosed offers' raw terms (rows, each [3]) join the receiver's calibration sample; its
+        scales (None: raw terms) and its level-0 thresholds (the given ones, else the share rule on the sample)."""
+        cfg = self.cfg
+        if cfg.calibration == "none":
+            self.base[receiver] = (cfg.theta1, cfg.theta2)
+            return None
+        window = self.term_rows[receiver]
+        if rows:
+            window.append([tuple(r.tolist()) for r in rows])
+        sample = tuple(row for iteration in window for row in iteration)
+        if not sample:
+            return None
+        scales = term_scales.Calibration(sample)
+        self.base[receiver] = (cfg.theta1, cfg.theta2) if cfg.theta1 is not None else scales.thresholds(cfg.weights)
+        return scales
 
     def updated(self, receiver: str, update: dict[str, float]) -> None:
         """After the receiver's update: its statistics (losses/update_kl, losses/grad_norm) join the cycle the
@@ -330,7 +355,7 @@ class Curator:
             timer[phase] += now - clock[0]
             clock[0] = now
         gaps = {p.policy.name: p.rewards.mean().item() - receiver.rewards.mean().item() for p in peers}
-        thetas = {source: self.thresholds(source, name, gap) for source, gap in gaps.items()}
+        levels = {source: self.level(source, name, gap) for source, gap in gaps.items()}
         offers, records = side.offers(examples, self.stats)
         inert = inert_offers(offers, receiver.rewards)
         lap("diagnosis")
@@ -347,9 +372,13 @@ class Curator:
             window.append(own)
         lap("gradnorms")
 
+        scales = self.calibrate(name, [offers[k].diagnosis.terms(cfg) for k in measured])
+        step = self.bandit.cfg.step if self.bandit else 0.0
+        thetas = ({source: tuple(t + level * step for t in self.base[name]) for source, level in levels.items()}
+                  if name in self.base else {})
         scores: list[Score | None] = [None] * len(offers)
         for k in measured:
-            scores[k] = score(offers[k], cfg, thetas[offers[k].source.policy.name], self.scales)
+            scores[k] = score(offers[k], cfg, thetas[offers[k].source.policy.name], scales)
         lap("scoring")
 
         if self.predictor and measured:
@@ -379,7 +408,7 @@ class Curator:
                 ccm = s.terms["ccm"] if math.isfinite(s.terms["ccm"]) else 0.0
                 self.recent[pair] = tuple(0.9 * old + 0.1 * new for old, new in zip(self.recent[pair], (s.D, ccm)))
             records.append(fidelity_record.offer_record(o, s, level, what, reason, crossed.get(k),
-                                                        thetas[o.source.policy.name], int(predicted[k]),
+                                                        thetas.get(o.source.policy.name), int(predicted[k]),
                                                         prob[k].item(), skipped[k]))
         for r in records:
             r.update(iteration=iteration, receiver=name)
@@ -416,8 +445,7 @@ if __name__ == "__main__":
         print(f"{level} alone: " + ", ".join(f"{got.metrics['sharing/received']:.0f} into {name}"
                                             for name, got in fixed.items())
               + (" (peer rewards in the group baselines)" if level == "xgrpo" else " (trajectories as tokens)"))
-    calibration = term_scales.default_path("qwen-llama", "line", "credit")
-    curation = Curator(CuratorConfig(calibration=str(calibration)), [p.name for p in pols], args.seed, None, None)
+    curation = Curator(CuratorConfig(), [p.name for p in pols], args.seed, None, None)
     received, records = curation.exchange(experiences, task, problems,
                                           sharing.ShareConfig("cross-fidelity", temperature=0.7), 1)
     for name, got in received.items():

@@ -54,9 +54,10 @@ def credit_record(offer: Offer, advantage: float, credit: torch.Tensor, tokens: 
 
 
 def offer_record(offer: Offer, scored: Score | None, level: str, crossed: str, reason: str, credit: dict | None,
-                 theta: tuple[float, float], predicted: int, prob: float, skipped: bool) -> dict:
+                 theta: tuple[float, float] | None, predicted: int, prob: float, skipped: bool) -> dict:
     """One line of fidelity.jsonl: the decision with its reasons, the score (D, the band of the diagnosis, the
-    terms raw and scaled; none for an inert or skipped offer), where the repairs acted on a crossing
+    terms raw and scaled; none for an inert or skipped offer), the thresholds (None before the receiver's
+    calibration sample holds an offer), where the repairs acted on a crossing
     (`credit_record`), and each step with its values and the terms it is a hotspot of."""
     d = offer.diagnosis
     hot = hotspot_steps(d)
@@ -67,7 +68,7 @@ def offer_record(offer: Offer, scored: Score | None, level: str, crossed: str, r
               "hot": [t for t in TERMS if k in hot[t]]} for k, (a, b) in enumerate(offer.steps)]
     return {"source": offer.source.policy.name, "index": offer.index, "prompt": offer.prompt_index,
             "reward": offer.reward, "advantage": offer.advantage, "level": level, "crossed": crossed, "reason": reason, "repairs": [],
-            **(credit or {}), "theta": list(theta), "predicted": LEVELS[predicted] if predicted >= 0 else None,
+            **(credit or {}), "theta": list(theta) if theta else None, "predicted": LEVELS[predicted] if predicted >= 0 else None,
             "predicted_prob": prob, "skipped": skipped, "tbd_jaccard": offer.jaccard,
             **(dataclasses.asdict(scored) if scored else {}), "text": text, "steps": steps,
             "tbd_bytes": tbd_bytes(offer)}
@@ -112,15 +113,12 @@ def fidelity_metrics(records: list[dict], thetas: dict[str, tuple[float, float]]
     return out
 
 
-def sensitivity(records: list[dict], weights: dict[str, float], calibration: term_scales.Calibration | None
-                ) -> dict[str, dict[str, float]]:
+def sensitivity(records: list[dict], weights: dict[str, float]) -> dict[str, dict[str, float]]:
     """Per term with a weight, over the diagnosed records: `moved`, the share of offers whose band differs between
-    the term set to its 10th and to its 90th percentile (scaled, over these offers) with the others kept; and
-    `saturated`, the share whose term could not get worse: at or beyond the top of its calibration's scale, or
-    every step at its cap."""
+    the term set to its 10th and to its 90th percentile (scaled, over these offers) with the others and each
+    offer's thresholds kept; and `saturated`, the share whose term could not get worse: at the top of its scale,
+    or every step at its cap."""
     scored = [r for r in records if "D" in r]
-    tops = {t: s.knots[-1] if len(s.knots) > 1 else math.inf
-            for t, s in zip(TERMS, calibration.scales)} if calibration else dict.fromkeys(TERMS, math.inf)
     out = {}
     for t, w in weights.items():
         mine = [r for r in scored if not math.isnan(r["scaled"][t])]
@@ -130,7 +128,7 @@ def sensitivity(records: list[dict], weights: dict[str, float], calibration: ter
                                   torch.tensor([0.1, 0.9], dtype=torch.float64)).tolist()
         moved = sum(term_scales.admission_band(r["D"] + w * (q10 - r["scaled"][t]), *r["theta"])
                     != term_scales.admission_band(r["D"] + w * (q90 - r["scaled"][t]), *r["theta"]) for r in mine)
-        saturated = sum(r["terms"][t] >= tops[t] or all(s[t] is not None and s[t] >= SATURATED for s in r["steps"])
+        saturated = sum(r["scaled"][t] >= SATURATED or all(s[t] is not None and s[t] >= SATURATED for s in r["steps"])
                         for r in mine)
         out[t] = {"offers": len(mine), "p10": q10, "p90": q90, "moved": moved / len(mine),
                   "saturated": saturated / len(mine)}
@@ -144,14 +142,6 @@ def band_shares(records: list[dict]) -> dict[tuple[str, str], list[float]]:
         bands = [r["band"] for r in records if "band" in r and (r["source"], r["receiver"]) == pair]
         out[pair] = [bands.count(b) / len(bands) for b in range(len(LEVELS))]
     return out
-
-
-def run_calibration(config: dict) -> term_scales.Calibration | None:
-    """The calibration a run's terms were scaled by, from its config.json (None: raw terms, or not found)."""
-    path = config.get("calibration", "none")
-    if path == "auto":
-        path = str(term_scales.default_path(config["pair"], config["step_format"], config["tbd_measure"]))
-    return term_scales.Calibration.load(path) if path != "none" and Path(path).exists() else None
 
 
 def run_weights(config: dict) -> dict[str, float]:
@@ -196,8 +186,9 @@ def fidelity_report(run_dir: Path, worst: int = 5, windows: int = 4) -> str:
     path = Path(run_dir) / "config.json"
     config = json.loads(path.read_text()) if path.exists() else {}
     out = ["## Fidelity (cross-fidelity curation)\n",
-           f"Terms are raw in [0, 1]; D = sum lambda_i scaled_i, each term scaled by its distribution on the "
-           f"calibration run ({config.get('calibration', 'none')}); fidelity = 1 - D. TBD is the "
+           f"Terms are raw in [0, 1]; D = sum lambda_i scaled_i, each term scaled by its distribution over the "
+           f"receiver's diagnosed offers of its last {config.get('calibration_window', '?')} iterations "
+           f"(calibration: {config.get('calibration', 'window')}; none = raw); fidelity = 1 - D. TBD is the "
            f"{config.get('tbd_measure', 'credit')} measure (boundary_drift.py); tbd_jaccard is the byte-boundary "
            "measure, shown for comparison. Cells: mean (p10 / p50 / p90) over diagnosed trajectories. "
            f"Admission: {config.get('admission', 'diagnosis')}.\n",
@@ -218,12 +209,12 @@ def fidelity_report(run_dir: Path, worst: int = 5, windows: int = 4) -> str:
                    + " | " + " / ".join(f"{s:.0%}" for s in shares.get((src, rcv), [])) + " |")
     out += ["\nHow the decision depends on each term (diagnosed offers): moved = the share whose band differs "
             "between the term at its 10th and at its 90th percentile, the others kept; saturated = the share whose "
-            "term could not get worse (at the top of its calibration, or every step at its cap). CCM's floor, a "
+            "term could not get worse (at the top of its scale, or every step at its cap). CCM's floor, a "
             "step as typical as the receiver's own counting as fully reachable, is not a cap.\n",
             "| source -> receiver | term | offers | p10 -> p90 (scaled) | moved | saturated |", "|---|---|---|---|---|---|"]
     for src, rcv in pairs:
         mine = [r for r in scored if (r["source"], r["receiver"]) == (src, rcv)]
-        for t, s in sensitivity(mine, run_weights(config), run_calibration(config)).items():
+        for t, s in sensitivity(mine, run_weights(config)).items():
             out.append(f"| {src} -> {rcv} | {t.upper()} | {s['offers']} | {s['p10']:.2f} -> {s['p90']:.2f} "
                        f"| {s['moved']:.0%} | {s['saturated']:.0%} |")
     last = max((r["iteration"] for r in records), default=0)

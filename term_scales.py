@@ -1,35 +1,32 @@
-"""The curator's calibration: the three terms put on one scale, and the thresholds, from a calibration run.
+"""The curator's scales: the three terms put on one scale, and the thresholds, from the receiver's recent offers.
 
 Proposal §2.1 weighs the terms, D = l1 TBD + l2 CCM + l3 RSD, and the weights mean what they say only when the
 terms share a scale; raw, they do not (on the tiny pair CCM spreads over [0, 1] while TBD is 0 between Qwen2 and
-Llama-3 and RSD sits in a narrow band). So each term enters D through its distribution over the offers of a
-calibration run, a cross-fidelity run on a seed no comparison uses (benchmarks/calibrate_curator.py): its mid-rank
-CDF there, piecewise linear between the calibration's percentiles. A scaled term is monotone in the raw one,
-uniform on [0, 1] over the calibration's offers, and flat only beyond its extremes there, so equal weights give
-the terms equal spread in D. A term that never varied on the calibration run (TBD between Qwen2 and Llama-3 in
-line steps) has no distribution to scale by and enters raw: 0 there, as it was, and its own value on a testbed
-where it does vary but that was not calibrated (`default_path` falls back to the default testbed's calibration).
+Llama-3 and RSD sits in a narrow band). So each term enters D through its distribution over a calibration sample:
+the diagnosed offers into the same receiver over its last `calibration_window` iterations, the current one
+included (curator.py). A term's scale is its mid-rank CDF there, piecewise linear between the sample's
+percentiles: monotone in the raw term, uniform on [0, 1] over the sample, and flat only beyond its extremes, so
+equal weights give the terms equal spread in D. A term that never varied over the sample (TBD between Qwen2 and
+Llama-3 in line steps) has no distribution to scale by and enters raw: 0 there, as it was.
 
-The thresholds are a stated rule on the same offers (`share_thresholds`): the quantiles of D that give PRP, XGRPO
+The thresholds are a stated rule on the same sample (`share_thresholds`): the quantiles of D that give PRP, XGRPO
 and SGT a third each, computed for whatever weights a run uses, its ablations included, so an ablation is the
-curator minus one term rather than a shifted D that sends everything to one band (DESIGN.md §4.1).
+curator minus one term rather than a shifted D that sends everything to one band (DESIGN.md §4.12, §4.15). The
+sample is the run's own: a scale fitted on another run does not transfer, because the admission a run makes
+shapes the policies and so the terms it records (README, "The curator on a fresh seed").
 """
 
 from __future__ import annotations
 
 import bisect
-import json
 import math
 from dataclasses import dataclass
 from functools import cached_property
-from pathlib import Path
 
 import torch
 
 TERMS = ("tbd", "ccm", "rsd")
 PERCENTILES = 101
-RESULTS = Path(__file__).resolve().parent / "results"
-DEFAULT_TESTBED = ("qwen-llama", "line", "credit")
 
 
 def weights(ablate: tuple[str, ...] = (), lambdas: tuple[float, float, float] = (1 / 3, 1 / 3, 1 / 3)
@@ -50,10 +47,11 @@ def admission_band(d: float, theta1: float, theta2: float) -> int:
 
 def share_thresholds(d: list[float], shares: tuple[float, float] = (1 / 3, 1 / 3)) -> tuple[float, float]:
     """(theta1, theta2) that admit the given shares of the offers' degradations `d` to PRP and XGRPO (the rest to
-    SGT): the shares[0] and shares[0] + shares[1] quantiles (linear interpolation between order statistics)."""
+    SGT): the shares[0] and shares[0] + shares[1] quantiles (linear interpolation between order statistics). A
+    single offer is both quantiles, so alone it goes to SGT, the most cautious level."""
     values = torch.tensor([v for v in d if v == v], dtype=torch.float64)
-    if len(values) < 2:
-        raise ValueError(f"setting thresholds needs at least 2 diagnosed offers, got {len(values)}")
+    if len(values) == 0:
+        raise ValueError("setting thresholds needs at least one diagnosed offer")
     if min(shares) < 0 or sum(shares) > 1:
         raise ValueError(f"shares are two non-negative fractions summing to at most 1, got {shares}")
     low, high = torch.quantile(values, torch.tensor([shares[0], shares[0] + shares[1]], dtype=torch.float64))
@@ -62,7 +60,7 @@ def share_thresholds(d: list[float], shares: tuple[float, float] = (1 / 3, 1 / 3
 
 @dataclass(frozen=True)
 class TermScale:
-    """A term's mid-rank CDF on the calibration offers: increasing distinct `knots` (raw values) and the CDF at
+    """A term's mid-rank CDF on the calibration sample: increasing distinct `knots` (raw values) and the CDF at
     each; linear in between, constant beyond the first and last knot. With a single knot (a term that never
     varied) the raw value itself."""
 
@@ -101,45 +99,23 @@ class TermScale:
 
 @dataclass(frozen=True)
 class Calibration:
-    """The raw terms [N, 3] of a calibration run's diagnosed offers (NaN where a term was not computed)."""
+    """The raw terms [N, 3] of the calibration sample's diagnosed offers (NaN where a term was not computed)."""
 
     terms: tuple[tuple[float, float, float], ...]
-    origin: str = ""
 
     @cached_property
-    def scales(self) -> tuple[TermScale, TermScale, TermScale]:
-        return tuple(TermScale.fit([row[i] for row in self.terms]) for i in range(len(TERMS)))
+    def scales(self) -> tuple[TermScale | None, ...]:
+        """Per term its scale, None for a term measured on no offer of the sample (an ablated one)."""
+        columns = [[row[i] for row in self.terms] for i in range(len(TERMS))]
+        return tuple(TermScale.fit(c) if any(math.isfinite(v) for v in c) else None for c in columns)
 
     def scaled(self, raw: torch.Tensor) -> torch.Tensor:
         """[3] each raw term through its scale; NaN stays NaN (an ablated or unmeasured term)."""
-        return torch.tensor([v if math.isnan(v) else s(v) for s, v in zip(self.scales, raw.tolist())],
+        return torch.tensor([v if math.isnan(v) or s is None else s(v) for s, v in zip(self.scales, raw.tolist())],
                             dtype=torch.float64)
 
     def thresholds(self, weights: torch.Tensor, shares: tuple[float, float] = (1 / 3, 1 / 3)) -> tuple[float, float]:
-        """The share rule on the calibration offers' D under these weights [3] (0 for an ablated term)."""
+        """The share rule on the calibration sample's D under these weights [3] (0 for an ablated term)."""
         rows = torch.stack([torch.nan_to_num(self.scaled(torch.tensor(r, dtype=torch.float64)), nan=0.0)
                             for r in self.terms])                                                   # [N, 3]
         return share_thresholds((rows @ weights.double()).tolist(), shares)
-
-    def save(self, path: Path, testbed: dict) -> None:
-        path.write_text(json.dumps({"testbed": testbed, "origin": self.origin, "offers": len(self.terms),
-                                    "terms": [[round(v, 5) if math.isfinite(v) else None for v in row]
-                                              for row in self.terms]}) + "\n")
-
-    @classmethod
-    def load(cls, path: str | Path) -> Calibration:
-        data = json.loads(Path(path).read_text())
-        terms = tuple(tuple(math.nan if v is None else float(v) for v in row) for row in data["terms"])
-        if not terms or any(len(row) != len(TERMS) for row in terms):
-            raise ValueError(f"{path}: a calibration holds one [tbd, ccm, rsd] row per offer")
-        return cls(terms, f"{path} ({data.get('origin', '')})")
-
-
-def testbed_path(pair: str, step_format: str, tbd_measure: str) -> Path:
-    return RESULTS / f"calibration-{pair}-{step_format}-{tbd_measure}.json"
-
-
-def default_path(pair: str, step_format: str, tbd_measure: str) -> Path:
-    """The testbed's own calibration where one was run, else the default testbed's (the README lists them)."""
-    own = testbed_path(pair, step_format, tbd_measure)
-    return own if own.exists() else testbed_path(*DEFAULT_TESTBED)

@@ -62,7 +62,6 @@ import metrics_log
 import policies
 import sharing
 import tasks
-import term_scales
 
 
 @dataclass
@@ -88,15 +87,17 @@ class Args:
     fidelity_lambdas: tuple[float, float, float] = curator.CuratorConfig.lambdas
     """cross-fidelity: weights of the TBD, CCM and RSD terms in the degradation D (summing to 1)"""
     theta1: float | None = curator.CuratorConfig.theta1
-    """cross-fidelity: a degradation D below it admits a trajectory to PRP (the starting value with --thresholds
-    adaptive). Default: the calibration's, for the run's weights and ablations (term_scales.py)"""
+    """cross-fidelity: a degradation D below it admits a trajectory to PRP (the level --thresholds adaptive raises
+    from). Default: the share rule on the calibration sample, for the run's weights and ablations (term_scales.py)"""
     theta2: float | None = curator.CuratorConfig.theta2
-    """cross-fidelity: D at or above it leaves only SGT; in between, XGRPO. Default: the calibration's"""
-    calibration: str = "auto"
-    """cross-fidelity: the calibration run whose terms put D's terms on one scale and set the default thresholds
-    (term_scales.py): auto = results/calibration-PAIR-FORMAT-MEASURE.json where that testbed was calibrated, else
-    the default testbed's (qwen-llama, line, credit); a path to such a file; or none (raw terms, and --theta1 and
-    --theta2 must be given)"""
+    """cross-fidelity: D at or above it leaves only SGT; in between, XGRPO. Default: the calibration sample's"""
+    calibration: Literal["window", "none"] = curator.CuratorConfig.calibration
+    """cross-fidelity: window = each term scaled by its distribution over the receiver's diagnosed offers of the
+    last --calibration-window iterations, which also set the default thresholds (term_scales.py); none = raw
+    terms, and --theta1 and --theta2 must be given"""
+    calibration_window: int = curator.CuratorConfig.calibration_window
+    """cross-fidelity: iterations of each receiver's diagnosed offers, the current one included, in its
+    calibration sample"""
     admission: Literal["diagnosis", "random"] = "diagnosis"
     """cross-fidelity: each offer at the band of its diagnosis, or the control: the bands permuted at random among
     each source's offers of the iteration (same shares, same rescues)"""
@@ -261,7 +262,7 @@ class Args:
         try:   # here, not after the warm-up: the curator's own checks, in the flags' names
             self.curator_config
         except ValueError as err:
-            raise ValueError(f"cross-fidelity settings (--fidelity-lambdas, --theta1, --theta2, --calibration, "
+            raise ValueError(f"cross-fidelity settings (--fidelity-lambdas, --theta1, --theta2, --calibration[-window], "
                              f"--ablate, --process-signal): {err}") from None
 
     @property
@@ -287,10 +288,9 @@ class Args:
 
     @property
     def curator_config(self) -> curator.CuratorConfig:
-        calibration = (str(term_scales.default_path(self.pair, self.step_format, self.tbd_measure))
-                       if self.calibration == "auto" else self.calibration)
-        return curator.CuratorConfig(self.fidelity_lambdas, self.theta1, self.theta2, calibration, self.admission,
-                                     self.ccm_beta, self.ablate, tbd_measure=self.tbd_measure,
+        return curator.CuratorConfig(self.fidelity_lambdas, self.theta1, self.theta2, self.calibration,
+                                     self.calibration_window, self.admission, self.ccm_beta, self.ablate,
+                                     tbd_measure=self.tbd_measure,
                                      process_signal=self.process_signal)
 
 
@@ -316,14 +316,7 @@ def load_tasks(args: Args) -> tuple[tasks.Task, tasks.Task | None]:
 
 def make_curator(args: Args, names: list[str]) -> curator.Curator:
     """The curator of --share cross-fidelity, configured by the run's flags."""
-    cfg = args.curator_config
-    if cfg.calibration != "none":
-        own = term_scales.testbed_path(args.pair, args.step_format, args.tbd_measure)
-        print(f"curator: terms scaled and thresholds set by {cfg.calibration}"
-              + ("" if args.calibration != "auto" or Path(cfg.calibration) == own else
-                 f" (no calibration of this testbed: run benchmarks/calibrate_curator.py --pair {args.pair} "
-                 f"--step-format {args.step_format} --tbd-measure {args.tbd_measure} to make {own.name})"))
-    return curator.Curator(cfg, names, args.seed,
+    return curator.Curator(args.curator_config, names, args.seed,
                            coevolution.BanditConfig() if args.thresholds == "adaptive" else None,
                            coevolution.PredictorConfig() if args.predictor else None)
 

@@ -2,21 +2,28 @@
 
     python benchmarks/curator_sensitivity.py runs RUN [RUN ...]         # per term: moved, saturated; band shares
     python benchmarks/curator_sensitivity.py ablation RUN RUN_ABLATED --source mistral --iteration 1
-    python benchmarks/curator_sensitivity.py calibration --seed 500    # redraw half of R's calibration sample
+    python benchmarks/curator_sensitivity.py window RUN                # redraw half of the terms' calibration sample
+    python benchmarks/curator_sensitivity.py reach --seed 700           # redraw half of R's calibration sample
 
 `runs`: for each run and source -> receiver, every weighted term's `moved` (the share of diagnosed offers whose band
 differs between the term at its 10th and at its 90th percentile, the others kept) and `saturated` (the share whose
 term could not get worse), and the bands of D per direction (no collapse: at least two bands hold 10% or more).
 `ablation`: the same offers (one seed, one iteration: the rollouts precede any decision) in two runs, the share that
-landed in different bands. `calibration`: the tiny pair's first iteration; R is calibrated on a window of own
-rollouts as in training, half of which is redrawn (fresh rollouts of the same prompts) ten times; the share of
-offers whose band changes.
+landed in different bands. `window`: for every receiver and every 5th iteration t of a run with fixed thresholds
+(from t = 2W, W = its --calibration-window), the band of each of t's diagnosed offers under the calibration sample
+the run used (the offers of iterations t-W+1..t) and under that sample with a random half replaced, either by
+offers of iterations t-2W+1..t-W (earlier draws: drift included) or by a resample of the sample itself (the
+bootstrap: the same distribution); the share of offers whose band changes. `reach`: the tiny pair's first
+iteration; R is calibrated on a window of own rollouts as in training, half of which is redrawn (fresh rollouts
+of the same prompts) ten times; the terms' scales and thresholds are then those of the iteration's offers under
+each R, as in a run's first iteration; the share of offers whose band changes.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import random
 import sys
 from pathlib import Path
@@ -51,8 +58,7 @@ def runs_table(runs: list[Path]) -> None:
         records, config = read(run)
         for pair in sorted({(r["source"], r["receiver"]) for r in records}):
             mine = [r for r in records if (r["source"], r["receiver"]) == pair]
-            for term, s in fidelity_record.sensitivity(mine, fidelity_record.run_weights(config),
-                                                       fidelity_record.run_calibration(config)).items():
+            for term, s in fidelity_record.sensitivity(mine, fidelity_record.run_weights(config)).items():
                 print(f"| {run.name} | {pair[0]} -> {pair[1]} | {term.upper()} | {s['offers']} | {s['moved']:.0%} "
                       f"| {s['saturated']:.0%} |")
         shares += [(run.name, pair, s) for pair, s in fidelity_record.band_shares(records).items()]
@@ -70,7 +76,50 @@ def ablation_table(run: Path, ablated: Path, source: str, iteration: int) -> Non
           f"{moved} ({moved / max(len(common), 1):.0%})")
 
 
-def calibration_stability(seed: int, redraws: int, pair: str = "qwen-llama") -> None:
+def bands_under(sample: list[tuple], rows: list[tuple], weights: torch.Tensor) -> list[int]:
+    """The bands of `rows` (raw terms) under the scales and thirds thresholds of a calibration sample."""
+    calibration = term_scales.Calibration(tuple(sample))
+    theta = calibration.thresholds(weights)
+    return [term_scales.admission_band(curator.degradation(calibration.scaled(torch.tensor(r, dtype=torch.float64)),
+                                                           weights), *theta) for r in rows]
+
+
+def window_stability(run: Path, every: int = 5, seed: int = 0) -> None:
+    records, config = read(run)
+    if config.get("thresholds") != "fixed" or config.get("theta1") is not None or config.get("calibration") != "window":
+        raise SystemExit(f"{run}: window needs a run with --calibration window and thresholds from it, fixed")
+    width = config["calibration_window"]
+    weights = torch.tensor(list(fidelity_record.run_weights(config).values()), dtype=torch.float64)
+    rows: dict[tuple[str, int], list[tuple]] = {}
+    for r in records:
+        if "terms" in r:
+            rows.setdefault((r["receiver"], r["iteration"]), []).append(
+                tuple(math.nan if v is None else v for v in (r["terms"][t] for t in term_scales.TERMS)))
+    rng = random.Random(seed)
+    last = max(i for _, i in rows)
+    for receiver in sorted({n for n, _ in rows}):
+        def span(lo: int, hi: int) -> list[tuple]:
+            return [row for i in range(lo, hi + 1) for row in rows.get((receiver, i), [])]
+        logged_ok, changed = [], {"earlier": [], "bootstrap": []}
+        for t in range(2 * width, last + 1, every):
+            sample, earlier, current = span(t - width + 1, t), span(t - 2 * width + 1, t - width), rows.get((receiver, t), [])
+            if not current or len(sample) < 4:
+                continue
+            base = bands_under(sample, current, weights)
+            logged = [r["band"] for r in records if r["receiver"] == receiver and r["iteration"] == t and "band" in r]
+            logged_ok.append(base == logged)
+            kept = rng.sample(sample, len(sample) // 2)
+            for kind, pool in (("earlier", earlier), ("bootstrap", sample)):
+                fresh = [rng.choice(pool) for _ in range(len(sample) - len(kept))]
+                moved = bands_under(kept + fresh, current, weights)
+                changed[kind].append(sum(a != b for a, b in zip(base, moved)) / len(current))
+        print(f"into {receiver}: {len(logged_ok)} iterations (every {every}th from {2 * width}); the bands recomputed "
+              f"from the record match the logged ones at {sum(logged_ok)} of them; redrawing half of the sample "
+              + "; ".join(f"from {kind} changed the band of {sum(v) / len(v):.1%} of the iteration's offers on "
+                          f"average (max {max(v):.1%})" for kind, v in changed.items() if v))
+
+
+def reach_stability(seed: int, redraws: int, pair: str = "qwen-llama") -> None:
     args = train.Args(pair=pair, seed=seed)
     cfg = args.curator_config
     task = tasks.load_task("arith", seed, args.train_size, 0, args.task_config)
@@ -90,8 +139,6 @@ def calibration_stability(seed: int, redraws: int, pair: str = "qwen-llama") -> 
     for e in experiences:
         stats[e.policy.name].add_iteration([s for i, text in enumerate(e.rollouts.texts) for s in
                                             reward_drift.process_rewards(task, problems[i // args.group_size], text)])
-    scales = term_scales.Calibration.load(cfg.calibration)
-    theta = scales.thresholds(cfg.weights)
     rng = random.Random(seed)
     for receiver in experiences:
         q = receiver.policy
@@ -107,11 +154,10 @@ def calibration_stability(seed: int, redraws: int, pair: str = "qwen-llama") -> 
 
         def bands(window: list[torch.Tensor]) -> list[int]:
             calibration = reachability.calibrate(torch.cat(window), cfg.reach_quantile, cfg.reach_zero_quantile)
-            out = []
             for o, g_k in zip(offers, norms):
                 o.diagnosis.reach = reachability.reachability(g_k, calibration)
-                out.append(curator.score(o, cfg, theta, scales).band)
-            return out
+            terms = [tuple(o.diagnosis.terms(cfg).tolist()) for o in offers]
+            return bands_under(terms, terms, cfg.weights)
         base = bands(pool[:cfg.reach_window])
         changed = []
         for _ in range(redraws):
@@ -134,17 +180,21 @@ def main() -> None:
     ablation.add_argument("ablated", type=Path)
     ablation.add_argument("--source", default="mistral")
     ablation.add_argument("--iteration", type=int, default=1)
-    calibration = sub.add_parser("calibration")
-    calibration.add_argument("--seed", type=int, default=500)
-    calibration.add_argument("--redraws", type=int, default=10)
+    window = sub.add_parser("window")
+    window.add_argument("run", type=Path)
+    reach = sub.add_parser("reach")
+    reach.add_argument("--seed", type=int, default=700)
+    reach.add_argument("--redraws", type=int, default=10)
     args = cli.parse_args()
     torch.set_num_threads(1)
     if args.command == "runs":
         runs_table(args.runs)
     elif args.command == "ablation":
         ablation_table(args.run, args.ablated, args.source, args.iteration)
+    elif args.command == "window":
+        window_stability(args.run)
     else:
-        calibration_stability(args.seed, args.redraws)
+        reach_stability(args.seed, args.redraws)
 
 
 if __name__ == "__main__":

@@ -55,7 +55,10 @@ def test_degradation_by_hand_and_an_ablated_term_keeps_the_other_weights():
     with pytest.raises(ValueError, match="both"):
         curator.CuratorConfig(theta1=0.1)
     with pytest.raises(ValueError, match="calibration"):
-        curator.CuratorConfig()                               # raw terms and no thresholds: nothing to admit on
+        curator.CuratorConfig(calibration="none")             # raw terms and no thresholds: nothing to admit on
+    for bad in (dict(calibration="results/calibration.json"), dict(calibration_window=0)):
+        with pytest.raises(ValueError, match="calibration"):
+            curator.CuratorConfig(**bad)
 
 
 def test_step_credit_applies_rsd_then_ccm_by_hand():
@@ -201,15 +204,15 @@ STABLE = {"losses/update_kl": 1e-3, "losses/grad_norm": 1.0}
 
 def simulated_levels(reward_of_level, seed: int, cycles: int = 100, step: float = 0.02) -> list[int]:
     """The level the pair qwen -> llama holds after each cycle, under a stable guard, when llama's mean reward
-    after a cycle is reward_of_level(level played, (theta1 - theta1_0) / step, cycle, rng)."""
-    bandit = coevolution.ThresholdBandit(0.3, 0.5, coevolution.BanditConfig(step=step), seed=seed)
+    after a cycle is reward_of_level(level played, cycle, rng)."""
+    bandit = coevolution.ThresholdBandit(coevolution.BanditConfig(step=step), seed=seed)
     rng, levels = random.Random(seed), []
     reward = reward_of_level(0, 0, rng)
     for cycle in range(cycles):
         bandit.judge("llama", {"charts/reward_mean": reward, "charts/reward_std": 0.4 + 0.01 * rng.random()})
-        theta1, _ = bandit.choose("qwen", "llama", gap=0.0)
+        played = bandit.choose("qwen", "llama", gap=0.0)
         bandit.updated("llama", STABLE)
-        reward = reward_of_level(round((theta1 - 0.3) / step), cycle, rng)
+        reward = reward_of_level(played, cycle, rng)
         levels.append(bandit.level[("qwen", "llama", "similar")])
     return levels
 
@@ -241,23 +244,23 @@ def test_the_gain_is_measured_against_the_receivers_own_trend_by_hand():
 
 
 def test_a_tripped_guard_backs_the_context_off_one_level_below_what_was_played():
-    bandit = coevolution.ThresholdBandit(0.2, 0.35, coevolution.BanditConfig(step=0.05, epsilon=0.0), seed=0)
+    bandit = coevolution.ThresholdBandit(coevolution.BanditConfig(step=0.05, epsilon=0.0), seed=0)
     context = ("qwen", "llama", "similar")
     bandit.level[context] = 3
     for cycle in range(5):
         bandit.judge("llama", {"charts/reward_mean": 0.5, "charts/reward_std": 0.4 + 0.01 * (cycle % 2)})
-        assert bandit.choose("qwen", "llama", gap=0.0)[0] == pytest.approx(0.35)
+        assert bandit.choose("qwen", "llama", gap=0.0) == 3
         bandit.updated("llama", STABLE)
     assert bandit.judge("llama", {"charts/reward_mean": 0.5, "charts/reward_std": 0.4}) == []
     bandit.choose("qwen", "llama", gap=0.0)
     bandit.updated("llama", dict(STABLE, **{"losses/grad_norm": 50.0}))
     assert bandit.judge("llama", {"charts/reward_mean": 0.5, "charts/reward_std": 0.4}) == ["losses/grad_norm"]
-    assert bandit.choose("qwen", "llama", gap=0.0)[0] == pytest.approx(0.3)
-    assert bandit.choose("qwen", "llama", gap=0.5) == pytest.approx((0.2, 0.35))   # another context starts low
+    assert bandit.choose("qwen", "llama", gap=0.0) == 2
+    assert bandit.choose("qwen", "llama", gap=0.5) == 0                      # another context starts at level 0
 
 
 def test_the_guard_judges_a_cycle_on_its_update_kl_and_on_the_rollouts_that_update_produced():
-    bandit = coevolution.ThresholdBandit(0.2, 0.35, coevolution.BanditConfig(step=0.05, epsilon=0.0), seed=0)
+    bandit = coevolution.ThresholdBandit(coevolution.BanditConfig(step=0.05, epsilon=0.0), seed=0)
     rewards = {"charts/reward_mean": 0.5, "charts/reward_std": 0.4}
     assert bandit.judge("llama", rewards) is None                             # no update yet: nothing to judge
     for cycle in range(5):
@@ -530,8 +533,9 @@ def test_thresholds_by_shares_admit_each_level_its_share_counted_by_hand(values,
     bands = [curator.admission_band(v, theta1, theta2) for v in values]
     assert abs(bands.count(0) / n - prp) <= 1.5 / n
     assert abs(bands.count(1) / n - xgrpo) <= 2.5 / n
-    with pytest.raises(ValueError, match="2 diagnosed"):
-        term_scales.share_thresholds([0.1], (prp, xgrpo))
+    assert term_scales.share_thresholds([0.1], (prp, xgrpo)) == (0.1, 0.1)      # alone: SGT, the cautious level
+    with pytest.raises(ValueError, match="one diagnosed"):
+        term_scales.share_thresholds([math.nan], (prp, xgrpo))
 
 
 def test_a_term_scale_is_the_mid_rank_cdf_of_the_calibration_by_hand():
@@ -560,14 +564,58 @@ def test_scaled_calibration_terms_are_uniform_and_the_thresholds_split_them_in_t
         assert all(abs(bands.count(b) / len(bands) - 1 / 3) < 0.02 for b in range(3))
 
 
-def test_a_calibration_file_round_trips(tmp_path):
-    calibration = random_calibration(3, n=20)
-    calibration.save(tmp_path / "c.json", {"pair": "qwen-llama"})
-    loaded = term_scales.Calibration.load(tmp_path / "c.json")
-    assert torch.allclose(torch.tensor(loaded.terms), torch.tensor(calibration.terms), atol=1e-5)
-    (tmp_path / "bad.json").write_text(json.dumps({"terms": [[0.1, 0.2]]}))
-    with pytest.raises(ValueError, match="one"):
-        term_scales.Calibration.load(tmp_path / "bad.json")
+def shifted_terms(seed: int, n: int, rsd_shift: float) -> list[torch.Tensor]:
+    """n offers' raw terms [3]: TBD 0 (Qwen2 and Llama-3 in line steps), CCM skewed, RSD in [0.3, 0.7] moved by
+    rsd_shift."""
+    g = torch.Generator().manual_seed(seed)
+    ccm, rsd = torch.rand(n, generator=g) ** 2, (0.3 + 0.4 * torch.rand(n, generator=g) + rsd_shift).clamp(0, 1)
+    return [torch.tensor([0.0, c, r], dtype=torch.float64) for c, r in zip(ccm.tolist(), rsd.tolist())]
+
+
+def test_the_calibration_sample_is_the_receivers_last_window_and_follows_the_runs_own_terms():
+    # a scale fitted once does not transfer: on a fresh seed RSD ran 0.10-0.27 against 0.32-0.64 on the
+    # calibration run, and the offers piled into one band. The window's scales follow the terms.
+    cfg = curator.CuratorConfig(calibration_window=3)
+    cur = curator.Curator(cfg, ["qwen", "llama"], 0, None, None)
+    before = [shifted_terms(it, 60, 0.0) for it in range(2)]
+    after = [shifted_terms(10 + it, 60, -0.3) for it in range(3)]
+    for rows in before + after:
+        scales = cur.calibrate("llama", rows)
+    assert "qwen" not in cur.base and len(scales.terms) == 3 * 60            # llama's last 3 iterations only
+    sample = [r for rows in after for r in rows]
+    assert sorted(scales.terms) == sorted(tuple(r.tolist()) for r in sample)
+    # each scaled term is its mid-rank among the sample's values, counted by hand (up to the percentile grid)
+    for row in after[-1][:10]:
+        for i in (1, 2):
+            values, v = [r[i].item() for r in sample], row[i].item()
+            below = sum(u < v for u in values) + 0.5 * sum(u == v for u in values)
+            assert scales.scaled(row)[i].item() == pytest.approx(below / len(values), abs=0.02)
+
+    def shares(calibration, theta, rows):
+        bands = [curator.admission_band(curator.degradation(calibration.scaled(r), cfg.weights), *theta) for r in rows]
+        return [bands.count(b) / len(bands) for b in range(3)]
+    assert all(abs(s - 1 / 3) < 0.12 for s in shares(scales, cur.base["llama"], after[-1]))
+    # the degenerate design it replaces: scales and thresholds fitted before the shift put the offers in one band
+    fixed = term_scales.Calibration(tuple(tuple(r.tolist()) for rows in before for r in rows))
+    assert max(shares(fixed, fixed.thresholds(cfg.weights), after[-1])) >= 0.75
+
+
+@pytest.mark.parametrize("ablate", [(), ("ccm",), ("rsd",)])
+def test_each_ablation_sets_its_own_thresholds_on_the_sample_and_fixed_thresholds_stay_given(ablate):
+    cfg = curator.CuratorConfig(ablate=ablate)
+    cur = curator.Curator(cfg, ["qwen", "llama"], 0, None, None)
+    mask = torch.tensor([t in ablate for t in diagnosis.TERMS])
+    rows = [torch.where(mask, torch.full_like(r, math.nan), r) for r in shifted_terms(1, 300, 0.0)]
+    scales = cur.calibrate("llama", rows)
+    assert all(math.isnan(scales.scaled(r)[mask].sum().item()) for r in rows[:5]) if ablate else True
+    d = [curator.degradation(scales.scaled(r), cfg.weights) for r in rows]
+    bands = [curator.admission_band(v, *cur.base["llama"]) for v in d]
+    assert all(abs(bands.count(b) / len(bands) - 1 / 3) < 0.02 for b in range(3))
+    given = curator.Curator(curator.CuratorConfig(ablate=ablate, theta1=0.2, theta2=0.4), ["llama"], 0, None, None)
+    given.calibrate("llama", rows)
+    assert given.base["llama"] == (0.2, 0.4)
+    raw = curator.Curator(curator.CuratorConfig(calibration="none", theta1=0.2, theta2=0.4), ["llama"], 0, None, None)
+    assert raw.calibrate("llama", rows) is None and raw.base["llama"] == (0.2, 0.4)
 
 
 def test_sensitivity_and_saturation_by_hand():
@@ -578,23 +626,11 @@ def test_sensitivity_and_saturation_by_hand():
                 "terms": {"tbd": 0.0, "ccm": sum(steps) / len(steps), "rsd": 0.4},
                 "steps": [{"tbd": 0.0, "ccm": s, "rsd": None} for s in steps]}
     records = [record(0.25, 0.0, [0.1]), record(0.5, 0.5, [1.0, 0.2]), record(0.8, 1.0, [1.0, 1.0])]
-    out = fidelity_record.sensitivity(records, {"tbd": 0.0, "ccm": 1 / 3, "rsd": 1 / 3}, None)
+    out = fidelity_record.sensitivity(records, {"tbd": 0.0, "ccm": 1 / 3, "rsd": 1 / 3})
     # D at (p10, p90): 0.283 / 0.55 (PRP -> XGRPO), 0.367 / 0.633 (XGRPO -> SGT), 0.5 / 0.767 (XGRPO -> SGT)
     assert out["ccm"]["moved"] == pytest.approx(1.0) and "tbd" not in out
     assert out["ccm"]["saturated"] == pytest.approx(1 / 3)       # the third: every step at its cap
     assert out["rsd"]["moved"] == 0.0                            # every offer at the same RSD: p10 = p90
-    # at the top of the calibration's scale a term cannot get worse either: RSD 0.4 against a top of 0.35
-    top = term_scales.Calibration(((0.0, 0.1, 0.2), (0.0, 0.2, 0.35)))
-    assert fidelity_record.sensitivity(records, {"tbd": 0.0, "ccm": 1 / 3, "rsd": 1 / 3}, top)["rsd"]["saturated"] == 1
-
-
-def test_the_calibration_script_keeps_every_diagnosed_offers_terms_or_an_even_subsample(tmp_path):
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    import calibrate_curator
-    lines = [{"level": "inert"}] + [{"terms": {"tbd": 0.0, "ccm": i / 10, "rsd": math.nan}} for i in range(10)]
-    (tmp_path / "fidelity.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
-    whole = calibrate_curator.calibration_from_run(tmp_path, keep=20)
-    assert [round(c, 6) for _, c, _ in whole.terms] == [i / 10 for i in range(10)]
-    assert all(math.isnan(r) for _, _, r in whole.terms)
-    half = calibrate_curator.calibration_from_run(tmp_path, keep=5)
-    assert [round(c, 6) for _, c, _ in half.terms] == [0.0, 0.2, 0.4, 0.6, 0.8]
+    # at the top of its scale a term cannot get worse either, whatever its steps: RSD scaled to 1 on one offer
+    records[0]["scaled"]["rsd"] = 1.0
+    assert fidelity_record.sensitivity(records, {"tbd": 0.0, "ccm": 1 / 3, "rsd": 1 / 3})["rsd"]["saturated"] == 1 / 3
