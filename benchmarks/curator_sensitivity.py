@@ -119,11 +119,12 @@ def window_stability(run: Path, every: int = 5, seed: int = 0) -> None:
                           f"average (max {max(v):.1%})" for kind, v in changed.items() if v))
 
 
-def reach_stability(seed: int, redraws: int, pair: str = "qwen-llama") -> None:
-    args = train.Args(pair=pair, seed=seed)
-    cfg = args.curator_config
+def reach_stability(args: train.Args, redraws: int) -> list[float]:
+    """Per receiver, the mean share of its offers whose band a redraw changed (printed with the max)."""
+    cfg, seed = args.curator_config, args.seed
     task = tasks.load_task("arith", seed, args.train_size, 0, args.task_config)
-    pols = policies.load_policies(pair, "tiny", torch.device("cpu"), args.task_config, seed)
+    pols = policies.load_policies(args.pair, "tiny", torch.device("cpu"), args.task_config, seed, args.cache_dir,
+                                  warmup_scale=args.warmup_scale)
     problems = train.prompt_sampler(seed, 0).sample(task.train, args.prompts_per_iteration)
     prompts = [task.prompt(q) for q in problems]
     g = torch.Generator().manual_seed(seed)
@@ -139,7 +140,7 @@ def reach_stability(seed: int, redraws: int, pair: str = "qwen-llama") -> None:
     for e in experiences:
         stats[e.policy.name].add_iteration([s for i, text in enumerate(e.rollouts.texts) for s in
                                             reward_drift.process_rewards(task, problems[i // args.group_size], text)])
-    rng = random.Random(seed)
+    rng, out = random.Random(seed), []
     for receiver in experiences:
         q = receiver.policy
         params = reachability.parameter_subset(q.model, cfg.reach_subset)
@@ -168,6 +169,8 @@ def reach_stability(seed: int, redraws: int, pair: str = "qwen-llama") -> None:
         print(f"into {q.name}: {len(offers)} offers that could matter; redrawing half of the calibration sample "
               f"({cfg.reach_window} x {cfg.calibration_rollouts} own rollouts) {redraws} times changed the band of "
               f"{sum(changed) / len(changed):.1%} of them on average (max {max(changed):.1%})")
+        out.append(sum(changed) / len(changed))
+    return out
 
 
 def main() -> None:
@@ -194,7 +197,7 @@ def main() -> None:
     elif args.command == "window":
         window_stability(args.run)
     else:
-        reach_stability(args.seed, args.redraws)
+        reach_stability(train.Args(seed=args.seed), args.redraws)
 
 
 if __name__ == "__main__":

@@ -634,3 +634,33 @@ def test_sensitivity_and_saturation_by_hand():
     # at the top of its scale a term cannot get worse either, whatever its steps: RSD scaled to 1 on one offer
     records[0]["scaled"]["rsd"] = 1.0
     assert fidelity_record.sensitivity(records, {"tbd": 0.0, "ccm": 1 / 3, "rsd": 1 / 3})["rsd"]["saturated"] == 1 / 3
+
+
+def test_the_window_redraw_rebuilds_the_bands_the_curator_logged(tmp_path, capsys):
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import curator_sensitivity
+    cfg = curator.CuratorConfig(calibration_window=2)
+    cur = curator.Curator(cfg, ["qwen", "llama"], 0, None, None)
+    records = []
+    for it in range(1, 7):
+        rows = shifted_terms(it, 30, -0.05 * it)
+        scales = cur.calibrate("llama", rows)
+        records += [{"receiver": "llama", "source": "qwen", "iteration": it,
+                     "terms": dict(zip(diagnosis.TERMS, r.tolist())),
+                     "band": curator.admission_band(curator.degradation(scales.scaled(r), cfg.weights),
+                                                    *cur.base["llama"])} for r in rows]
+    (tmp_path / "fidelity.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    (tmp_path / "config.json").write_text(json.dumps({"thresholds": "fixed", "theta1": None, "calibration": "window",
+                                                      "calibration_window": 2, "ablate": []}))
+    curator_sensitivity.window_stability(tmp_path, every=1)
+    out = capsys.readouterr().out
+    assert "3 iterations" in out and "match the logged ones at 3 of them" in out     # iterations 4, 5 and 6
+    assert "from earlier" in out and "from bootstrap" in out
+
+
+def test_the_reach_redraw_runs_on_the_tiny_pair(tmp_path, cache_dir, capsys):
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import curator_sensitivity
+    changed = curator_sensitivity.reach_stability(tiny_args(tmp_path, cache_dir), redraws=2)
+    assert len(changed) == 2 and all(0 <= c <= 1 for c in changed)
+    assert capsys.readouterr().out.count("redrawing half of the calibration sample") == 2
