@@ -278,3 +278,19 @@ def test_the_matrix_command_line_runs_the_set_it_names(repo, tmp_path):
     assert matrix.SETS["pilot"].shared[-2:] == ("--minibatches", "2")
     assert json.loads((repo / "results" / "pilot" / "graft-s1001.json").read_text())["seed"] == 1001
     assert git_log(repo)[0].split(maxsplit=1)[1] == "pilot: graft seed 1001"
+
+
+def test_wall_time_times_every_phase_of_a_run_and_they_add_up(tmp_path, cache_dir):
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import wall_time
+    from test_train import tiny_args
+    import train
+    from dataclasses import asdict
+    args, defaults = asdict(tiny_args(tmp_path, cache_dir, share="cross-fidelity")), asdict(train.Args())
+    flags = [f"--{k.replace('_', '-')}={v}" for k, v in args.items() if v != defaults[k]]
+    out = wall_time.run_one(ROOT, flags, tmp_path / "times.json")
+    assert all(out[phase] > 0 for phase in ("start-up", "warm-up", "rollouts", "rewards", "curation", "updates",
+                                            "evaluation", "checkpoints", "report"))
+    assert out["exchange"] > 0 and out["warm-up"] <= out["start-up"]
+    counted = sum(v for p, v in out.items() if p not in ("total", "other", *wall_time.NESTED))
+    assert counted + out["other"] == pytest.approx(out["total"]) and 0 <= out["other"] < out["total"]

@@ -1,0 +1,166 @@
+"""Where a run's wall time goes, phase by phase, for the pilot's configurations, and the same at an earlier commit.
+
+    python benchmarks/wall_time.py --seed 1001                       # the configurations at this commit
+    python benchmarks/wall_time.py --seed 1001 --before ab554c1      # beside commit ab554c1, side by side
+
+Each configuration trains `python train.py --seed S --iterations N` with its flags and the pilot's evaluation
+protocol, one thread, in a process whose phases are timed by wrapping the functions every
+commit since ab554c1 has: start-up (Team.start: policies, warm-ups and tokenizers), of which the warm-up
+(tiny.warm_up_cached, a cache hit included), rollouts, rewards, exchange (delivery and a fixed level's sharing),
+curation (Curator.exchange, the receivers' sides included), updates, evaluation, checkpoints and the report;
+`other` is the rest of the wall time. The configurations of one seed and one commit share a fresh warm-up
+cache and run in order, so the first pays the warm-ups and the others find them, as in the matrix. With
+--before, the earlier commit is checked out in a temporary worktree and each configuration runs there and here
+at the same time (two processes), so both see the same load. Prints a table per configuration and writes
+OUT/wall-time-sSEED.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+EVALUATION = ("--eval-size", "2000", "--eval-every", "10", "--eval-samples", "0")
+"""the pilot's evaluation protocol (power.EVALUATION; not imported, so that a timed run imports only its own
+commit's modules)"""
+
+CONFIGURATIONS = {
+    "none": (),
+    "none-g16": ("--group-size", "16"),
+    "prp": ("--share", "prp"),
+    "xgrpo": ("--share", "xgrpo"),
+    "sgt": ("--share", "sgt"),
+    "hacpo": ("--share", "hacpo"),
+    "cross-fidelity": ("--share", "cross-fidelity"),
+}
+"""the pilot's configurations that exist at commit ab554c1 (benchmarks/matrix.py has the pilot's own list)"""
+
+PHASES = {   # phase -> (module, qualified name) of the functions timed as it
+    "start-up": [("backends", "Team.start")],
+    "warm-up": [("tiny", "warm_up_cached")],
+    "rollouts": [("backends", "PolicyWorker.rollout")],
+    "rewards": [("backends", "PolicyWorker.score")],
+    "exchange": [("backends", "PolicyWorker.deliver"), ("backends", "PolicyWorker.receive")],
+    "curation": [("curator", "Curator.exchange")],
+    "updates": [("backends", "PolicyWorker.update")],
+    "evaluation": [("backends", "PolicyWorker.evaluate")],
+    "checkpoints": [("backends", "PolicyWorker.save"), ("checkpoint", "commit_checkpoint")],
+    "report": [("eval", "write_report")],
+}
+NESTED = {"warm-up": "start-up"}   # timed inside another phase: shown, not added twice
+
+
+def timed(seconds: dict[str, float], phase: str, fn):
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            seconds[phase] += time.perf_counter() - start
+    return wrapper
+
+
+def instrumented_run(repo: Path, flags: list[str], out: Path) -> None:
+    """In this process: train.py of `repo` with its phases timed; writes {phase: seconds, "total": ...} to out."""
+    os.chdir(repo)
+    sys.path.insert(0, str(repo))
+    import importlib
+
+    import tyro
+    seconds = dict.fromkeys(PHASES, 0.0)
+    for phase, targets in PHASES.items():
+        for module_name, qualified in targets:
+            module = importlib.import_module(module_name)
+            owner, _, name = qualified.rpartition(".")
+            holder = getattr(module, owner) if owner else module
+            setattr(holder, name, timed(seconds, phase, getattr(holder, name)))
+    train = importlib.import_module("train")
+    start = time.perf_counter()
+    train.main(tyro.cli(train.Args, args=flags))
+    total = time.perf_counter() - start
+    counted = sum(v for p, v in seconds.items() if p not in NESTED)
+    out.write_text(json.dumps({**seconds, "other": total - counted, "total": total}) + "\n")
+
+
+def run_one(repo: Path, flags: list[str], out: Path) -> dict[str, float]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    log = out.with_suffix(".log")
+    with log.open("w") as handle:
+        done = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--inner", str(repo), str(out), "--",
+                               *flags], env=env, stdout=handle, stderr=subprocess.STDOUT)
+    if done.returncode:
+        raise RuntimeError(f"{repo} {' '.join(flags)} failed ({done.returncode}); see {log}")
+    return json.loads(out.read_text())
+
+
+def table(name: str, sides: dict[str, dict[str, float]]) -> str:
+    lines = [f"\n{name}", "| phase | " + " | ".join(sides) + (" | after / before |" if len(sides) == 2 else " |"),
+             "|---|" + "---|" * (len(sides) + (len(sides) == 2))]
+    for phase in [*PHASES, "other", "total"]:
+        values = [s[phase] for s in sides.values()]
+        ratio = f" | {values[1] / values[0]:.2f} |" if len(values) == 2 and values[0] > 0 else (
+            " | — |" if len(values) == 2 else " |")
+        lines.append(f"| {phase}{' (in start-up)' if phase in NESTED else ''} | "
+                     + " | ".join(f"{v:.1f} s" for v in values) + ratio)
+    return "\n".join(lines)
+
+
+def main() -> None:
+    cli = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    cli.add_argument("--seed", type=int, default=1001)
+    cli.add_argument("--iterations", type=int, default=100)
+    cli.add_argument("--configurations", nargs="+", default=list(CONFIGURATIONS), choices=list(CONFIGURATIONS))
+    cli.add_argument("--before", help="a commit to time beside this one, side by side")
+    cli.add_argument("--train-args", default="", help="train.py flags added to every run (both commits)")
+    cli.add_argument("--out", type=Path, default=ROOT / "results")
+    cli.add_argument("--inner", nargs=2, metavar=("REPO", "OUT"), help=argparse.SUPPRESS)
+    cli.add_argument("flags", nargs="*", help=argparse.SUPPRESS)
+    args = cli.parse_args()
+    if args.inner:
+        instrumented_run(Path(args.inner[0]), args.flags, Path(args.inner[1]))
+        return
+    with tempfile.TemporaryDirectory(prefix="wall-time-") as tmp:
+        work = Path(tmp)
+        repos = {"after": ROOT}
+        if args.before:
+            repos = {"before": work / "before", **repos}
+            subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(repos["before"]), args.before],
+                           check=True, capture_output=True)
+        try:
+            results: dict[str, dict[str, dict[str, float]]] = {}
+            for name in args.configurations:
+                def side(label: str, name=name) -> dict[str, float]:
+                    flags = ["--seed", str(args.seed), "--iterations", str(args.iterations), *EVALUATION,
+                             *CONFIGURATIONS[name], *args.train_args.split(), "--runs-dir", str(work / label / "runs"),
+                             "--cache-dir", str(work / label / "cache"), "--name", name]
+                    (work / label).mkdir(exist_ok=True)
+                    return run_one(repos[label], flags, work / label / f"{name}.json")
+                with ThreadPoolExecutor(len(repos)) as pool:
+                    results[name] = dict(zip(repos, pool.map(side, repos)))
+                print(table(name, results[name]), flush=True)
+        finally:
+            if args.before:
+                subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(repos["before"])],
+                               capture_output=True)
+    totals = {label: sum(r[label]["total"] for r in results.values()) for label in repos}
+    print("\nall configurations: " + ", ".join(f"{label} {t:.0f} s" for label, t in totals.items())
+          + (f" (after / before {totals['after'] / totals['before']:.2f})" if args.before else ""))
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / f"wall-time-s{args.seed}.json"
+    path.write_text(json.dumps({"seed": args.seed, "iterations": args.iterations, "before": args.before,
+                                "train_args": args.train_args, "runs": results}, indent=1) + "\n")
+    print(f"written to {path}")
+
+
+if __name__ == "__main__":
+    main()
