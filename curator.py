@@ -414,6 +414,8 @@ class Curator:
             r.update(iteration=iteration, receiver=name)
         metrics = {**received.metrics,
                    **fidelity_record.fidelity_metrics(records, thetas, self.predictor.accuracy(name) if self.predictor else None),
+                   **{f"fidelity/threshold_level/{source}": float(level) for source, level in levels.items()
+                      if self.bandit},
                    **{f"fidelity/time_s/{phase}": t for phase, t in timer.items()},
                    "fidelity/time_s/curation": sum(timer.values())}
         return sharing.Received(received.advantages, received.crossings, metrics), records

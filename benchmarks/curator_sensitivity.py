@@ -4,6 +4,7 @@
     python benchmarks/curator_sensitivity.py ablation RUN RUN_ABLATED --source mistral --iteration 1
     python benchmarks/curator_sensitivity.py window RUN                # redraw half of the terms' calibration sample
     python benchmarks/curator_sensitivity.py reach --seed 700           # redraw half of R's calibration sample
+    python benchmarks/curator_sensitivity.py levels RUN                # --thresholds adaptive: the levels played
 
 `runs`: for each run and source -> receiver, every weighted term's `moved` (the share of diagnosed offers whose band
 differs between the term at its 10th and at its 90th percentile, the others kept) and `saturated` (the share whose
@@ -16,7 +17,9 @@ offers of iterations t-2W+1..t-W (earlier draws: drift included) or by a resampl
 bootstrap: the same distribution); the share of offers whose band changes. `reach`: the tiny pair's first
 iteration; R is calibrated on a window of own rollouts as in training, half of which is redrawn (fresh rollouts
 of the same prompts) ten times; the terms' scales and thresholds are then those of the iteration's offers under
-each R, as in a run's first iteration; the share of offers whose band changes.
+each R, as in a run's first iteration; the share of offers whose band changes. `levels`: in a run with
+--thresholds adaptive, the level each direction played at each iteration, (theta1 - the level-0 theta1 of the
+receiver's calibration sample, rebuilt from the record) / step; its last, highest and mean level.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+import coevolution  # noqa: E402
 import curator  # noqa: E402
 import diagnosis  # noqa: E402
 import fidelity_record  # noqa: E402
@@ -84,17 +88,23 @@ def bands_under(sample: list[tuple], rows: list[tuple], weights: torch.Tensor) -
                                                            weights), *theta) for r in rows]
 
 
-def window_stability(run: Path, every: int = 5, seed: int = 0) -> None:
+def window_rows(run: Path, thresholds: str) -> tuple[list[dict], int, torch.Tensor, dict[tuple[str, int], list]]:
+    """A run's records, its calibration window, its weights [3] and each (receiver, iteration)'s diagnosed terms;
+    refused unless the run's thresholds came from its window (and are `thresholds`: fixed or adaptive)."""
     records, config = read(run)
-    if config.get("thresholds") != "fixed" or config.get("theta1") is not None or config.get("calibration") != "window":
-        raise SystemExit(f"{run}: window needs a run with --calibration window and thresholds from it, fixed")
-    width = config["calibration_window"]
+    if config.get("thresholds") != thresholds or config.get("theta1") is not None or config.get("calibration") != "window":
+        raise SystemExit(f"{run}: needs a run with --calibration window, --thresholds {thresholds} and no --theta1")
     weights = torch.tensor(list(fidelity_record.run_weights(config).values()), dtype=torch.float64)
     rows: dict[tuple[str, int], list[tuple]] = {}
     for r in records:
         if "terms" in r:
             rows.setdefault((r["receiver"], r["iteration"]), []).append(
                 tuple(math.nan if v is None else v for v in (r["terms"][t] for t in term_scales.TERMS)))
+    return records, config["calibration_window"], weights, rows
+
+
+def window_stability(run: Path, every: int = 5, seed: int = 0) -> None:
+    records, width, weights, rows = window_rows(run, "fixed")
     rng = random.Random(seed)
     last = max(i for _, i in rows)
     for receiver in sorted({n for n, _ in rows}):
@@ -117,6 +127,27 @@ def window_stability(run: Path, every: int = 5, seed: int = 0) -> None:
               f"from the record match the logged ones at {sum(logged_ok)} of them; redrawing half of the sample "
               + "; ".join(f"from {kind} changed the band of {sum(v) / len(v):.1%} of the iteration's offers on "
                           f"average (max {max(v):.1%})" for kind, v in changed.items() if v))
+
+
+def levels_table(run: Path, step: float = coevolution.BanditConfig.step) -> dict[tuple[str, str], list[int]]:
+    """Per source -> receiver, the level played at each iteration where it diagnosed an offer."""
+    records, width, weights, rows = window_rows(run, "adaptive")
+    played: dict[tuple[str, str], dict[int, int]] = {}
+    for (receiver, t) in sorted(rows):
+        sample = [row for i in range(t - width + 1, t + 1) for row in rows.get((receiver, i), [])]
+        base = term_scales.Calibration(tuple(sample)).thresholds(weights)[0]
+        for r in records:
+            if r["receiver"] == receiver and r["iteration"] == t and "band" in r:
+                played.setdefault((r["source"], receiver), {})[t] = round((r["theta"][0] - base) / step)
+    print("| source -> receiver | iterations | level at the last | highest | mean | iterations at level 0 |\n"
+          "|---|---|---|---|---|---|")
+    out = {}
+    for pair, by_iteration in played.items():
+        levels = [by_iteration[t] for t in sorted(by_iteration)]
+        out[pair] = levels
+        print(f"| {pair[0]} -> {pair[1]} | {len(levels)} | {levels[-1]} (iteration {max(by_iteration)}) | {max(levels)} "
+              f"| {sum(levels) / len(levels):.2f} | {sum(v == 0 for v in levels) / len(levels):.0%} |")
+    return out
 
 
 def reach_stability(args: train.Args, redraws: int) -> list[float]:
@@ -185,6 +216,8 @@ def main() -> None:
     ablation.add_argument("--iteration", type=int, default=1)
     window = sub.add_parser("window")
     window.add_argument("run", type=Path)
+    levels = sub.add_parser("levels")
+    levels.add_argument("run", type=Path)
     reach = sub.add_parser("reach")
     reach.add_argument("--seed", type=int, default=700)
     reach.add_argument("--redraws", type=int, default=10)
@@ -196,6 +229,8 @@ def main() -> None:
         ablation_table(args.run, args.ablated, args.source, args.iteration)
     elif args.command == "window":
         window_stability(args.run)
+    elif args.command == "levels":
+        levels_table(args.run)
     else:
         reach_stability(train.Args(seed=args.seed), args.redraws)
 

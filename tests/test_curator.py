@@ -332,6 +332,8 @@ def test_a_cross_fidelity_run_logs_decisions_that_follow_its_own_rules(tmp_path,
     assert all(math.isfinite(r["losses/policy_loss"]) and "fidelity/admitted_prp" in r and r["losses/update_kl"] >= 0
                for r in updates)
     assert all("fidelity/guard_tripped" in r for r in updates if r["iteration"] == 2)   # iteration 1 judged then
+    assert all(r[f"fidelity/threshold_level/{source}"] >= 0 for r in updates for source in {"qwen", "llama"} - {r["policy"]}
+               if pair == "qwen-llama")
     assert records and all(r["receiver"] != r["source"] and r["iteration"] in (1, 2) for r in records)
     for r in (r for r in records if "D" in r):
         assert 0 <= r["D"] <= 1 + 1e-9 and {"tbd", "ccm", "rsd"} == set(r["terms"]) == set(r["scaled"])
@@ -636,26 +638,37 @@ def test_sensitivity_and_saturation_by_hand():
     assert fidelity_record.sensitivity(records, {"tbd": 0.0, "ccm": 1 / 3, "rsd": 1 / 3})["rsd"]["saturated"] == 1 / 3
 
 
-def test_the_window_redraw_rebuilds_the_bands_the_curator_logged(tmp_path, capsys):
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    import curator_sensitivity
+def logged_run(path: Path, thresholds: str, levels: list[int]) -> None:
+    """A run's fidelity.jsonl and config.json as a Curator with a window of 2 logs them, from hand-made terms over
+    six iterations; the thresholds raised by levels[iteration - 1] steps of 0.02."""
     cfg = curator.CuratorConfig(calibration_window=2)
     cur = curator.Curator(cfg, ["qwen", "llama"], 0, None, None)
     records = []
-    for it in range(1, 7):
+    for it, level in zip(range(1, 7), levels):
         rows = shifted_terms(it, 30, -0.05 * it)
         scales = cur.calibrate("llama", rows)
-        records += [{"receiver": "llama", "source": "qwen", "iteration": it,
+        theta = tuple(t + 0.02 * level for t in cur.base["llama"])
+        records += [{"receiver": "llama", "source": "qwen", "iteration": it, "theta": list(theta),
                      "terms": dict(zip(diagnosis.TERMS, r.tolist())),
-                     "band": curator.admission_band(curator.degradation(scales.scaled(r), cfg.weights),
-                                                    *cur.base["llama"])} for r in rows]
-    (tmp_path / "fidelity.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
-    (tmp_path / "config.json").write_text(json.dumps({"thresholds": "fixed", "theta1": None, "calibration": "window",
-                                                      "calibration_window": 2, "ablate": []}))
+                     "band": curator.admission_band(curator.degradation(scales.scaled(r), cfg.weights), *theta)}
+                    for r in rows]
+    (path / "fidelity.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    (path / "config.json").write_text(json.dumps({"thresholds": thresholds, "theta1": None, "calibration": "window",
+                                                  "calibration_window": 2, "ablate": []}))
+
+
+def test_the_window_redraw_and_the_levels_rebuild_what_the_curator_logged(tmp_path, capsys):
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import curator_sensitivity
+    logged_run(tmp_path, "fixed", [0] * 6)
     curator_sensitivity.window_stability(tmp_path, every=1)
     out = capsys.readouterr().out
     assert "3 iterations" in out and "match the logged ones at 3 of them" in out     # iterations 4, 5 and 6
     assert "from earlier" in out and "from bootstrap" in out
+    logged_run(tmp_path, "adaptive", [0, 1, 2, 2, 1, 3])
+    assert curator_sensitivity.levels_table(tmp_path) == {("qwen", "llama"): [0, 1, 2, 2, 1, 3]}
+    with pytest.raises(SystemExit, match="thresholds fixed"):
+        curator_sensitivity.window_stability(tmp_path)
 
 
 def test_the_reach_redraw_runs_on_the_tiny_pair(tmp_path, cache_dir, capsys):
