@@ -30,20 +30,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-EVALUATION = ("--eval-size", "2000", "--eval-every", "10", "--eval-samples", "0")
-"""the pilot's evaluation protocol (power.EVALUATION; not imported, so that a timed run imports only its own
-commit's modules)"""
-
-CONFIGURATIONS = {
-    "none": (),
-    "none-g16": ("--group-size", "16"),
-    "prp": ("--share", "prp"),
-    "xgrpo": ("--share", "xgrpo"),
-    "sgt": ("--share", "sgt"),
-    "hacpo": ("--share", "hacpo"),
-    "cross-fidelity": ("--share", "cross-fidelity"),
-}
-"""the pilot's configurations that exist at commit ab554c1 (benchmarks/matrix.py has the pilot's own list)"""
+CONFIGURATIONS = ("none", "none-g16", "prp", "xgrpo", "sgt", "hacpo", "cross-fidelity")
+"""the pilot's configurations (matrix.PILOT_CONFIGURATIONS) that exist at commit ab554c1"""
 
 PHASES = {   # phase -> (module, qualified name) of the functions timed as it
     "start-up": [("backends", "Team.start")],
@@ -120,7 +108,7 @@ def main() -> None:
     cli = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     cli.add_argument("--seed", type=int, default=900)
     cli.add_argument("--iterations", type=int, default=100)
-    cli.add_argument("--configurations", nargs="+", default=list(CONFIGURATIONS), choices=list(CONFIGURATIONS))
+    cli.add_argument("--configurations", nargs="+", default=list(CONFIGURATIONS), choices=CONFIGURATIONS)
     cli.add_argument("--before", help="a commit to time beside this one, side by side")
     cli.add_argument("--train-args", default="", help="train.py flags added to every run (both commits)")
     cli.add_argument("--out", type=Path, default=ROOT / "results")
@@ -130,6 +118,10 @@ def main() -> None:
     if args.inner:
         instrumented_run(Path(args.inner[0]), args.flags, Path(args.inner[1]))
         return
+    # only here, never in a timed run, which must import its own commit's modules alone
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from matrix import PILOT_CONFIGURATIONS
+    from power import EVALUATION
     with tempfile.TemporaryDirectory(prefix="wall-time-") as tmp:
         work = Path(tmp)
         repos = {"after": ROOT}
@@ -142,8 +134,9 @@ def main() -> None:
             for name in args.configurations:
                 def side(label: str, name=name) -> dict[str, float]:
                     flags = ["--seed", str(args.seed), "--iterations", str(args.iterations), *EVALUATION,
-                             *CONFIGURATIONS[name], *args.train_args.split(), "--runs-dir", str(work / label / "runs"),
-                             "--cache-dir", str(work / label / "cache"), "--name", name]
+                             *PILOT_CONFIGURATIONS[name], *args.train_args.split(),
+                             "--runs-dir", str(work / label / "runs"), "--cache-dir", str(work / label / "cache"),
+                             "--name", name]
                     (work / label).mkdir(exist_ok=True)
                     return run_one(repos[label], flags, work / label / f"{name}.json")
                 with ThreadPoolExecutor(len(repos)) as pool:
