@@ -253,7 +253,7 @@ def default_dtype(device: torch.device) -> torch.dtype:
 def load_tiny_policy(spec: PolicySpec, task_cfg: arith.TaskConfig, seed: int, cache_dir: str | None,
                      warmup_scale: float = 1.0) -> Policy:
     """Build a tiny policy and warm it up, or load its warm-up from the on-disk cache (tiny.py)."""
-    tokenizer = tiny.tiny_tokenizer(spec.family, task_cfg.step_format)
+    tokenizer = tiny.tiny_tokenizer(spec.family, task_cfg.step_format, cache_dir)
     policy = Policy(spec.name, tiny.tiny_model(spec.family, spec.tiny, len(tokenizer), seed), tokenizer,
                     use_chat_template=False)
     tiny.warm_up_cached(policy, spec, task_cfg, seed, cache_dir, warmup_scale)

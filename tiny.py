@@ -21,8 +21,10 @@ from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import tokenizers
 import torch
 import torch.nn.functional as F
+import transformers
 from tokenizers import Tokenizer
 from tqdm import tqdm
 from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, PreTrainedTokenizerFast,
@@ -154,11 +156,21 @@ def full_tokenizer(family: str) -> PreTrainedTokenizerFast:
 
 
 @lru_cache(maxsize=None)
-def tiny_tokenizer(family: str, step_format: str = "line") -> PreTrainedTokenizerFast:
+def tiny_tokenizer(family: str, step_format: str = "line", cache_dir: str | None = None) -> PreTrainedTokenizerFast:
     """The family's packaged tokenizer trimmed to the task vocabulary in `step_format`, with its EOS as the only
-    special token."""
+    special token; the trimmed tokenizer is kept in the on-disk cache, keyed by everything the trim reads (the
+    packaged file, the corpus, the library versions), since trimming costs seconds at every start."""
     eos = PACKAGED_TOKENIZERS[family][2]
-    return wrap_tokenizer(trim_bpe(full_tokenizer_json(family), task_corpus(step_format), keep_special=[eos]), eos)
+    corpus = task_corpus(step_format)
+    key = hashlib.sha256(json.dumps([family, step_format, eos, tokenizers.__version__, transformers.__version__])
+                         .encode() + packaged_tokenizer_path(family).read_bytes() + "\n".join(corpus).encode()
+                         ).hexdigest()[:16]
+    path = cache_root(cache_dir) / "tokenizers" / f"{family}-{step_format}-{key}.json"
+    if path.exists():
+        return wrap_tokenizer(json.loads(path.read_text()), eos)
+    trimmed = trim_bpe(full_tokenizer_json(family), corpus, keep_special=[eos])
+    atomic_write(path, lambda handle: handle.write(json.dumps(trimmed).encode()))
+    return wrap_tokenizer(trimmed, eos)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -229,10 +241,15 @@ def warm_up_cached(policy: Policy, spec: PolicySpec, task_cfg: arith.TaskConfig,
         policy.model.load_state_dict(torch.load(path, map_location="cpu"))
         return
     supervised_warmup(policy, steps, task_cfg, seed, spec.tiny.premature_share)
+    atomic_write(path, lambda handle: torch.save(policy.model.state_dict(), handle))
+
+
+def atomic_write(path: Path, write) -> None:
+    """write(handle) into a temporary file of this call's own, renamed into place: runs that fill one cache entry
+    at once all succeed, and none reads a half-written file."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    # a temporary file of this call's own, renamed into place: runs warming up one policy at once all succeed
     with tempfile.NamedTemporaryFile(dir=path.parent, prefix=path.name, suffix=".tmp", delete=False) as tmp:
-        torch.save(policy.model.state_dict(), tmp)
+        write(tmp)
     Path(tmp.name).replace(path)
 
 

@@ -210,3 +210,15 @@ def test_a_hub_model_offline_fails_within_seconds_saying_what_is_missing(tmp_pat
     with pytest.raises(policies.WeightsUnavailable, match="not in the Hugging Face cache .* unreachable"):
         policies.load_hub_policy(spec, spec.hub_id, torch.device("cpu"), torch.float32)
     assert time.perf_counter() - started < 5
+
+
+def test_the_trimmed_tokenizer_is_cached_and_the_cached_one_is_the_same(tmp_path, monkeypatch, family):
+    fresh = tiny.tiny_tokenizer.__wrapped__(family, "line", str(tmp_path))
+    assert len(list((tmp_path / "tokenizers").glob(f"{family}-line-*.json"))) == 1
+    monkeypatch.setattr(tiny, "trim_bpe", lambda *a, **k: pytest.fail("trimmed again instead of read from the cache"))
+    cached = tiny.tiny_tokenizer.__wrapped__(family, "line", str(tmp_path))
+    assert cached.get_vocab() == fresh.get_vocab() and cached.eos_token == fresh.eos_token
+    assert cached.backend_tokenizer.to_str() == fresh.backend_tokenizer.to_str()
+    monkeypatch.undo()
+    other = tiny.tiny_tokenizer.__wrapped__(family, "prose", str(tmp_path))        # another corpus, another entry
+    assert len(list((tmp_path / "tokenizers").glob(f"{family}-*.json"))) == 2 and other.get_vocab() != fresh.get_vocab()
