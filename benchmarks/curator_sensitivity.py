@@ -30,6 +30,7 @@ import math
 import random
 import sys
 from pathlib import Path
+from typing import Callable, NamedTuple
 
 import torch
 
@@ -150,34 +151,59 @@ def levels_table(run: Path, step: float = coevolution.BanditConfig.step) -> dict
     return out
 
 
-def reach_stability(args: train.Args, redraws: int) -> list[float]:
-    """Per receiver, the mean share of its offers whose band a redraw changed (printed with the max)."""
-    cfg, seed = args.curator_config, args.seed
-    task = tasks.load_task("arith", seed, args.train_size, 0, args.task_config)
-    pols = policies.load_policies(args.pair, "tiny", torch.device("cpu"), args.task_config, seed, args.cache_dir,
-                                  warmup_scale=args.warmup_scale)
-    problems = train.prompt_sampler(seed, 0).sample(task.train, args.prompts_per_iteration)
+class Iteration(NamedTuple):
+    """One iteration of the untrained-by-RL pair (no update): its prompts, each policy's experience, and sample(),
+    which draws a policy's fresh rollouts of the same prompts."""
+    task: tasks.Task
+    problems: list
+    prompts: list[str]
+    experiences: list[sharing.Experience]
+    stats: dict[str, reward_drift.StepStats]
+    sample: Callable
+
+
+def sampled_iteration(args: train.Args, pols: list, iteration: int, generator: torch.Generator) -> Iteration:
+    task = tasks.load_task("arith", args.seed, args.train_size, 0, args.task_config)
+    problems = train.prompt_sampler(args.seed, iteration).sample(task.train, args.prompts_per_iteration)
     prompts = [task.prompt(q) for q in problems]
-    g = torch.Generator().manual_seed(seed)
 
     def sample(p):
-        return p.rollout(prompts, args.group_size, args.max_new_tokens, args.temperature, generator=g)
+        return p.rollout(prompts, args.group_size, args.max_new_tokens, args.temperature, generator=generator)
     experiences = []
     for p in pols:
         out = sample(p)
         rewards = tasks.group_rewards(task, problems, out.texts, args.group_size)
         experiences.append(sharing.Experience(p, prompts, out, rewards, grpo.group_advantages(rewards)))
-    stats = {e.policy.name: reward_drift.StepStats(cfg.step_window) for e in experiences}
+    stats = {e.policy.name: reward_drift.StepStats(args.curator_config.step_window) for e in experiences}
     for e in experiences:
         stats[e.policy.name].add_iteration([s for i, text in enumerate(e.rollouts.texts) for s in
                                             reward_drift.process_rewards(task, problems[i // args.group_size], text)])
+    return Iteration(task, problems, prompts, experiences, stats, sample)
+
+
+def live_offers(it: Iteration, receiver: sharing.Experience) -> list:
+    """The receiver's offers from every peer that could matter (not inert)."""
+    offers = [o for peer in it.experiences if peer is not receiver for i in range(len(peer.rollouts.texts))
+              if (o := diagnosis.make_offer(peer, i, receiver.policy, it.task,
+                                            it.problems[i // peer.rollouts.group_size], it.stats))]
+    return [o for o, idle in zip(offers, curator.inert_offers(offers, receiver.rewards)) if not idle]
+
+
+def load_pair(args: train.Args) -> list:
+    return policies.load_policies(args.pair, "tiny", torch.device("cpu"), args.task_config, args.seed,
+                                  args.cache_dir, warmup_scale=args.warmup_scale)
+
+
+def reach_stability(args: train.Args, redraws: int) -> list[float]:
+    """Per receiver, the mean share of its offers whose band a redraw changed (printed with the max)."""
+    cfg, seed = args.curator_config, args.seed
+    it = sampled_iteration(args, load_pair(args), 0, torch.Generator().manual_seed(seed))
+    task, prompts, experiences, sample = it.task, it.prompts, it.experiences, it.sample
     rng, out = random.Random(seed), []
     for receiver in experiences:
         q = receiver.policy
         params = reachability.parameter_subset(q.model, cfg.reach_subset)
-        offers = [o for peer in experiences if peer is not receiver for i in range(len(peer.rollouts.texts))
-                  if (o := diagnosis.make_offer(peer, i, q, task, problems[i // args.group_size], stats))]
-        offers = [o for o, idle in zip(offers, curator.inert_offers(offers, receiver.rewards)) if not idle]
+        offers = live_offers(it, receiver)
         norms = reachability.step_norms(q, [(q.encode_prompt(prompts[o.prompt_index]), o.tgt.ids, o.ranges)
                                             for o in offers], params)
         pool = [torch.cat(reachability.step_norms(q, reachability.own_steps(
