@@ -677,3 +677,16 @@ def test_the_reach_redraw_runs_on_the_tiny_pair(tmp_path, cache_dir, capsys):
     changed = curator_sensitivity.reach_stability(tiny_args(tmp_path, cache_dir), redraws=2)
     assert len(changed) == 2 and all(0 <= c <= 1 for c in changed)
     assert capsys.readouterr().out.count("redrawing half of the calibration sample") == 2
+
+
+def test_reach_subset_measures_each_subset_against_all(tmp_path, cache_dir):
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import reach_subset
+    out = reach_subset.measure(tiny_args(tmp_path, cache_dir), iterations=1, subsets=["all", "last:1"], repeats=1)
+    for name in ("qwen", "llama"):
+        full, last = out["rows"][(name, "all")], out["rows"][(name, "last:1")]
+        assert len(full) == len(last) > 0 and [r[2] for r in full] == [r[2] for r in last]   # only CCM differs
+        assert out["seconds"][(name, "last:1")] > 0
+    assert reach_subset.spearman([1, 2, 2, 3], [10, 20, 20, 30]) == pytest.approx(1.0)     # ties share a rank
+    assert reach_subset.spearman([1, 2, 3], [3, 2, 1]) == pytest.approx(-1.0)
+    assert reach_subset.average_ranks([5.0, 1.0, 5.0]).tolist() == [1.5, 0.0, 1.5]
