@@ -4,20 +4,20 @@ Thresholds. "A more aggressive sharing level" means raised (theta1, theta2) (DES
 reach the finer levels. Per source -> receiver pair and context, a ladder of levels L = 0, 1, ..., 1/step gives
     theta(L) = (theta1_0 + L step, theta2_0 + L step),
 raised from the iteration's level-0 thresholds (the receiver's calibration sample's, term_scales.py, or the fixed
-ones given); at L = 1/step every D, which is at most 1, is below both. The context is the pair and its capability gap (the source's
-mean training reward minus the receiver's, in three buckets): a stronger source's trajectories carry more phantom
-advantage, so the level that pays need not be the same. Each cycle an epsilon-greedy bandit plays the context's
-level, or with probability epsilon a neighbour (up or down, half each). A level earns its place by a measured gain:
-the receiver's mean reward on the rollouts the cycle's update produced, minus what its own recent trend predicts
-(a line through its last `trend_window` rewards), so training progress that would have come anyway is not
-credited to the thresholds. While a context stays at one level, the cycles it plays there and at its neighbours
+ones given); at L = 1/step every D, which is at most 1, is below both. The context is the pair and its capability
+gap (the source's mean training reward minus the receiver's, in three buckets): a stronger source's trajectories
+carry more phantom advantage, so the level that pays need not be the same. Each cycle an epsilon-greedy bandit plays
+the context's level, or with probability epsilon a neighbour (up or down, half each). A level earns its place by a
+measured gain: the receiver's mean reward on the rollouts the cycle's update produced, minus what its own recent
+trend predicts (a line through its last `trend_window` rewards), so training progress that would have come anyway is
+not credited to the thresholds. While a context stays at one level, the cycles it plays there and at its neighbours
 are a randomized comparison against one trend; their gains are its evidence, cleared when the level moves. The
-context moves up when the level above has gained more than the current one by `gain_z` standard errors, and down
-as soon as the level below has gained as much as the current one: a raise is undone when its gain goes. A guard
-still judges each cycle on three signals of the receiver (its update's KL to the policy before it, its gradient
-norm, and its rollouts' reward std, each against mean + z std of its own last `window` values); a trip backs the
-context off one level below what was played. The verdict on cycle t waits for iteration t+1's rollouts
-(`updated`, then `judge`). Every pair into a receiver shares its gains and its guard.
+context moves up when the level above has gained more than the current one by `gain_z` standard errors, and down as
+soon as the level below has gained as much as the current one: a raise is undone when its gain goes. A guard still
+judges each cycle on three signals of the receiver (its update's KL to the policy before it, its gradient norm, and
+its rollouts' reward std, each against mean + z std of its own last `window` values); a trip backs the context off
+one level below what was played. The verdict on cycle t waits for iteration t+1's rollouts (`updated`, then
+`judge`). Every pair into a receiver shares its gains and its guard.
 
 Predictor. A softmax regression in plain torch over cheap features (curator.py) predicts the admission band
 (PRP, XGRPO, SGT) of a trajectory before its expensive diagnosis (the per-step gradient norms). It is refitted

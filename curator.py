@@ -3,15 +3,16 @@
 The degradation of a trajectory moved from a source policy to a receiver (DESIGN.md §4.1: the proposal's F grows
 with degradation, so it is called D here and fidelity is 1 - D):
     D = l1 s_TBD(1 - S_TBD) + l2 s_CCM(P) + l3 s_RSD(D_RSD),      l1 + l2 + l3 = 1,
-each term a mean over the trajectory's steps (diagnosis.py) put on one scale by its distribution over the
-receiver's diagnosed offers of its last `calibration_window` iterations (term_scales.py), so equal weights give equal
+each term a mean over the trajectory's steps (diagnosis.py) put on one scale by its distribution over the receiver's
+diagnosed offers of its last `calibration_window` iterations (term_scales.py), so equal weights give equal
 influence. Admission is on the diagnosis D: D < theta1 PRP (its tokens, with repaired per-token credit and truncated
 density ratios); theta1 <= D < theta2 XGRPO (its reward joins the receiver's group on that prompt); D >= theta2 SGT
-(it crosses only as a verified success on a prompt the receiver's whole group failed), else rejected. The
-thresholds give each level a third of the same offers, for the run's own weights, ablations included. Whatever crosses as tokens is repaired (diagnosis.step_credit):
-admission reads the diagnosis, not what the repair leaves, because the repairs cannot be scored honestly: the TBD
-repair does not undo the credit a straddling token mixes, and attenuating an unreachable step removes its signal
-along with its harm (DESIGN.md §4.10). The levels nest: a verified rescue crosses at every level.
+(it crosses only as a verified success on a prompt the receiver's whole group failed), else rejected. The thresholds
+give each level a third of the same offers, for the run's own weights, ablations included. Whatever crosses as
+tokens is repaired (diagnosis.step_credit): admission reads the diagnosis, not what the repair leaves, because the
+repairs cannot be scored honestly: the TBD repair does not undo the credit a straddling token mixes, and attenuating
+an unreachable step removes its signal along with its harm (DESIGN.md §4.10). The levels nest: a verified rescue
+crosses at every level.
 
 An offer that could change nothing at any level is inert and is not diagnosed: every reward on its prompt, the
 receiver's own and every offer's, is the same, so it carries no advantage, rescues nothing, and moves no baseline.
@@ -64,7 +65,7 @@ class CuratorConfig:
     `calibration_window` iterations (term_scales.py); none: raw terms, and theta1, theta2 must be given"""
     calibration_window: int = 8
     """iterations of the receiver's diagnosed offers, the current one included, that scale the terms and set the
-    default thresholds (about 900 offers on the tiny pair)"""
+    default thresholds"""
     admission: str = "diagnosis"
     """diagnosis: each offer at the band of its D; random: the bands permuted among each source's offers"""
     ccm_beta: float = 1.0

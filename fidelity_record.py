@@ -68,7 +68,8 @@ def offer_record(offer: Offer, scored: Score | None, level: str, crossed: str, r
               "hot": [t for t in TERMS if k in hot[t]]} for k, (a, b) in enumerate(offer.steps)]
     return {"source": offer.source.policy.name, "index": offer.index, "prompt": offer.prompt_index,
             "reward": offer.reward, "advantage": offer.advantage, "level": level, "crossed": crossed, "reason": reason, "repairs": [],
-            **(credit or {}), "theta": list(theta) if theta else None, "predicted": LEVELS[predicted] if predicted >= 0 else None,
+            **(credit or {}), "theta": list(theta) if theta else None,
+            "predicted": LEVELS[predicted] if predicted >= 0 else None,
             "predicted_prob": prob, "skipped": skipped, "tbd_jaccard": offer.jaccard,
             **(dataclasses.asdict(scored) if scored else {}), "text": text, "steps": steps,
             "tbd_bytes": tbd_bytes(offer)}

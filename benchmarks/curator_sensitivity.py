@@ -93,7 +93,7 @@ def window_rows(run: Path, thresholds: str) -> tuple[list[dict], int, torch.Tens
     """A run's records, its calibration window, its weights [3] and each (receiver, iteration)'s diagnosed terms;
     refused unless the run's thresholds came from its window (and are `thresholds`: fixed or adaptive)."""
     records, config = read(run)
-    if config.get("thresholds") != thresholds or config.get("theta1") is not None or config.get("calibration") != "window":
+    if (config.get("thresholds"), config.get("theta1"), config.get("calibration")) != (thresholds, None, "window"):
         raise SystemExit(f"{run}: needs a run with --calibration window, --thresholds {thresholds} and no --theta1")
     weights = torch.tensor(list(fidelity_record.run_weights(config).values()), dtype=torch.float64)
     rows: dict[tuple[str, int], list[tuple]] = {}
@@ -113,7 +113,8 @@ def window_stability(run: Path, every: int = 5, seed: int = 0) -> None:
             return [row for i in range(lo, hi + 1) for row in rows.get((receiver, i), [])]
         logged_ok, changed = [], {"earlier": [], "bootstrap": []}
         for t in range(2 * width, last + 1, every):
-            sample, earlier, current = span(t - width + 1, t), span(t - 2 * width + 1, t - width), rows.get((receiver, t), [])
+            sample, earlier = span(t - width + 1, t), span(t - 2 * width + 1, t - width)
+            current = rows.get((receiver, t), [])
             if not current or len(sample) < 4:
                 continue
             base = bands_under(sample, current, weights)
@@ -146,8 +147,8 @@ def levels_table(run: Path, step: float = coevolution.BanditConfig.step) -> dict
     for pair, by_iteration in played.items():
         levels = [by_iteration[t] for t in sorted(by_iteration)]
         out[pair] = levels
-        print(f"| {pair[0]} -> {pair[1]} | {len(levels)} | {levels[-1]} (iteration {max(by_iteration)}) | {max(levels)} "
-              f"| {sum(levels) / len(levels):.2f} | {sum(v == 0 for v in levels) / len(levels):.0%} |")
+        print(f"| {pair[0]} -> {pair[1]} | {len(levels)} | {levels[-1]} (iteration {max(by_iteration)}) "
+              f"| {max(levels)} | {sum(levels) / len(levels):.2f} | {sum(v == 0 for v in levels) / len(levels):.0%} |")
     return out
 
 

@@ -332,8 +332,8 @@ def test_a_cross_fidelity_run_logs_decisions_that_follow_its_own_rules(tmp_path,
     assert all(math.isfinite(r["losses/policy_loss"]) and "fidelity/admitted_prp" in r and r["losses/update_kl"] >= 0
                for r in updates)
     assert all("fidelity/guard_tripped" in r for r in updates if r["iteration"] == 2)   # iteration 1 judged then
-    assert all(r[f"fidelity/threshold_level/{source}"] >= 0 for r in updates for source in {"qwen", "llama"} - {r["policy"]}
-               if pair == "qwen-llama")
+    assert all(r[f"fidelity/threshold_level/{source}"] >= 0 for r in updates if pair == "qwen-llama"
+               for source in {"qwen", "llama"} - {r["policy"]})
     assert records and all(r["receiver"] != r["source"] and r["iteration"] in (1, 2) for r in records)
     for r in (r for r in records if "D" in r):
         assert 0 <= r["D"] <= 1 + 1e-9 and {"tbd", "ccm", "rsd"} == set(r["terms"]) == set(r["scaled"])
