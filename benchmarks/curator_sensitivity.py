@@ -134,13 +134,16 @@ def window_stability(run: Path, every: int = 5, seed: int = 0) -> None:
 def levels_table(run: Path, step: float = coevolution.BanditConfig.step) -> dict[tuple[str, str], list[int]]:
     """Per source -> receiver, the level played at each iteration where it diagnosed an offer."""
     records, width, weights, rows = window_rows(run, "adaptive")
+    scored: dict[tuple[str, int], list[dict]] = {}
+    for r in records:
+        if "band" in r:
+            scored.setdefault((r["receiver"], r["iteration"]), []).append(r)
     played: dict[tuple[str, str], dict[int, int]] = {}
     for (receiver, t) in sorted(rows):
         sample = [row for i in range(t - width + 1, t + 1) for row in rows.get((receiver, i), [])]
         base = term_scales.Calibration(tuple(sample)).thresholds(weights)[0]
-        for r in records:
-            if r["receiver"] == receiver and r["iteration"] == t and "band" in r:
-                played.setdefault((r["source"], receiver), {})[t] = round((r["theta"][0] - base) / step)
+        for r in scored.get((receiver, t), []):
+            played.setdefault((r["source"], receiver), {})[t] = round((r["theta"][0] - base) / step)
     print("| source -> receiver | iterations | level at the last | highest | mean | iterations at level 0 |\n"
           "|---|---|---|---|---|---|")
     out = {}
