@@ -6,7 +6,8 @@
 
 Each (configuration, seed) trains as runs/SET-CONFIGURATION-sSEED (power.train_run: one thread, resumed where
 its directory exists, skipped where it is complete), several at a time, each seed's configurations together so
-that a partial grid is still paired. A run whose summary exists is never run again; a killed run resumes from
+that a partial grid is still paired. Each seed's tiny warm-ups are made once, by a job of their own (one thread,
+as the runs), started two seeds ahead, so that its configurations do not all make them at once. A run whose summary exists is never run again; a killed run resumes from
 its checkpoint, and only a complete run writes its summary, OUT/CONFIGURATION-sSEED.json, so no run counts
 twice. With --commit the runner commits each summary as it lands.
 
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -122,6 +124,45 @@ def summary_path(out: Path, configuration: str, seed: int) -> Path:
 
 
 Train = Callable[[str, list[str], int, Path], tuple[bool, str]]
+WarmUp = Callable[[str, int, Path], str]
+
+
+def warm_up(set_name: str, seed: int, runs_dir: Path) -> str:
+    """Fill the warm-up cache for `seed` under the set's flags, in a process of one thread as the runs are (the
+    warm-up's float sums depend on the thread count). Returns a line for the log."""
+    log = runs_dir / f"{set_name}-warm-up-s{seed}.log"
+    with open(log, "a") as f:
+        code = subprocess.run([sys.executable, __file__, "--set", set_name, "--warm-up", str(seed)], stdout=f,
+                              stderr=subprocess.STDOUT, cwd=ROOT,
+                              env={**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}).returncode
+    return f"warm-up of seed {seed}: {'done' if code == 0 else f'FAILED (exit {code}), see {log}'}"
+
+
+def fill_warm_up_cache(set_name: str, seed: int) -> None:
+    """Build the set's policies for `seed` as train.py would, which warms tiny ones up into the cache."""
+    import torch
+    import tyro
+
+    import hardware
+    import policies
+    from train import Args
+    torch.set_num_threads(1)
+    args = tyro.cli(Args, args=[*SETS[set_name].shared, "--seed", str(seed)])
+    scale = args.scale or policies.default_scale()
+    if scale == "tiny":
+        devices = [torch.device("cpu")] * len(policies.preset(args.pair, scale))
+        hardware.build_policies(args.policy_setup(scale), devices, args.task_config)
+
+
+def schedule(configurations: list[str], seeds: list[int]) -> list[tuple[str | None, int]]:
+    """The jobs in the order they start: (None, seed) a seed's warm-up, (configuration, seed) a run. The first two
+    seeds' warm-ups lead; the warm-up of seed i + 2 follows the first run of seed i, so that it is ready before
+    seed i + 2's runs start."""
+    jobs: list[tuple[str | None, int]] = [(None, s) for s in seeds[:2]]
+    for i, seed in enumerate(seeds):
+        runs = [(c, seed) for c in configurations]
+        jobs += runs[:1] + [(None, s) for s in seeds[i + 2:i + 3]] + runs[1:]
+    return jobs
 
 
 def run_one(set_name: str, configuration: str, seed: int, runs_dir: Path, out: Path, commit: bool,
@@ -153,20 +194,34 @@ def run_one(set_name: str, configuration: str, seed: int, runs_dir: Path, out: P
 
 
 def run_set(set_name: str, configurations: list[str], seeds: list[int], jobs: int, runs_dir: Path, out: Path,
-            commit: bool, train: Train = power.train_run, repo: Path = ROOT) -> Iterator[str]:
-    """Every (configuration, seed), `jobs` at a time, seed by seed; yields the log lines in that order."""
+            commit: bool, train: Train = power.train_run, repo: Path = ROOT, warm: WarmUp = warm_up
+            ) -> Iterator[str]:
+    """Every (configuration, seed), `jobs` at a time, seed by seed, each seed's warm-up ahead of its runs
+    (`schedule`); yields the log lines in that order."""
     unknown = sorted(set(configurations) - set(SETS[set_name].configurations))
     if unknown:
         raise ValueError(f"{unknown} are not configurations of set {set_name}: {sorted(SETS[set_name].configurations)}")
     code_commit(repo)   # a dirty tree stops the set before any run starts
     runs_dir.mkdir(parents=True, exist_ok=True)
     out.mkdir(parents=True, exist_ok=True)
-    grid = [(c, s) for s in seeds for c in configurations]
+    warmed = {seed: threading.Event() for seed in seeds}
+    pending = {seed for seed in seeds
+               if not all(summary_path(out, c, seed).exists() for c in configurations)}
+
+    def job(configuration: str | None, seed: int) -> str:
+        if configuration is None:
+            try:
+                return warm(set_name, seed, runs_dir) if seed in pending else f"warm-up of seed {seed}: not needed"
+            finally:
+                warmed[seed].set()
+        warmed[seed].wait()
+        return run_one(set_name, configuration, seed, runs_dir, out, commit, train, repo)
     with ThreadPoolExecutor(jobs) as pool:
-        yield from pool.map(lambda job: run_one(set_name, *job, runs_dir, out, commit, train, repo), grid)
+        yield from pool.map(lambda j: job(*j), schedule(configurations, seeds))
 
 
-def main(argv: list[str] | None = None, train: Train = power.train_run, repo: Path = ROOT) -> None:
+def main(argv: list[str] | None = None, train: Train = power.train_run, repo: Path = ROOT, warm: WarmUp = warm_up
+         ) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--set", choices=sorted(SETS), default="pilot")
     parser.add_argument("--configurations", nargs="+", default=None, help="a subset of the set's (default: all)")
@@ -175,10 +230,15 @@ def main(argv: list[str] | None = None, train: Train = power.train_run, repo: Pa
     parser.add_argument("--runs-dir", type=Path, default=ROOT / "runs")
     parser.add_argument("--out", type=Path, default=None, help="where summaries go (default: results/SET)")
     parser.add_argument("--commit", action="store_true", help="git-commit each summary as it lands")
+    parser.add_argument("--warm-up", type=int, default=None, metavar="SEED",
+                        help="only fill the warm-up cache for SEED (what the runner starts ahead of a seed's runs)")
     args = parser.parse_args(argv)
+    if args.warm_up is not None:
+        return fill_warm_up_cache(args.set, args.warm_up)
     matrix = SETS[args.set]
     for line in run_set(args.set, args.configurations or list(matrix.configurations), args.seeds or list(matrix.seeds),
-                        args.jobs, args.runs_dir, args.out or repo / "results" / args.set, args.commit, train, repo):
+                        args.jobs, args.runs_dir, args.out or repo / "results" / args.set, args.commit, train, repo,
+                        warm):
         print(line, flush=True)
 
 

@@ -14,6 +14,12 @@ all (the last segment cut by interpolation), over that cost. The seeds the matri
 difference at the SD's upper 80% confidence bound, sd sqrt((n - 1) / chi2_0.2(n - 1)), by the paired t-test's
 approximation n >= ((t_{1-alpha/2} + t_power) sd / 2)^2, t with n - 1 degrees of freedom.
 
+The two hypotheses, per policy, each called supported, refuted or not resolved (results/preregistration.md):
+H1 by the primary contrast cross-fidelity - sgt: supported where Holm rejects 0 with a positive mean, refuted
+where the 95% interval lies below the proposal's smallest hoped gain (2 points). H2 by the ratio of training reward
+variances cross-fidelity / sgt: the geometric mean of the per-seed ratios with its 95% bootstrap interval,
+supported where the interval lies below 0.7, refuted where it lies above.
+
 Runs are paired only within one class of metric-equivalent commits: each summary lists the commits its sittings
 trained at, and FOLDER/equivalent-commits.txt declares classes (a line of commit hashes, a comment after #).
 """
@@ -35,6 +41,10 @@ GRPO_BUDGETS = ("none", "none-g16")
 PRIMARY = (("cross-fidelity", "sgt"), ("cross-fidelity", "cross-fidelity-random"), ("cross-fidelity", GRPO_BUDGETS))
 """the pre-registered primary contrasts A - B (results/preregistration.md); a tuple B is the better of its
 configurations"""
+H1 = ("cross-fidelity", "sgt", 2.0)
+"""H1 (the proposal's "Expected results"): cross-fidelity above the best static level, SGT, by 2-4 points"""
+H2 = ("cross-fidelity", "sgt", 0.7)
+"""H2: cross-fidelity's training reward variance at most 0.7 times SGT's (a reduction of 30% or more)"""
 VIEWS = {"auc": None, "equal update tokens": "update_tokens", "equal wall time": "iteration_s"}
 """each view of a contrast, and the cost its runs are compared at (None: the primary metric, over iterations)"""
 EQUIVALENCE_FILE = "equivalent-commits.txt"
@@ -250,7 +260,37 @@ def analyze(summaries: list[dict], cfg: AnalysisConfig = AnalysisConfig()) -> di
             means = bootstrap_means(list(row["differences"].values()), cfg.resamples, cfg.bootstrap_seed)
             row.update(holm_p=p, holm_interval=percentile_interval(means, 1 - level), holm_rejected=reject)
         out["contrasts"][view] = rows
+    out["hypotheses"] = [row for policy in policies for row in hypotheses(by_config, out["contrasts"]["auc"],
+                                                                          policy, cfg)]
     return out
+
+
+def hypotheses(by_config: dict, auc_rows: list[dict], policy: str, cfg: AnalysisConfig) -> list[dict]:
+    """H1 and H2 for `policy`, where both of their configurations ran on at least two common seeds."""
+    rows = []
+    a, b, gain = H1
+    h1 = [r for r in auc_rows if r["contrast"] == f"{a} - {b}" and r["policy"] == policy]
+    if h1:
+        r = h1[0]
+        verdict = ("supported" if r["holm_rejected"] and r["mean"] > 0 else
+                   "refuted" if r["interval"][1] < gain else "not resolved")
+        rows.append({"hypothesis": "H1", "policy": policy, "estimate": r["mean"], "interval": r["interval"],
+                     "seeds": len(r["differences"]), "verdict": verdict})
+    a, b, bound = H2
+    common = sorted(set(by_config.get(a, {})) & set(by_config.get(b, {})))
+    if len(common) >= 2:
+        ratios = [by_config[a][s]["policies"][policy]["reward_variance"]
+                  / by_config[b][s]["policies"][policy]["reward_variance"] for s in common]
+        if not all(math.isfinite(x) and x > 0 for x in ratios):
+            raise ValueError(f"H2 for {policy}: a reward variance ratio is not positive and finite ({ratios}); "
+                             f"every run needs at least two iterations with distinct training rewards")
+        means = bootstrap_means([math.log(x) for x in ratios], cfg.resamples, cfg.bootstrap_seed)
+        low, high = (math.exp(x) for x in percentile_interval(means, 1 - cfg.alpha))
+        verdict = "supported" if high < bound else "refuted" if low > bound else "not resolved"
+        rows.append({"hypothesis": "H2", "policy": policy,
+                     "estimate": math.exp(sum(math.log(x) for x in ratios) / len(ratios)), "interval": (low, high),
+                     "seeds": len(common), "verdict": verdict})
+    return rows
 
 
 def better(candidates: tuple[str, ...], by_config: dict, out: dict, policy: str) -> str:
@@ -291,6 +331,13 @@ def markdown(result: dict) -> str:
                          f"| [{r['interval'][0]:+.2f}, {r['interval'][1]:+.2f}] | {r['p']:.3f} | {r['holm_p']:.3f} "
                          f"| [{r['holm_interval'][0]:+.2f}, {r['holm_interval'][1]:+.2f}] | {r['holm_rejected']} "
                          f"| {r['sd_upper']:.2f} | {r['seeds_for_matrix']} |")
+    lines += ["", "## Hypotheses\n",
+              f"H1: {H1[0]} - {H1[1]}, points (hoped: +{H1[2]:g} or more). H2: reward variance {H2[0]} / {H2[1]}, "
+              f"geometric mean over seeds (hoped: below {H2[2]:g}).\n",
+              "| hypothesis | policy | seeds | estimate | 95% interval | verdict |", "|---|---|---|---|---|---|"]
+    for h in result["hypotheses"]:
+        lines.append(f"| {h['hypothesis']} | {h['policy']} | {h['seeds']} | {h['estimate']:+.3f} "
+                     f"| [{h['interval'][0]:+.3f}, {h['interval'][1]:+.3f}] | {h['verdict']} |")
     return "\n".join(lines) + "\n"
 
 

@@ -102,17 +102,76 @@ class FakeTrain:
         return True, f"{name}: finished"
 
 
+def no_warm_up(set_name, seed, runs_dir):
+    return f"warmed {seed}"
+
+
+def test_each_seeds_warm_up_runs_once_before_its_runs_and_ahead_of_them():
+    jobs = matrix.schedule(["a", "b", "c"], [1, 2, 3, 4])
+    assert jobs == [(None, 1), (None, 2), ("a", 1), (None, 3), ("b", 1), ("c", 1), ("a", 2), (None, 4), ("b", 2),
+                    ("c", 2), ("a", 3), ("b", 3), ("c", 3), ("a", 4), ("b", 4), ("c", 4)]
+    assert matrix.schedule(["a"], [5]) == [(None, 5), ("a", 5)]
+
+
+def test_a_run_waits_for_its_seeds_warm_up(repo, tmp_path, monkeypatch):
+    # two jobs at a time: seed 1's first run starts while seed 1's warm-up still runs, and must wait for it
+    import threading
+    import time
+    monkeypatch.setitem(matrix.SETS, "t", matrix.MatrixSet({"a": ()}, (1, 2), (), iterations=10))
+    events, lock = [], threading.Lock()
+
+    def warm(set_name, seed, runs_dir):
+        time.sleep(0.3 if seed == 1 else 0.0)
+        with lock:
+            events.append(("warm", seed))
+        return ""
+
+    def train(name, flags, iterations, runs_dir):
+        with lock:
+            events.append(("run", name))
+        write_metrics(runs_dir / name, 0, iterations)
+        return True, ""
+    list(matrix.run_set("t", ["a"], [1, 2], 2, tmp_path / "runs", tmp_path / "out", False, train, repo, warm))
+    assert events.index(("warm", 1)) < events.index(("run", "t-a-s1"))
+    assert events.index(("warm", 2)) < events.index(("run", "t-a-s2"))
+    assert sorted(events) == [("run", "t-a-s1"), ("run", "t-a-s2"), ("warm", 1), ("warm", 2)]
+
+
+def test_the_warm_up_job_fills_the_cache_a_run_then_reads(tmp_path, monkeypatch):
+    import torch
+
+    import tiny
+    import train as training
+    import tyro
+    shared = ("--warmup-scale", "0.02", "--cache-dir", str(tmp_path / "cache"), "--eval-size", "8",
+              "--prompts-per-iteration", "2", "--group-size", "2", "--max-new-tokens", "8", "--train-size", "50")
+    monkeypatch.setitem(matrix.SETS, "t", matrix.MatrixSet({"a": ()}, (3,), shared, iterations=1))
+    threads = torch.get_num_threads()
+    try:
+        matrix.main(["--set", "t", "--warm-up", "3"])
+    finally:
+        torch.set_num_threads(threads)
+    assert len(list((tmp_path / "cache" / "warmup").glob("*.pt"))) == 2
+
+    def no_second_warm_up(*args):
+        raise AssertionError("the run warmed up again")
+    monkeypatch.setattr(tiny, "supervised_warmup", no_second_warm_up)
+    args = tyro.cli(training.Args, args=[*shared, "--seed", "3", "--iterations", "1",
+                                          "--runs-dir", str(tmp_path / "runs"), "--no-tensorboard"])
+    assert (training.main(args) / "metrics.jsonl").exists()
+
+
 def test_a_killed_run_resumes_and_is_summarized_once_and_a_finished_one_never_reruns(repo, tmp_path, monkeypatch):
     monkeypatch.setitem(matrix.SETS, "t", matrix.MatrixSet({"a": ("--share", "prp")}, (7,), ("--eval-every", "10"),
                                                            iterations=40))
     runs, out = tmp_path / "runs", repo / "results" / "t"
     train = FakeTrain(dies_at=20)
-    first = list(matrix.run_set("t", ["a"], [7], 1, runs, out, True, train, repo))
-    assert first == ["t-a-s7: FAILED"] and not (out / "a-s7.json").exists()
+    first = list(matrix.run_set("t", ["a"], [7], 1, runs, out, True, train, repo, no_warm_up))
+    assert first == ["warmed 7", "t-a-s7: FAILED"] and not (out / "a-s7.json").exists()
     (repo / "code.py").write_text("x = 3\n")               # a fix between the two sittings
     subprocess.run(["git", "-C", str(repo), "commit", "-qam", "fix"], check=True)
-    second = list(matrix.run_set("t", ["a"], [7], 1, runs, out, True, train, repo))
-    assert second == [f"t-a-s7: finished; summary {out / 'a-s7.json'}"]
+    second = list(matrix.run_set("t", ["a"], [7], 1, runs, out, True, train, repo, no_warm_up))
+    assert second == ["warmed 7", f"t-a-s7: finished; summary {out / 'a-s7.json'}"]
     assert train.calls[1] == ("t-a-s7", ["--share", "prp", "--seed", "7", "--eval-every", "10"])
     summary = json.loads((out / "a-s7.json").read_text())
     assert [i for i, _ in summary["policies"]["p"]["heldout"]] == [0, 10, 20, 30, 40]   # each evaluation once
@@ -125,10 +184,10 @@ def test_a_killed_run_resumes_and_is_summarized_once_and_a_finished_one_never_re
     fix, code = git_log(repo, "--", "code.py")[:2]
     assert summary["commits"] == [code.split()[0], fix.split()[0]]                     # both sittings
     assert git_log(repo)[0].split(maxsplit=1)[1] == "t: a seed 7"                      # committed as it landed
-    third = list(matrix.run_set("t", ["a"], [7], 1, runs, out, True, train, repo))
-    assert third == ["a-s7.json: summarized already"] and len(train.calls) == 2
+    third = list(matrix.run_set("t", ["a"], [7], 1, runs, out, True, train, repo, no_warm_up))
+    assert third == ["warm-up of seed 7: not needed", "a-s7.json: summarized already"] and len(train.calls) == 2
     with pytest.raises(ValueError, match="not configurations"):
-        list(matrix.run_set("t", ["b"], [7], 1, runs, out, False, train, repo))
+        list(matrix.run_set("t", ["b"], [7], 1, runs, out, False, train, repo, no_warm_up))
 
 
 def test_a_run_that_logged_an_evaluation_twice_is_refused(tmp_path):
@@ -233,6 +292,39 @@ def test_the_seed_rule_by_hand():
     assert (t(0.975, n - 2) + t(0.8, n - 2)) * 3.6 / math.sqrt(n - 1) > 2
 
 
+def verdicts(cf_auc, sgt_auc, cf_variance, sgt_variance):
+    """The hypotheses' verdicts of policy p for cross-fidelity and sgt runs with these per-seed values."""
+    runs = []
+    for seed, values in enumerate(zip(cf_auc, sgt_auc, cf_variance, sgt_variance), start=1001):
+        for name, auc, variance in (("cross-fidelity", values[0], values[2]), ("sgt", values[1], values[3])):
+            runs.append(summary(name, seed, auc))
+            runs[-1]["policies"]["p"]["reward_variance"] = variance
+    rows = analysis.analyze(runs, analysis.AnalysisConfig(resamples=20_000))["hypotheses"]
+    return {h["hypothesis"]: (h["verdict"], h["estimate"], tuple(h["interval"])) for h in rows if h["policy"] == "p"}
+
+
+def test_the_hypotheses_verdicts_by_hand():
+    # cross-fidelity 3 points above sgt on every seed: every resample's mean is 3, p = 0, Holm rejects: supported.
+    # Variance ratios all 0.5: the interval is [0.5, 0.5], below 0.7: supported
+    h = verdicts([43.0] * 4, [40.0] * 4, [0.01] * 4, [0.02] * 4)
+    assert h["H1"] == ("supported", pytest.approx(3.0), pytest.approx((3.0, 3.0)))
+    assert h["H2"] == ("supported", pytest.approx(0.5), pytest.approx((0.5, 0.5)))
+    # differences -1, 0, 1, 0: the interval lies within [-1, 1], below the hoped 2 points: refuted. Ratios 0.8 and
+    # 1.25 alternate: geometric mean 1, every resampled mean of the logs within [log 0.8, log 1.25], above 0.7
+    h = verdicts([39.0, 40.0, 41.0, 40.0], [40.0] * 4, [0.016, 0.025] * 2, [0.02] * 4)
+    assert h["H1"][0] == "refuted" and h["H1"][2][0] >= -1.0 and h["H1"][2][1] <= 1.0
+    assert h["H2"][0] == "refuted" and h["H2"][1] == pytest.approx(1.0)
+    # differences -5 and +10; ratios 0.5 and 1.0: both intervals straddle their bound, [-5, 10] and [0.5, 1.0]
+    h = verdicts([35.0, 50.0], [40.0, 40.0], [0.01, 0.02], [0.02, 0.02])
+    assert h["H1"] == ("not resolved", pytest.approx(2.5), pytest.approx((-5.0, 10.0)))
+    assert h["H2"] == ("not resolved", pytest.approx(math.sqrt(0.5)), pytest.approx((0.5, 1.0)))
+
+
+def test_a_zero_reward_variance_is_refused_by_name():
+    with pytest.raises(ValueError, match="H2 for p: a reward variance ratio"):
+        verdicts([40.0, 41.0], [40.0, 40.0], [0.0, 0.01], [0.02, 0.02])
+
+
 def test_runs_at_commits_not_declared_equivalent_are_not_paired(tmp_path):
     write_summaries(tmp_path, [summary("sgt", 1, 40.0, ["c1"]), summary("cross-fidelity", 1, 42.0, ["c1", "c2"])])
     with pytest.raises(ValueError, match="not declared metric-equivalent"):
@@ -272,8 +364,10 @@ def test_eval_matrix_writes_the_analysis_from_summaries_alone(tmp_path):
 def test_the_matrix_command_line_runs_the_set_it_names(repo, tmp_path):
     # the README's command, on one configuration and seed of the pilot, training faked
     train = FakeTrain()
+    warmed = []
     matrix.main(["--set", "pilot", "--jobs", "2", "--commit", "--configurations", "graft", "--seeds", "1001",
-                 "--runs-dir", str(tmp_path / "runs")], train, repo)
+                 "--runs-dir", str(tmp_path / "runs")], train, repo, lambda *job: warmed.append(job) or "")
+    assert warmed == [("pilot", 1001, tmp_path / "runs")]
     assert train.calls == [("pilot-graft-s1001", ["--share", "graft", "--seed", "1001", *matrix.SETS["pilot"].shared])]
     assert matrix.SETS["pilot"].shared[-2:] == ("--minibatches", "2")
     assert json.loads((repo / "results" / "pilot" / "graft-s1001.json").read_text())["seed"] == 1001
