@@ -3,7 +3,7 @@
 
 One class holds a policy's work, `PolicyWorker`: its model, optimizer and KL reference; its rollouts and their
 rewards (a code task's sandbox runs where the policy is); its side of the exchange (its own part of
-sharing.exchange or graft.exchange, or the receiver's side of curation, receiver.py); its update, its evaluation
+sharing.exchange or graft.exchange, or the receiver's side of curation, diagnosis.ReceiverSide); its update, its evaluation
 and its part of each checkpoint. `LocalHandle` calls it in this process and returns results; ray_team.RayHandle calls its actor and
 returns futures. `get` turns either into results, and a future passed to another policy's method is resolved there, so
 under Ray a policy's trajectories go to its peers from its actor's object store.
@@ -37,13 +37,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 import checkpoint
+import diagnosis
 import eval as evaluation
 import graft
 import grpo
 import hardware
 import lora
 import policies
-import receiver
 import sharing
 import tasks
 
@@ -103,7 +103,7 @@ class PolicyWorker:
         self.rollouts: policies.Rollouts | None = None
         self.experience: sharing.Experience | None = None
         self.shared: list[sharing.Experience] = []
-        self.side: receiver.ReceiverSide | None = None
+        self.side: diagnosis.ReceiverSide | None = None
         self.received: sharing.Received | None = None
 
     def __repr__(self) -> str:      # Ray names the actor by it in the errors it raises
@@ -163,7 +163,7 @@ class PolicyWorker:
         """Phase 3 begins: the peers' shared experience arrives."""
         self.shared = [dataclasses.replace(e, policy=self.peers[e.policy.name]) for e in peers]
         if self.args.share == "cross-fidelity":
-            self.side = receiver.ReceiverSide(self.experience, self.shared, self.task, self.args.curator_config,
+            self.side = diagnosis.ReceiverSide(self.experience, self.shared, self.task, self.args.curator_config,
                                               self.args.share_config)
 
     def receive(self, capability: dict[str, float] | None = None) -> sharing.Received:
@@ -176,7 +176,7 @@ class PolicyWorker:
         return dataclasses.replace(self.received, crossings=[])
 
     def offers(self, examples: list, stats: dict) -> tuple[list, list[dict]]:
-        """Phase 3 curated, receiver.ReceiverSide.offers; each offer goes back with its source's name in place of
+        """Phase 3 curated, diagnosis.ReceiverSide.offers; each offer goes back with its source's name in place of
         its source's experience, which the driver holds already."""
         offers, records = self.side.offers(examples, stats)
         return [dataclasses.replace(o, source=o.source.policy.name) for o in offers], records
@@ -185,7 +185,7 @@ class PolicyWorker:
         return self.side.reach(positions, window)
 
     def cross(self, credit: dict[int, float], advantages: torch.Tensor, stats) -> tuple[dict, sharing.Received]:
-        """receiver.ReceiverSide.cross; the crossings stay here, where the update trains on them."""
+        """diagnosis.ReceiverSide.cross; the crossings stay here, where the update trains on them."""
         crossed, self.received = self.side.cross(credit, advantages, stats)
         return crossed, dataclasses.replace(self.received, crossings=[], metrics=dict(self.received.metrics))
 
@@ -258,7 +258,7 @@ class LocalHandle:
 
 
 class RemoteSide:
-    """A receiver's side of curation (receiver.ReceiverSide) as the driver's curator calls it: through the
+    """A receiver's side of curation (diagnosis.ReceiverSide) as the driver's curator calls it: through the
     receiver's handle, each step waiting for its result (the next step depends on it). The offers come back with
     their sources' names, which are swapped back for the driver's copies of the sources' experience."""
 

@@ -27,12 +27,11 @@ import math
 import random
 import time
 from collections import defaultdict, deque
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import torch
 
 import arith
-import boundary_drift
 import coevolution
 import diagnosis
 import fidelity_record
@@ -43,92 +42,8 @@ import sharing
 import tasks
 import term_scales
 from term_scales import admission_band
-from diagnosis import TERMS, Offer
-from receiver import ReceiverSide
+from diagnosis import TERMS, CuratorConfig, Offer, ReceiverSide
 from sharing import LEVELS
-
-ADMISSIONS = ("diagnosis", "random")
-CALIBRATIONS = ("window", "none")
-
-
-@dataclass(frozen=True)
-class CuratorConfig:
-    lambdas: tuple[float, float, float] = (1 / 3, 1 / 3, 1 / 3)
-    """weights of the TBD, CCM and RSD terms in D; they must sum to 1"""
-    theta1: float | None = None
-    """D below it: PRP (where thresholds adapt, the level 0 they are raised from). Default: the 1/3 quantile of D
-    over the calibration sample, under the run's weights (term_scales.py), recomputed every iteration"""
-    theta2: float | None = None
-    """D at or above it: SGT; between theta1 and theta2: XGRPO. Default: the calibration sample's 2/3 quantile"""
-    calibration: str = "window"
-    """window: each term scaled by its distribution over the receiver's diagnosed offers of the last
-    `calibration_window` iterations (term_scales.py); none: raw terms, and theta1, theta2 must be given"""
-    calibration_window: int = 8
-    """iterations of the receiver's diagnosed offers, the current one included, that scale the terms and set the
-    default thresholds"""
-    admission: str = "diagnosis"
-    """diagnosis: each offer at the band of its D; random: the bands permuted among each source's offers"""
-    ccm_beta: float = 1.0
-    """the CCM repair's exponent: A_k <- A_k R_k^beta"""
-    ablate: tuple[str, ...] = ()
-    """terms whose diagnosis and repair are off: any of tbd, ccm, rsd"""
-    tbd_measure: str = "credit"
-    """how the TBD term is measured (boundary_drift.MEASURES): credit, hidden or jaccard"""
-    process_signal: str = "vpr"
-    """RSD repair: vpr = verified step credit where a step can be checked, intrinsic elsewhere; intrinsic = the
-    gradient-norm signal on every step"""
-    credit_mix: float = 0.5
-    """RSD repair: the weight of the step's process signal against the outcome advantage"""
-    reach_subset: str = "all"
-    """parameters of the receiver whose gradient norms give R_k (reachability.parameter_subset)"""
-    reach_quantile: float = 0.9
-    """R = 1/2 at this quantile of the receiver's own step norms"""
-    reach_zero_quantile: float = 0.5
-    """R = 1 up to this quantile of the receiver's own step norms: its typical steps carry no CCM degradation"""
-    calibration_rollouts: int = 32
-    """own rollouts of the receiver per iteration, spread over the prompts, whose step norms calibrate R"""
-    reach_window: int = 4
-    """iterations of own step norms R is calibrated on (about 128 rollouts at the defaults), so that it holds
-    still from one iteration's sample to another"""
-    step_window: int = 20
-    """iterations of step statistics behind D_RSD"""
-
-    def __post_init__(self):
-        if len(self.lambdas) != 3 or min(self.lambdas) < 0 or not math.isclose(sum(self.lambdas), 1.0, abs_tol=1e-6):
-            raise ValueError(f"lambdas must be three non-negative weights summing to 1, got {self.lambdas}")
-        if (self.theta1 is None) != (self.theta2 is None):
-            raise ValueError("give both theta1 and theta2, or neither (the calibration's)")
-        if self.theta1 is not None and not 0 <= self.theta1 <= self.theta2:
-            raise ValueError(f"need 0 <= theta1 <= theta2, got {self.theta1}, {self.theta2}")
-        if self.calibration not in CALIBRATIONS:
-            raise ValueError(f"calibration is one of {CALIBRATIONS}, got {self.calibration!r}")
-        if self.theta1 is None and self.calibration == "none":
-            raise ValueError("without a calibration the terms are raw and the thresholds must be given: "
-                             "set theta1 and theta2, or calibration 'window'")
-        if self.calibration_window < 1:
-            raise ValueError(f"calibration_window is at least 1 iteration, got {self.calibration_window}")
-        if set(self.ablate) - set(TERMS) or set(self.ablate) == set(TERMS):
-            raise ValueError(f"ablate takes a proper subset of {TERMS}, got {self.ablate}")
-        if self.tbd_measure not in boundary_drift.MEASURES:
-            raise ValueError(f"tbd_measure is one of {boundary_drift.MEASURES}, got {self.tbd_measure!r}")
-        if self.process_signal not in ("vpr", "intrinsic"):
-            raise ValueError(f"process_signal is vpr or intrinsic, got {self.process_signal!r}")
-        if self.process_signal == "intrinsic" and "ccm" in self.ablate:
-            raise ValueError("the intrinsic process signal is the CCM's gradient norms, which an ablated CCM does not "
-                             "compute: use process_signal='vpr' with ablate ccm")
-        if self.admission not in ADMISSIONS:
-            raise ValueError(f"admission is one of {ADMISSIONS}, got {self.admission!r}")
-
-    @property
-    def measures_hidden_tbd(self) -> bool:
-        """Whether the sources' hidden states must come with their experience (sharing.with_hidden_states)."""
-        return self.tbd_measure == "hidden" and "tbd" not in self.ablate
-
-    @property
-    def weights(self) -> torch.Tensor:
-        """[3] the lambdas, 0 for an ablated term; the others keep their weight."""
-        return term_scales.weights(self.ablate, self.lambdas)
-
 
 # ---------------------------------------------------------------------------------------------------------------
 # Scoring and admission
@@ -297,7 +212,7 @@ class Curator:
                  ) -> tuple[dict[str, sharing.Received], list[dict]]:
         """Curate what every policy receives from every other one. examples [B]: the iteration's prompts' items.
 
-        `sides`: each receiver's side of the curation (receiver.py), by name, where its model is; by default made
+        `sides`: each receiver's side of the curation (diagnosis.ReceiverSide), by name, where its model is; by default made
         here, from the experiences' own policies. Under --backend ray they are the actors' (backends.py), and what
         is returned holds no crossings: those stay with the receiver, which trains on them.
 
@@ -346,7 +261,7 @@ class Curator:
 
     def _receive(self, receiver: sharing.Experience, side: ReceiverSide, peers: list[sharing.Experience],
                  examples: list, share: sharing.ShareConfig, iteration: int) -> tuple[sharing.Received, list[dict]]:
-        """The curation of one receiver: the receiver's side diagnoses (receiver.py), the curator predicts, scores,
+        """The curation of one receiver: the receiver's side diagnoses (diagnosis.ReceiverSide), the curator predicts, scores,
         learns and admits, the receiver's side crosses what was admitted."""
         cfg, name = self.cfg, receiver.policy.name
         timer, clock = defaultdict(float), [time.perf_counter()]
@@ -408,7 +323,7 @@ class Curator:
                 pair = (o.source.policy.name, name)
                 ccm = s.terms["ccm"] if math.isfinite(s.terms["ccm"]) else 0.0
                 self.recent[pair] = tuple(0.9 * old + 0.1 * new for old, new in zip(self.recent[pair], (s.D, ccm)))
-            records.append(fidelity_record.offer_record(o, s, level, what, reason, crossed.get(k),
+            records.append(fidelity_record.offer_record(o, asdict(s) if s else None, level, what, reason, crossed.get(k),
                                                         thetas.get(o.source.policy.name), int(predicted[k]),
                                                         prob[k].item(), skipped[k]))
         for r in records:
@@ -458,7 +373,10 @@ if __name__ == "__main__":
               f"RSD {m.get('fidelity/rsd_mean', math.nan):.3f}); admitted "
               + ", ".join(f"{lv} {m[f'fidelity/admitted_{lv}']:.0%}" for lv in LEVELS)
               + f", rejected {m['fidelity/rejected']:.0%}; {len(got.crossings)} cross as tokens")
-    worst = max((r for r in records if "D" in r), key=lambda r: r["D"])
+    diagnosed = [r for r in records if "D" in r]
+    if not diagnosed:
+        raise SystemExit("\nno offer was diagnosed: every reward on each prompt was the same (try more --prompts)")
+    worst = max(diagnosed, key=lambda r: r["D"])
     print(f"\nmost degraded: {worst['source']} -> {worst['receiver']}, reward {worst['reward']:.0f}, "
           f"D {worst['D']:.3f} (dominant {worst['dominant'].upper()}): "
           f"{worst['level']}, because {worst['reason']}\n{fidelity_record.marked_text(worst)}")

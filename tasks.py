@@ -27,35 +27,9 @@ import data
 import verifiers
 from arith import (TaskConfig, is_heldout, answer_reward, generate_problems, prompt_text, step_spans,
                    step_verdicts)
-from verifiers import line_spans
+from verifiers import Example, line_spans
 
 # ---- one interface over every task ----------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Example:
-    """One item of a benchmark, in the columns every task shares."""
-
-    id: str
-    question: str
-    """what the policy is asked: the body of the prompt"""
-    reference: str
-    """a reference solution in the form the prompt asks for (GSM8K: the annotated solution ending '#### 72';
-    MATH: the solution with its \\boxed{}; code: a correct program; ProofNet: the informal proof)"""
-    answer: str = ""
-    """math: text whose final answer math-verify takes as the gold one; ProofNet: the formal Lean 3 statement"""
-    tests: str = ""
-    """code: the benchmark's trusted tests, which raise when the completion is wrong; they run in a judge process
-    apart from the completion, calling it through `entry_points` (sandbox.py)"""
-    code_prefix: str = ""
-    """code: trusted code that both the completion and the tests come after (HumanEval's prompt with its helper
-    functions, the imports of MBPP's solution and test setup), else empty"""
-    entry_points: tuple[str, ...] = ()
-    """code: the completion's functions the tests call"""
-    test_setup: str = ""
-    """code: trusted code that builds the tests' inputs, run after the completion in its sandbox (MBPP's
-    test_setup_code, whose trees are of the program's own `Node` class); the tests see each name it binds as a
-    handle they can pass into the completion's functions (sandbox.py)"""
-
 
 @dataclass(frozen=True)
 class Task:

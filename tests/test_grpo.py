@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import grpo
+import sequences
 import tiny
 
 EPS = 1e-4
@@ -115,7 +116,7 @@ def test_build_batch_places_completions_and_advantages_on_their_targets():
     with pytest.raises(ValueError, match="empty"):
         grpo.build_batch([[1], []], [[2], [3]], [torch.ones(1), torch.ones(1)], pad_id=0)
     with pytest.raises(ValueError, match="at least one"):
-        grpo.pack_sequences([], [], pad_id=0)
+        sequences.pack_sequences([], [], pad_id=0)
 
 
 class Bigram(torch.nn.Module):

@@ -140,7 +140,7 @@ def test_a_run_waits_for_its_seeds_warm_up(repo, tmp_path, monkeypatch):
 def test_the_warm_up_job_fills_the_cache_a_run_then_reads(tmp_path, monkeypatch):
     import torch
 
-    import tiny
+    import policies
     import train as training
     import tyro
     shared = ("--warmup-scale", "0.02", "--cache-dir", str(tmp_path / "cache"), "--eval-size", "8",
@@ -155,7 +155,7 @@ def test_the_warm_up_job_fills_the_cache_a_run_then_reads(tmp_path, monkeypatch)
 
     def no_second_warm_up(*args):
         raise AssertionError("the run warmed up again")
-    monkeypatch.setattr(tiny, "supervised_warmup", no_second_warm_up)
+    monkeypatch.setattr(policies, "supervised_warmup", no_second_warm_up)
     args = tyro.cli(training.Args, args=[*shared, "--seed", "3", "--iterations", "1",
                                           "--runs-dir", str(tmp_path / "runs"), "--no-tensorboard"])
     assert (training.main(args) / "metrics.jsonl").exists()
@@ -388,3 +388,31 @@ def test_wall_time_times_every_phase_of_a_run_and_they_add_up(tmp_path, cache_di
     assert out["exchange"] > 0 and out["warm-up"] <= out["start-up"]
     counted = sum(v for p, v in out.items() if p not in ("total", "other", *wall_time.NESTED))
     assert counted + out["other"] == pytest.approx(out["total"]) and 0 <= out["other"] < out["total"]
+
+
+def test_same_metrics_ignores_the_clock_and_names_any_other_difference(tmp_path):
+    import same_metrics
+
+    def run(name, lines, fidelity=None):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+        if fidelity is not None:
+            (tmp_path / name / "fidelity.jsonl").write_text("".join(json.dumps(x) + "\n" for x in fidelity))
+        return tmp_path / name
+    line = {"iteration": 1, "policy": "p", "time_s": 3.0, "perf/iteration_s": 2.0, "perf/update_tokens": 100.0,
+            "fidelity/time_s/curation": 1.0, "losses/kl": float("nan"), "charts/reward_mean": 0.25}
+    a = run("a", [line], [{"D": 0.5, "steps": [{"tbd": 0.0}]}])
+    b = run("b", [{**line, "time_s": 9.0, "perf/iteration_s": 7.0, "fidelity/time_s/curation": 4.0}],
+            [{"D": 0.5, "steps": [{"tbd": 0.0}]}])
+    assert same_metrics.differences(a, b) == []                          # only clocks moved; NaN equals NaN
+    c = run("c", [{**line, "perf/update_tokens": 101.0, "charts/reward_mean": 0.25 + 1e-16}],
+            [{"D": 0.5, "steps": [{"tbd": 1e-12}]}])
+    assert same_metrics.differences(a, c) == [                           # a last bit is a difference
+        "metrics.jsonl line 1, charts/reward_mean: 0.25 before, 0.2500000000000001 after",
+        "metrics.jsonl line 1, perf/update_tokens: 100.0 before, 101.0 after",
+        "fidelity.jsonl line 1, steps: [{'tbd': 0.0}] before, [{'tbd': 1e-12}] after"]
+    d = run("d", [line, line])
+    assert same_metrics.differences(a, d)[:2] == ["metrics.jsonl: 1 lines before, 2 after",
+                                                  "fidelity.jsonl: only before has it"]
+    with pytest.raises(FileNotFoundError, match="nothing to compare"):
+        same_metrics.differences(tmp_path / "x", tmp_path / "y")

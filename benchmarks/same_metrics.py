@@ -1,0 +1,115 @@
+"""Whether a change left a run's metrics bit-identical: the same seeded short run at an earlier commit and here.
+
+    python benchmarks/same_metrics.py --before 0ff2d38                              # the default flags below
+    python benchmarks/same_metrics.py --before 0ff2d38 -- --share hacpo --iterations 2
+
+A refactor must not move a number, and runs of the comparison made at two commits are paired only where the
+commits are declared metric-equivalent (results/pilot/equivalent-commits.txt), each declaration backed by such a
+check. The earlier commit is checked out in a temporary worktree; both sides train `python train.py FLAGS` on one
+thread with one fresh warm-up cache (the earlier side fills it, so both start from the same weights). Compared:
+every line of metrics.jsonl and, where the run curates, of fidelity.jsonl, every value exactly, except wall-clock
+values (time_s, perf/*_s, fidelity/time_s/*), which no two runs share; token counts are compared. Exits 1 on a difference, naming
+the first ones.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_FLAGS = ("--share", "cross-fidelity", "--iterations", "2", "--seed", "900", "--eval-size", "64",
+                 "--eval-every", "1", "--warmup-scale", "0.1")
+"""a curated run of two iterations on the timing seed, small enough for a minute a side"""
+RECORDS = ("metrics.jsonl", "fidelity.jsonl")
+
+
+def is_clock(key: str) -> bool:
+    """Whether a metric is a wall-clock value: the elapsed time, a phase's seconds or a speed."""
+    return key == "time_s" or key.startswith("fidelity/time_s/") or (key.startswith("perf/") and key.endswith("_s"))
+
+
+def timeless(record: dict) -> dict:
+    """A record without its wall-clock values."""
+    return {k: v for k, v in record.items() if not is_clock(k)}
+
+
+def same(a, b) -> bool:
+    """Exact equality, NaN equal to NaN."""
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+        return True
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+    return a == b
+
+
+def differences(before: Path, after: Path, most: int = 5) -> list[str]:
+    """The first `most` differences between two run directories' records, [] where they are the same."""
+    out = []
+    for name in RECORDS:
+        paths = before / name, after / name
+        if not any(p.exists() for p in paths):
+            if name == "metrics.jsonl":
+                raise FileNotFoundError(f"neither {before} nor {after} holds a metrics.jsonl: nothing to compare")
+            continue
+        if not all(p.exists() for p in paths):
+            out.append(f"{name}: only {'before' if paths[0].exists() else 'after'} has it")
+            continue
+        lines = [[timeless(json.loads(x)) for x in p.read_text().splitlines() if x.strip()] for p in paths]
+        if len(lines[0]) != len(lines[1]):
+            out.append(f"{name}: {len(lines[0])} lines before, {len(lines[1])} after")
+        for i, (a, b) in enumerate(zip(*lines)):
+            for key in sorted(set(a) | set(b)):
+                if not same(a.get(key), b.get(key)):
+                    out.append(f"{name} line {i + 1}, {key}: {a.get(key)!r} before, {b.get(key)!r} after")
+                    if len(out) >= most:
+                        return out
+    return out
+
+
+def train(repo: Path, flags: list[str], runs_dir: Path, cache_dir: Path) -> Path:
+    """One run of repo's train.py on one thread; its run directory."""
+    name = "same-metrics"
+    done = subprocess.run([sys.executable, str(repo / "train.py"), *flags, "--name", name, "--runs-dir", str(runs_dir),
+                           "--cache-dir", str(cache_dir), "--no-tensorboard"], cwd=repo, capture_output=True, text=True,
+                          env={**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"})
+    if done.returncode != 0:
+        raise RuntimeError(f"train.py at {repo} failed:\n{done.stderr[-2000:]}")
+    return runs_dir / name
+
+
+def compare(before: str, flags: list[str], repo: Path = ROOT) -> list[str]:
+    """Train `flags` at commit `before` (a temporary worktree) and at `repo`'s working tree; their differences."""
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        earlier = tmp / "before"
+        subprocess.run(["git", "-C", str(repo), "worktree", "add", "--detach", str(earlier), before], check=True,
+                       capture_output=True)
+        try:
+            runs = [train(r, flags, tmp / side, tmp / "cache") for r, side in ((earlier, "runs-before"),
+                                                                               (repo, "runs-after"))]
+        finally:
+            subprocess.run(["git", "-C", str(repo), "worktree", "remove", "--force", str(earlier)], check=True)
+        return differences(*runs)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--before", required=True, help="the earlier commit")
+    parser.add_argument("flags", nargs="*", default=list(DEFAULT_FLAGS), help="train.py's flags, after --")
+    args = parser.parse_args(argv)
+    found = compare(args.before, args.flags)
+    print("bit-identical" if not found else "different:\n  " + "\n  ".join(found))
+    return 1 if found else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
