@@ -3,10 +3,11 @@
 
 One class holds a policy's work, `PolicyWorker`: its model, optimizer and KL reference; its rollouts and their
 rewards (a code task's sandbox runs where the policy is); its side of the exchange (its own part of
-sharing.exchange or graft.exchange, or the receiver's side of curation, diagnosis.ReceiverSide); its update, its evaluation
-and its part of each checkpoint. `LocalHandle` calls it in this process and returns results; ray_team.RayHandle calls its actor and
-returns futures. `get` turns either into results, and a future passed to another policy's method is resolved there, so
-under Ray a policy's trajectories go to its peers from its actor's object store.
+sharing.exchange or graft.exchange, or the receiver's side of curation, diagnosis.ReceiverSide: the steps that
+need the receiver's tokenizer or model); its update, its evaluation and its part of each checkpoint. `LocalHandle`
+calls it in this process and returns results; ray_team.RayHandle calls its actor and returns futures. `get`
+turns either into results, and a future passed to another policy's method is resolved there, so under Ray a
+policy's trajectories go to its peers from its actor's object store.
 
 What crosses a policy's boundary (the driver keeps prompts, the exchange, the curator's decisions, the bandit and
 logging):

@@ -212,9 +212,9 @@ class Curator:
                  ) -> tuple[dict[str, sharing.Received], list[dict]]:
         """Curate what every policy receives from every other one. examples [B]: the iteration's prompts' items.
 
-        `sides`: each receiver's side of the curation (diagnosis.ReceiverSide), by name, where its model is; by default made
-        here, from the experiences' own policies. Under --backend ray they are the actors' (backends.py), and what
-        is returned holds no crossings: those stay with the receiver, which trains on them.
+        `sides`: each receiver's side of the curation (diagnosis.ReceiverSide), by name, where its model is; by
+        default made here, from the experiences' own policies. Under --backend ray they are the actors'
+        (backends.py), and what is returned holds no crossings: those stay with the receiver, which trains on them.
 
         Returns per receiver what it trains on (metrics under fidelity/ and sharing/) and one record per offered
         trajectory (fidelity.jsonl)."""
@@ -247,10 +247,11 @@ class Curator:
         n, name = len(offers), receiver.policy.name
         if not self.predictor or not offers:
             return torch.zeros(n, 0), torch.full((n,), -1), torch.zeros(n), [False] * n, [False] * n
+        sources = [o.source.policy.name for o in offers]
         features = torch.stack([torch.cat([
-            diagnosis.offer_features(o, self.cfg, self.recent[(o.source.policy.name, name)], gaps[o.source.policy.name]),
-            torch.nn.functional.one_hot(torch.tensor(self.pairs[(o.source.policy.name, name)]),
-                                        len(self.pairs)).double()]) for o in offers])
+            diagnosis.offer_features(o, self.cfg, self.recent[(source, name)], gaps[source]),
+            torch.nn.functional.one_hot(torch.tensor(self.pairs[(source, name)]), len(self.pairs)).double()])
+            for o, source in zip(offers, sources)])
         predicted, prob = self.predictor.predict(features)
         sure, skipped = [], []
         for k, o in enumerate(offers):
@@ -261,8 +262,8 @@ class Curator:
 
     def _receive(self, receiver: sharing.Experience, side: ReceiverSide, peers: list[sharing.Experience],
                  examples: list, share: sharing.ShareConfig, iteration: int) -> tuple[sharing.Received, list[dict]]:
-        """The curation of one receiver: the receiver's side diagnoses (diagnosis.ReceiverSide), the curator predicts, scores,
-        learns and admits, the receiver's side crosses what was admitted."""
+        """The curation of one receiver: the receiver's side diagnoses (diagnosis.ReceiverSide), the curator
+        predicts, scores, learns and admits, the receiver's side crosses what was admitted."""
         cfg, name = self.cfg, receiver.policy.name
         timer, clock = defaultdict(float), [time.perf_counter()]
 
@@ -323,13 +324,13 @@ class Curator:
                 pair = (o.source.policy.name, name)
                 ccm = s.terms["ccm"] if math.isfinite(s.terms["ccm"]) else 0.0
                 self.recent[pair] = tuple(0.9 * old + 0.1 * new for old, new in zip(self.recent[pair], (s.D, ccm)))
-            records.append(fidelity_record.offer_record(o, asdict(s) if s else None, level, what, reason, crossed.get(k),
-                                                        thetas.get(o.source.policy.name), int(predicted[k]),
-                                                        prob[k].item(), skipped[k]))
+            records.append(fidelity_record.offer_record(o, asdict(s) if s else None, level, what, reason,
+                                                        crossed.get(k), thetas.get(o.source.policy.name),
+                                                        int(predicted[k]), prob[k].item(), skipped[k]))
         for r in records:
             r.update(iteration=iteration, receiver=name)
-        metrics = {**received.metrics,
-                   **fidelity_record.fidelity_metrics(records, thetas, self.predictor.accuracy(name) if self.predictor else None),
+        accuracy = self.predictor.accuracy(name) if self.predictor else None
+        metrics = {**received.metrics, **fidelity_record.fidelity_metrics(records, thetas, accuracy),
                    **{f"fidelity/threshold_level/{source}": float(level) for source, level in levels.items()
                       if self.bandit},
                    **{f"fidelity/time_s/{phase}": t for phase, t in timer.items()},

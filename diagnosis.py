@@ -249,7 +249,8 @@ def repair_credit(offer: Offer, advantage: float, target: reward_drift.StepStats
     tokens = tokalign.token_credit(offer.src, offer.tgt, offer.alignment, offer.steps, steps, "tbd" not in cfg.ablate)
     acted = {"tbd": bool((offer.diagnosis.tbd > 0).any()), "ccm": offer.diagnosis.reach is not None,
              "rsd": bool(recalibrated.any())}
-    return tokens, credit_record(offer, advantage, steps, tokens, [t for t in TERMS if t not in cfg.ablate and acted[t]])
+    repairs = [t for t in TERMS if t not in cfg.ablate and acted[t]]
+    return tokens, credit_record(offer, advantage, steps, tokens, repairs)
 
 
 def measure_hidden_tbd(offers: list[Offer], receiver: sharing.Experience) -> None:
@@ -301,8 +302,8 @@ class ReceiverSide:
         offers, records = [], []
         for peer in self.peers:
             for i in range(len(peer.rollouts.completion_ids)):
-                offer = make_offer(peer, i, self.receiver.policy, self.task,
-                                             examples[i // peer.rollouts.group_size], stats, self.cfg.tbd_measure)
+                offer = make_offer(peer, i, self.receiver.policy, self.task, examples[i // peer.rollouts.group_size],
+                                   stats, self.cfg.tbd_measure)
                 if offer is None:
                     records.append({"source": peer.policy.name, "index": i, "level": "rejected", "crossed": "none",
                                     "reason": "no step reaches the receiver's tokens (or its tokenizer cannot spell "

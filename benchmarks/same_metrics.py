@@ -1,22 +1,21 @@
 """Whether a change left a run's metrics bit-identical: the same seeded short run at an earlier commit and here.
 
-    python benchmarks/same_metrics.py --before 0ff2d38                              # the default flags below
-    python benchmarks/same_metrics.py --before 0ff2d38 -- --share hacpo --iterations 2
+    python benchmarks/same_metrics.py --before 0ff2d38                      # the default flags below
+    python benchmarks/same_metrics.py --before 0ff2d38 -- --share hacpo     # flags after -- override them
 
 A refactor must not move a number, and runs of the comparison made at two commits are paired only where the
 commits are declared metric-equivalent (results/pilot/equivalent-commits.txt), each declaration backed by such a
 check. The earlier commit is checked out in a temporary worktree; both sides train `python train.py FLAGS` on one
-thread with one fresh warm-up cache (the earlier side fills it, so both start from the same weights). Compared:
-every line of metrics.jsonl and, where the run curates, of fidelity.jsonl, every value exactly, except wall-clock
-values (time_s, perf/*_s, fidelity/time_s/*), which no two runs share; token counts are compared. Exits 1 on a difference, naming
-the first ones.
+thread, each with a fresh warm-up cache of its own (so a change to the warm-up shows too). Compared: every line
+of metrics.jsonl and, where the run curates, of fidelity.jsonl, every value exactly as written (JSON text, so 1
+and 1.0 differ), except wall-clock values (time_s, perf/*_s, fidelity/time_s/*); token counts are compared.
+Exits 1 on a difference, naming the first ones.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import subprocess
 import sys
@@ -25,8 +24,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_FLAGS = ("--share", "cross-fidelity", "--iterations", "2", "--seed", "900", "--eval-size", "64",
-                 "--eval-every", "1", "--warmup-scale", "0.1")
-"""a curated run of two iterations on the timing seed, small enough for a minute a side"""
+                 "--eval-every", "1", "--eval-samples", "0", "--warmup-scale", "0.1", "--minibatches", "2")
+"""a curated run of two iterations on the timing seed with the pilot's minibatch schedule, a minute a side"""
 RECORDS = ("metrics.jsonl", "fidelity.jsonl")
 
 
@@ -38,17 +37,6 @@ def is_clock(key: str) -> bool:
 def timeless(record: dict) -> dict:
     """A record without its wall-clock values."""
     return {k: v for k, v in record.items() if not is_clock(k)}
-
-
-def same(a, b) -> bool:
-    """Exact equality, NaN equal to NaN."""
-    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
-        return True
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
-    if isinstance(a, list) and isinstance(b, list):
-        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
-    return a == b
 
 
 def differences(before: Path, after: Path, most: int = 5) -> list[str]:
@@ -68,8 +56,9 @@ def differences(before: Path, after: Path, most: int = 5) -> list[str]:
             out.append(f"{name}: {len(lines[0])} lines before, {len(lines[1])} after")
         for i, (a, b) in enumerate(zip(*lines)):
             for key in sorted(set(a) | set(b)):
-                if not same(a.get(key), b.get(key)):
-                    out.append(f"{name} line {i + 1}, {key}: {a.get(key)!r} before, {b.get(key)!r} after")
+                before_value, after_value = (json.dumps(r[key]) if key in r else "(missing)" for r in (a, b))
+                if before_value != after_value:
+                    out.append(f"{name} line {i + 1}, {key}: {before_value} before, {after_value} after")
                     if len(out) >= most:
                         return out
     return out
@@ -94,8 +83,8 @@ def compare(before: str, flags: list[str], repo: Path = ROOT) -> list[str]:
         subprocess.run(["git", "-C", str(repo), "worktree", "add", "--detach", str(earlier), before], check=True,
                        capture_output=True)
         try:
-            runs = [train(r, flags, tmp / side, tmp / "cache") for r, side in ((earlier, "runs-before"),
-                                                                               (repo, "runs-after"))]
+            runs = [train(r, flags, tmp / f"runs-{side}", tmp / f"cache-{side}") for r, side in ((earlier, "before"),
+                                                                                                 (repo, "after"))]
         finally:
             subprocess.run(["git", "-C", str(repo), "worktree", "remove", "--force", str(earlier)], check=True)
         return differences(*runs)
@@ -104,9 +93,9 @@ def compare(before: str, flags: list[str], repo: Path = ROOT) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--before", required=True, help="the earlier commit")
-    parser.add_argument("flags", nargs="*", default=list(DEFAULT_FLAGS), help="train.py's flags, after --")
+    parser.add_argument("flags", nargs="*", default=[], help="train.py flags after --, overriding the defaults")
     args = parser.parse_args(argv)
-    found = compare(args.before, args.flags)
+    found = compare(args.before, [*DEFAULT_FLAGS, *args.flags])
     print("bit-identical" if not found else "different:\n  " + "\n  ".join(found))
     return 1 if found else 0
 

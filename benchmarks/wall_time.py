@@ -68,12 +68,16 @@ def instrumented_run(repo: Path, flags: list[str], out: Path) -> None:
     import tyro
     seconds = dict.fromkeys(PHASES, 0.0)
     for phase, targets in PHASES.items():
+        wrapped = 0
         for module_name, qualified in targets:
             module = importlib.import_module(module_name)
             owner, _, name = qualified.rpartition(".")
             holder = getattr(module, owner) if owner else module
             if hasattr(holder, name):   # a function that moved is timed where the commit has it
                 setattr(holder, name, timed(seconds, phase, getattr(holder, name)))
+                wrapped += 1
+        if not wrapped:
+            raise RuntimeError(f"{repo} has none of {targets} to time as {phase}: add where it lives now to PHASES")
     train = importlib.import_module("train")
     start = time.perf_counter()
     train.main(tyro.cli(train.Args, args=flags))

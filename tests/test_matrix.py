@@ -320,9 +320,13 @@ def test_the_hypotheses_verdicts_by_hand():
     assert h["H2"] == ("not resolved", pytest.approx(math.sqrt(0.5)), pytest.approx((0.5, 1.0)))
 
 
-def test_a_zero_reward_variance_is_refused_by_name():
-    with pytest.raises(ValueError, match="H2 for p: a reward variance ratio"):
-        verdicts([40.0, 41.0], [40.0, 40.0], [0.0, 0.01], [0.02, 0.02])
+def test_a_steady_gain_below_two_points_is_both_supported_and_refuted_and_a_zero_variance_is_named():
+    # +1 on every seed: Holm rejects 0, and the interval [1, 1] excludes a gain of 2 points
+    h = verdicts([41.0] * 4, [40.0] * 4, [0.01] * 4, [0.02] * 4)
+    assert h["H1"][0] == "supported above sgt, refuted at +2 points or more"
+    # an sgt run whose training reward never moved: H2 cannot be computed, and the rest of the analysis stands
+    h = verdicts([40.0, 41.0], [40.0, 40.0], [0.01, 0.01], [0.0, 0.02])
+    assert h["H2"][0].startswith("not computable") and h["H1"][0] == "refuted"      # differences 0 and +1
 
 
 def test_runs_at_commits_not_declared_equivalent_are_not_paired(tmp_path):
@@ -410,7 +414,10 @@ def test_same_metrics_ignores_the_clock_and_names_any_other_difference(tmp_path)
     assert same_metrics.differences(a, c) == [                           # a last bit is a difference
         "metrics.jsonl line 1, charts/reward_mean: 0.25 before, 0.2500000000000001 after",
         "metrics.jsonl line 1, perf/update_tokens: 100.0 before, 101.0 after",
-        "fidelity.jsonl line 1, steps: [{'tbd': 0.0}] before, [{'tbd': 1e-12}] after"]
+        'fidelity.jsonl line 1, steps: [{"tbd": 0.0}] before, [{"tbd": 1e-12}] after']
+    e = run("e", [{**line, "perf/update_tokens": 100, "charts/new": 1.0}])             # an int, and a new metric
+    assert same_metrics.differences(a, e)[:2] == ["metrics.jsonl line 1, charts/new: (missing) before, 1.0 after",
+                                                  "metrics.jsonl line 1, perf/update_tokens: 100.0 before, 100 after"]
     d = run("d", [line, line])
     assert same_metrics.differences(a, d)[:2] == ["metrics.jsonl: 1 lines before, 2 after",
                                                   "fidelity.jsonl: only before has it"]
