@@ -274,26 +274,25 @@ def hypotheses(by_config: dict, auc_rows: list[dict], policy: str, cfg: Analysis
     if h1:
         r = h1[0]
         supported, refuted = r["holm_rejected"] and r["mean"] > 0, r["interval"][1] < gain
-        verdict = ("supported above sgt, refuted at +2 points or more" if supported and refuted else
+        verdict = (f"supported above {b}, refuted at +{gain:g} points or more" if supported and refuted else
                    "supported" if supported else "refuted" if refuted else "not resolved")
         rows.append({"hypothesis": "H1", "policy": policy, "estimate": r["mean"], "interval": r["interval"],
                      "seeds": len(r["differences"]), "verdict": verdict})
     a, b, bound = H2
     common = sorted(set(by_config.get(a, {})) & set(by_config.get(b, {})))
-    if len(common) >= 2:
-        pairs = [(by_config[a][s]["policies"][policy]["reward_variance"],
-                  by_config[b][s]["policies"][policy]["reward_variance"]) for s in common]
-        if not all(math.isfinite(x) and x > 0 for pair in pairs for x in pair):
-            rows.append({"hypothesis": "H2", "policy": policy, "estimate": math.nan, "interval": (math.nan, math.nan),
-                         "seeds": len(common), "verdict": "not computable: a run's reward variance is 0 or not finite"})
-            return rows
-        ratios = [x / y for x, y in pairs]
-        means = bootstrap_means([math.log(x) for x in ratios], cfg.resamples, cfg.bootstrap_seed)
-        low, high = (math.exp(x) for x in percentile_interval(means, 1 - cfg.alpha))
-        verdict = "supported" if high < bound else "refuted" if low > bound else "not resolved"
-        rows.append({"hypothesis": "H2", "policy": policy,
-                     "estimate": math.exp(sum(math.log(x) for x in ratios) / len(ratios)), "interval": (low, high),
-                     "seeds": len(common), "verdict": verdict})
+    if len(common) < 2:
+        return rows
+    pairs = [(by_config[a][s]["policies"][policy]["reward_variance"],
+              by_config[b][s]["policies"][policy]["reward_variance"]) for s in common]
+    if not all(math.isfinite(x) and x > 0 for pair in pairs for x in pair):
+        return rows + [{"hypothesis": "H2", "policy": policy, "estimate": math.nan, "interval": (math.nan, math.nan),
+                        "seeds": len(common), "verdict": "not computable: a run's reward variance is 0 or not finite"}]
+    logs = [math.log(x / y) for x, y in pairs]
+    low, high = (math.exp(x) for x in percentile_interval(
+        bootstrap_means(logs, cfg.resamples, cfg.bootstrap_seed), 1 - cfg.alpha))
+    verdict = "supported" if high < bound else "refuted" if low > bound else "not resolved"
+    rows.append({"hypothesis": "H2", "policy": policy, "estimate": math.exp(sum(logs) / len(logs)),
+                 "interval": (low, high), "seeds": len(common), "verdict": verdict})
     return rows
 
 
