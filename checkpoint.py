@@ -3,7 +3,7 @@
 runs/NAME holds config.json, metrics.jsonl, fidelity.jsonl (cross-fidelity) and checkpoints/. A checkpoint is
 written in full, then `latest` is pointed at it, then older ones are dropped, so a run killed at any moment
 resumes from a complete checkpoint. Each policy's part is written by whoever holds the policy (its Ray actor
-under --backend ray), the rest by the trainer. Under LoRA a checkpoint keeps the adapters only (the frozen base is
+under train_ray.py), the rest by the trainer. Under LoRA a checkpoint keeps the adapters only (the frozen base is
 reloaded from where it came from). On --resume the metric lines logged after the checkpoint are dropped, so a
 resumed run repeats none and loses none, and a resume with other settings than the run's is refused.
 """
@@ -19,10 +19,10 @@ import torch
 import policies
 
 
-RESUMABLE = ("resume", "iterations", "backend", "ray_address")
+RESUMABLE = ("resume", "iterations", "backend", "ray_address", "cpus_per_policy", "gpus_per_policy")
 """the settings a resume may change: --iterations (no schedule depends on the horizon, so a run extended from 100 to
-200 iterations is the run that would have gone to 200 from the start) and where the policies run (both backends
-give the same metrics)"""
+200 iterations is the run that would have gone to 200 from the start) and where the policies run (train.py and
+train_ray.py give the same metrics)"""
 
 
 NAMED = ("task", "step_format", "tbd_measure", "ablate", "thresholds", "process_signal", "scale", "lora_rank")

@@ -213,8 +213,8 @@ class Curator:
         """Curate what every policy receives from every other one. examples [B]: the iteration's prompts' items.
 
         `sides`: each receiver's side of the curation (diagnosis.ReceiverSide), by name, where its model is; by
-        default made here, from the experiences' own policies. Under --backend ray they are the actors'
-        (backends.py), and what is returned holds no crossings: those stay with the receiver, which trains on them.
+        default made here, from the experiences' own policies. train_ray.py passes its actors', and what is then
+        returned holds no crossings: those stay with the receiver, which trains on them.
 
         Returns per receiver what it trains on (metrics under fidelity/ and sharing/) and one record per offered
         trajectory (fidelity.jsonl)."""

@@ -20,7 +20,7 @@ receiver cannot reach; 3. TBD, the step credit carried onto the receiver's token
 ablated term is not computed and its repair is off.
 
 `ReceiverSide` holds the steps that need the receiver's tokenizer or model, so they run where the receiver is: in
-the trainer's process, or in the receiver's Ray actor (backends.py). Per receiver and iteration the curator calls
+the trainer's process, or in the receiver's Ray actor (train_ray.py). Per receiver and iteration the curator calls
 `offers` (the cheap diagnosis of every peer rollout), `reach` (the gradient norms of the offers it did not skip)
 and `cross` (the admitted offers with their repaired credit, which stay where the receiver trains on them).
 """

@@ -120,7 +120,7 @@ def build_batch(prompts: list[list[int]], completions: list[list[int]], token_ad
 
 def minibatch_rows(n: int, minibatches: int) -> list[range]:
     """The rows of each of `minibatches` optimizer steps over a batch of n sequences, in the batch's order (own
-    rollouts first, peer trajectories last: backends.training_batch): contiguous, their sizes differing by at most
+    rollouts first, peer trajectories last: learner.training_batch): contiguous, their sizes differing by at most
     one, the larger first. HACPO's recipe and GRAFT train on peer samples in the later steps of an iteration."""
     if not 1 <= minibatches <= n:
         raise ValueError(f"--minibatches must be between 1 and the batch's {n} sequences, got {minibatches}")

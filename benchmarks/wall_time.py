@@ -5,8 +5,8 @@ Timing never uses a comparison seed (1001 and up): it trains, and nobody may wat
     python benchmarks/wall_time.py --seed 900 --before ab554c1      # beside commit ab554c1, side by side
 
 Each configuration trains `python train.py --seed S --iterations N` with its flags and the pilot's evaluation
-protocol, one thread, in a process whose phases are timed by wrapping the functions every
-commit since ab554c1 has: start-up (Team.start: policies, warm-ups and tokenizers), of which the warm-up
+protocol, one thread, in a process whose phases are timed by wrapping the functions that hold them
+at each commit since ab554c1 (PHASES): start-up (policies, warm-ups and tokenizers), of which the warm-up
 (warm_up_cached, a cache hit included), rollouts, rewards, exchange (delivery and a fixed level's sharing),
 curation (Curator.exchange, the receivers' sides included), updates, evaluation, checkpoints and the report;
 `other` is the rest of the wall time. The configurations of one seed and one commit share a fresh warm-up
@@ -33,16 +33,16 @@ ROOT = Path(__file__).resolve().parent.parent
 CONFIGURATIONS = ("none", "none-g16", "prp", "xgrpo", "sgt", "hacpo", "cross-fidelity")
 """the pilot's configurations (matrix.PILOT_CONFIGURATIONS) that exist at commit ab554c1"""
 
-PHASES = {   # phase -> (module, qualified name) of the functions timed as it
-    "start-up": [("backends", "Team.start")],
-    "warm-up": [("tiny", "warm_up_cached"), ("policies", "warm_up_cached")],   # before and after it moved
-    "rollouts": [("backends", "PolicyWorker.rollout")],
-    "rewards": [("backends", "PolicyWorker.score")],
-    "exchange": [("backends", "PolicyWorker.deliver"), ("backends", "PolicyWorker.receive")],
+PHASES = {   # phase -> (module, qualified name) of the functions timed as it, where each commit has them
+    "start-up": [("backends", "Team.start"), ("learner", "build")],
+    "warm-up": [("tiny", "warm_up_cached"), ("policies", "warm_up_cached")],
+    "rollouts": [("backends", "PolicyWorker.rollout"), ("learner", "rollout")],
+    "rewards": [("backends", "PolicyWorker.score"), ("learner", "experience")],
+    "exchange": [("backends", "PolicyWorker.deliver"), ("backends", "PolicyWorker.receive"), ("learner", "receive")],
     "curation": [("curator", "Curator.exchange")],
-    "updates": [("backends", "PolicyWorker.update")],
-    "evaluation": [("backends", "PolicyWorker.evaluate")],
-    "checkpoints": [("backends", "PolicyWorker.save"), ("checkpoint", "commit_checkpoint")],
+    "updates": [("backends", "PolicyWorker.update"), ("learner", "update")],
+    "evaluation": [("backends", "PolicyWorker.evaluate"), ("learner", "evaluate")],
+    "checkpoints": [("backends", "PolicyWorker.save"), ("learner", "save"), ("checkpoint", "commit_checkpoint")],
     "report": [("eval", "write_report")],
 }
 NESTED = {"warm-up": "start-up"}   # timed inside another phase: shown, not added twice
@@ -70,7 +70,10 @@ def instrumented_run(repo: Path, flags: list[str], out: Path) -> None:
     for phase, targets in PHASES.items():
         wrapped = 0
         for module_name, qualified in targets:
-            module = importlib.import_module(module_name)
+            try:
+                module = importlib.import_module(module_name)
+            except ModuleNotFoundError:   # a file that a later commit split or removed
+                continue
             owner, _, name = qualified.rpartition(".")
             holder = getattr(module, owner) if owner else module
             if hasattr(holder, name):   # a function that moved is timed where the commit has it

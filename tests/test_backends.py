@@ -1,18 +1,18 @@
-"""The backends: a run on Ray gives the local run's metrics for the same seed (none, cross-fidelity, with the
-hidden TBD measure, whose source states cross with the trajectories, and random admission; PRP on three
-actors, through a checkpoint and a resume); an actor that raises hands its traceback to the trainer; a killed actor
-ends the run within seconds, naming its policy; a threaded local handle keeps each policy's calls in order."""
+"""train_ray.py against train.py: a run on Ray gives the local run's metrics for the same seed (none,
+cross-fidelity, with the hidden TBD measure, whose source states cross with the trajectories, and random admission;
+PRP on three actors, through a checkpoint and a resume); an actor that raises hands its traceback to the loop; a
+killed actor ends the run within seconds, naming its policy."""
 
 import threading
 import time
+from dataclasses import asdict
 
 import pytest
 import ray
 import torch
 
-import backends
-import ray_team
 import train
+import train_ray
 from test_train import records, tiny_args
 
 
@@ -25,9 +25,10 @@ def local_ray():
     ray.shutdown()
 
 
-def on_ray(**settings) -> dict:
+def on_ray(tmp_path, cache_dir, gpus_per_policy: float | None = None, **settings) -> train_ray.RayArgs:
     """A run's settings on Ray, its actors computing at this process's thread count (as the local run does)."""
-    return dict(backend="ray", cpus_per_policy=torch.get_num_threads(), **settings)
+    return train_ray.RayArgs(**asdict(tiny_args(tmp_path, cache_dir, **settings)),
+                             cpus_per_policy=torch.get_num_threads(), gpus_per_policy=gpus_per_policy)
 
 
 def backend_free(run_dir) -> list[dict]:
@@ -47,7 +48,7 @@ def assert_same_weights(a, b, names: list[str], iteration: int) -> None:
                          ids=["none", "cross-fidelity", "hidden-tbd-random-admission"])
 def test_a_run_on_ray_gives_the_local_runs_metrics_decisions_and_weights(tmp_path, cache_dir, local_ray, setting):
     local = train.main(tiny_args(tmp_path, cache_dir, name="local", **setting))
-    remote = train.main(tiny_args(tmp_path, cache_dir, name="ray", **on_ray(**setting)))
+    remote = train_ray.main(on_ray(tmp_path, cache_dir, name="ray", **setting))
     assert backend_free(local) == backend_free(remote)
     assert_same_weights(local, remote, ["qwen", "llama"], 2)
     if setting["share"] == "cross-fidelity":
@@ -60,29 +61,29 @@ def test_a_ray_run_resumes_as_the_local_run_goes_on_and_an_actor_that_raises_sho
         tmp_path, cache_dir, local_ray):
     setting = dict(pair="trio", share="prp", iterations=3, checkpoint_every=2, eval_every=2)
     whole = train.main(tiny_args(tmp_path, cache_dir, name="local", **setting))
-    train.main(tiny_args(tmp_path, cache_dir, name="ray", **on_ray(**{**setting, "iterations": 2})))
+    train_ray.main(on_ray(tmp_path, cache_dir, name="ray", **{**setting, "iterations": 2}))
 
     part = tmp_path / "ray" / "checkpoints" / "iter-000002" / "llama.pt"
     saved = part.read_bytes()
     torch.save({"model": {"not.a.weight": torch.zeros(1)}, "optimizer": {}}, part)
     with pytest.raises(ValueError, match="does not match the model") as raised:
-        train.main(tiny_args(tmp_path, cache_dir, name="ray", resume=True, **on_ray(**setting)))
-    assert "PolicyWorker(llama)" in str(raised.value) and "checkpoint.py" in str(raised.value)  # from the actor
+        train_ray.main(on_ray(tmp_path, cache_dir, name="ray", resume=True, **setting))
+    assert "PolicyActor(llama)" in str(raised.value) and "checkpoint.py" in str(raised.value)  # from the actor
     part.write_bytes(saved)
 
-    resumed = train.main(tiny_args(tmp_path, cache_dir, name="ray", resume=True, **on_ray(**setting)))
+    resumed = train_ray.main(on_ray(tmp_path, cache_dir, name="ray", resume=True, **setting))
     assert backend_free(whole) == backend_free(resumed)
     assert_same_weights(whole, resumed, ["qwen", "llama", "mistral"], 3)
 
 
 def test_a_killed_actor_ends_the_run_within_seconds_naming_its_policy(tmp_path, cache_dir, local_ray, monkeypatch):
     teams, killed = [], []
-    start = ray_team.RayTeam.start
+    start = train_ray.RayTeam.start
 
     def started(team, *args):
         start(team, *args)
         teams.append(team)
-    monkeypatch.setattr(ray_team.RayTeam, "start", started)
+    monkeypatch.setattr(train_ray.RayTeam, "start", started)
 
     def kill_llama_once_an_iteration_is_logged():
         metrics = tmp_path / "run" / "metrics.jsonl"
@@ -91,39 +92,16 @@ def test_a_killed_actor_ends_the_run_within_seconds_naming_its_policy(tmp_path, 
         killed.append(time.perf_counter())      # before the kill: the run may end before this thread runs again
         ray.kill(teams[0].actors[1])
     threading.Thread(target=kill_llama_once_an_iteration_is_logged, daemon=True).start()
-    with pytest.raises(ray_team.PolicyLost, match="llama's Ray actor died"):
-        train.main(tiny_args(tmp_path, cache_dir, **on_ray(iterations=100, eval_every=100, checkpoint_every=100)))
+    with pytest.raises(train_ray.PolicyLost, match="llama's Ray actor died"):
+        train_ray.main(on_ray(tmp_path, cache_dir, iterations=100, eval_every=100, checkpoint_every=100))
     assert time.perf_counter() - killed[0] < 10
 
 
 def test_a_cluster_without_room_for_every_actor_is_refused_at_start(tmp_path, cache_dir, local_ray):
-    assert ray_team.room([{"CPU": 4.0, "GPU": 1.0}, {"CPU": 2.0}], 1, 1) == 1
-    assert ray_team.room([{"CPU": 4.0, "GPU": 1.0}, {"CPU": 2.0}], 2, 0) == 3
-    assert ray_team.room([{"CPU": 4.0, "GPU": 1.0}], 1, 0.5) == 2
+    assert train_ray.room([{"CPU": 4.0, "GPU": 1.0}, {"CPU": 2.0}], 1, 1) == 1
+    assert train_ray.room([{"CPU": 4.0, "GPU": 1.0}, {"CPU": 2.0}], 2, 0) == 3
+    assert train_ray.room([{"CPU": 4.0, "GPU": 1.0}], 1, 0.5) == 2
     with pytest.raises(ValueError, match="room for 0 of the 2"):
-        ray_team.RayTeam(tiny_args(tmp_path, cache_dir, **on_ray(gpus_per_policy=1.0)))
-    with pytest.raises(ValueError, match="--backend ray"):
-        tiny_args(tmp_path, cache_dir, ray_address="auto")
+        train_ray.RayTeam(on_ray(tmp_path, cache_dir, gpus_per_policy=1.0))
     with pytest.raises(ValueError, match="--gpus-per-policy"):
-        tiny_args(tmp_path, cache_dir, **on_ray(devices="cpu"))
-
-
-def test_a_threaded_local_handle_runs_each_policys_calls_in_order():
-    class Worker:
-        name = "p"
-
-        def __init__(self):
-            self.calls = []
-
-        def rollout(self, x):
-            time.sleep(0.05)
-            self.calls.append(("rollout", x))
-            return x
-
-        def score(self, x):
-            self.calls.append(("score", x))
-            return threading.current_thread() is threading.main_thread()
-    handle = backends.LocalHandle(Worker(), threaded=True)
-    rollout = handle.rollout(1)
-    assert handle.score(rollout) is True          # after the rollout it was handed, in this thread
-    assert handle.worker.calls == [("rollout", 1), ("score", 1)]
+        on_ray(tmp_path, cache_dir, devices="cpu")

@@ -8,9 +8,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import backends
 import graft
 import hacpo
+import learner
 import sharing
 import train
 from test_sharing import (EPS, PROMPTS, TEXTS, experience, naive_logprobs, random_binary_rewards,  # noqa: F401
@@ -85,7 +85,7 @@ def test_a_mixed_peer_group_replaces_a_failed_group_with_its_own_advantages(untr
     assert theirs.keys() == {"qwen2"} and theirs["qwen2"].crossings == [] and theirs["qwen2"].kept.all()
 
     # the batch: llama's kept rollouts (prompt 1's two) first, then the three crossings, in that order
-    batch = backends.training_batch(llama, receiver.rollouts, mine)
+    batch = learner.training_batch(llama, receiver.rollouts, mine)
     rows = [receiver.rollouts.completion_ids[i].tolist() for i in (2, 3)] + [encoded[i] for i in (0, 1, 5)]
     assert batch.input_ids.shape[0] == 5
     for row, ids in enumerate(rows):

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import arith
-import backends
+import learner
 import policies
 import reachability
 import sharing
@@ -131,15 +131,15 @@ def smol_cut(smol) -> policies.Policy:
 
 @pytest.fixture
 def scripted(monkeypatch):
-    """Runs score by REWARDS; `scripted(policy)` makes them build SmolLM2 as a copy of `policy` (loading it again
+    """Runs reward by REWARDS; `scripted(policy)` makes them build SmolLM2 as a copy of `policy` (loading it again
     takes seconds)."""
-    score = backends.PolicyWorker.score
+    experience = learner.experience
 
-    def scripted_score(self, problems):
+    def scripted_experience(one, *args):
         with monkeypatch.context() as m:
-            m.setattr(tasks, "group_rewards", lambda *a: torch.tensor(REWARDS[self.name]))
-            return score(self, problems)
-    monkeypatch.setattr(backends.PolicyWorker, "score", scripted_score)
+            m.setattr(tasks, "group_rewards", lambda *a: torch.tensor(REWARDS[one.name]))
+            return experience(one, *args)
+    monkeypatch.setattr(learner, "experience", scripted_experience)
     return lambda policy: monkeypatch.setattr(policies, "load_hub_policy", lambda *a: copy.deepcopy(policy))
 
 

@@ -17,6 +17,7 @@ import grpo
 import policies
 import tiny
 import train
+import train_ray
 
 TRAIN_KEYS = {"iteration", "policy", "time_s", "losses/policy_loss", "losses/clip_ratio", "losses/kl",
               "losses/entropy", "losses/grad_norm", "charts/completion_len", "charts/reward_mean",
@@ -208,9 +209,9 @@ def test_every_train_command_of_the_readme_parses(monkeypatch):
     readme = readme.replace('$(python -c "import policies; print(policies.packaged_gguf())")',
                             str(policies.packaged_gguf()))
     blocks = "\n".join(re.findall(r"```bash\n(.*?)```", readme, re.S))
-    commands = [line.split("#")[0].split("python train.py", 1)[1] for line in blocks.splitlines()
-                if "python train.py" in line and "--help" not in line]
-    assert len(commands) > 10
-    for command in commands:
-        args = tyro.cli(train.Args, args=shlex.split(command))
+    commands = [(script, line.split("#")[0].split(f"python {script}", 1)[1]) for line in blocks.splitlines()
+                for script in ("train.py", "train_ray.py") if f"python {script}" in line and "--help" not in line]
+    assert len(commands) > 10 and sum(script == "train_ray.py" for script, _ in commands) == 3
+    for script, command in commands:
+        args = tyro.cli(train_ray.RayArgs if script == "train_ray.py" else train.Args, args=shlex.split(command))
         assert args.share_config and args.curator_config

@@ -1,0 +1,139 @@
+"""One policy in training, and its part of each phase of a GRPO iteration (DESIGN.md §3).
+
+A `Learner` is a policy with its optimizer and KL reference. The functions below are its phases, each pure but for
+the learner's own state (its weights, its optimizer): train.py's loop calls them for every policy in turn, and
+train_ray.py's actors call them where each policy lives, so both loops compute the same thing.
+
+Determinism: each policy samples from a generator of its own, seeded by (phase, seed, iteration, policy) alone, so
+neither the order the policies run in nor the process they run in changes a draw: on a CPU a run gives the same
+metrics under train.py and train_ray.py.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+import checkpoint
+import eval as evaluation
+import graft
+import grpo
+import hardware
+import lora
+import policies
+import sharing
+import tasks
+from args import Args
+
+
+@dataclass
+class Learner:
+    policy: policies.Policy
+    optimizer: torch.optim.Optimizer
+    reference: torch.nn.Module | None    # the KL reference (beta > 0), the policy as it was after warm-up
+    seed: int
+
+    @property
+    def name(self) -> str:
+        return self.policy.name
+
+
+def build(args: Args, scale: str, index: int, device: torch.device) -> Learner:
+    """Policy `index` of --pair as training starts (hardware.build_policy), with AdamW on what it trains."""
+    policy = hardware.build_policy(args.policy_setup(scale), index, device, args.task_config)
+    optimizer = torch.optim.AdamW([w for w in policy.model.parameters() if w.requires_grad], lr=args.lr,
+                                  weight_decay=0.0)
+    reference = lora.reference_policy(policy.model) if args.beta > 0 else None
+    return Learner(policy, optimizer, reference, args.seed)
+
+
+def generator(learner: Learner, phase: str, iteration: int) -> torch.Generator:
+    """The learner's draws for one phase of one iteration (module docstring)."""
+    seed = random.Random(f"{phase}/{learner.seed}/{iteration}/{learner.name}").getrandbits(63)
+    return torch.Generator(learner.policy.device).manual_seed(seed)
+
+
+def rollout(learner: Learner, args: Args, iteration: int, prompts: list[str]
+            ) -> tuple[policies.Rollouts, dict[str, float]]:
+    """Phase 1: G completions per prompt, and the phase's speed (perf/rollout_*)."""
+    p = learner.policy
+    with hardware.measured(p.device) as perf:
+        rollouts = p.rollout(prompts, args.group_size, args.max_new_tokens, args.temperature, args.top_p,
+                             generator=generator(learner, "rollout", iteration))
+    return rollouts, hardware.perf_metrics("rollout", sum(len(ids) for ids in rollouts.completion_ids), perf)
+
+
+def experience(learner: Learner, args: Args, task: tasks.Task, problems: list, prompts: list[str],
+               rollouts: policies.Rollouts) -> sharing.Experience:
+    """Phase 2: the rollouts' rewards [B, G] and their own group advantages."""
+    rewards = tasks.group_rewards(task, problems, rollouts.texts, args.group_size)                  # [B, G]
+    return sharing.Experience(learner.policy, prompts, rollouts, rewards,
+                              grpo.group_advantages(rewards, args.scale_by_std))
+
+
+def receive(own: sharing.Experience, peers: list[sharing.Experience], cfg: sharing.ShareConfig,
+            capability: dict[str, float] | None) -> sharing.Received:
+    """Phase 3 at a fixed level (or GRAFT): what this policy trains on, given its peers' experience.
+    `capability`: HACPO's capabilities of this iteration (hacpo.Capabilities), else None."""
+    name = own.policy.name
+    if cfg.mode == "graft":
+        return graft.exchange([own, *peers], cfg, name)[name]
+    return sharing.exchange([own, *peers], cfg, name, capability)[name]
+
+
+def training_batch(policy: policies.Policy, rollouts: policies.Rollouts, received: sharing.Received
+                   ) -> grpo.TrainBatch:
+    """The policy's own rollouts (those the exchange kept), their advantages spread over every completion token
+    with weight 1, then the peer trajectories it received with their own per-token advantages and weights: own
+    first, peers last, the order of the optimizer steps (grpo.minibatch_rows)."""
+    advantages = received.advantages.flatten()                                          # [B*G]
+    kept = (received.kept.flatten().nonzero().flatten().tolist() if received.kept is not None
+            else range(len(advantages)))
+    prompts = [rollouts.prompt_ids[i].tolist() for i in kept] + [c.prompt_ids for c in received.crossings]
+    completions = ([rollouts.completion_ids[i].tolist() for i in kept]
+                   + [c.completion_ids for c in received.crossings])
+    token_advantages = ([advantages[i].expand(len(rollouts.completion_ids[i])) for i in kept]
+                        + [c.advantages for c in received.crossings])
+    token_weights = ([torch.ones(len(rollouts.completion_ids[i])) for i in kept]
+                     + [c.weights for c in received.crossings])
+    return grpo.build_batch(prompts, completions, token_advantages, policy.tokenizer.pad_token_id, token_weights)
+
+
+def update(learner: Learner, args: Args, rollouts: policies.Rollouts, received: sharing.Received,
+           measure_kl: bool) -> dict[str, float]:
+    """Phase 4: a GRPO update on the learner's own rollouts and what it received; its statistics (losses/) and
+    speed (perf/update_*). `measure_kl` adds losses/update_kl, one more forward pass."""
+    p = learner.policy
+    batch = training_batch(p, rollouts, received)
+    with hardware.measured(p.device) as perf:
+        stats = grpo.grpo_step(p.model, learner.optimizer, batch, args.loss_config, args.epochs, args.micro_batch,
+                               args.max_grad_norm, learner.reference, args.temperature, measure_kl,
+                               args.minibatches)
+    return {**stats, **hardware.perf_metrics("update", batch.mask.sum().item() * args.epochs, perf)}
+
+
+def evaluate(learner: Learner, args: Args, task: tasks.Task, transfer: tasks.Task | None, iteration: int
+             ) -> dict[str, float]:
+    """Phase 5's evaluation: greedy pass@1 on the held-out split, accuracy sampled at the training temperature,
+    greedy pass@1 on the transfer task."""
+    p = learner.policy
+    record = {"eval/heldout_accuracy": evaluation.heldout_accuracy(p, task.heldout, args.max_new_tokens, task)}
+    if args.eval_samples:
+        record["eval/heldout_sampled_accuracy"] = evaluation.heldout_accuracy(
+            p, task.heldout, args.max_new_tokens, task, temperature=args.temperature, samples=args.eval_samples,
+            generator=generator(learner, "evaluation", iteration))
+    if transfer is not None:
+        record["eval/transfer_accuracy"] = evaluation.heldout_accuracy(p, transfer.heldout, args.max_new_tokens,
+                                                                       transfer)
+    return record
+
+
+def save(learner: Learner, folder: Path) -> None:
+    checkpoint.save_policy(folder, learner.policy, learner.optimizer)
+
+
+def load(learner: Learner, folder: Path) -> None:
+    checkpoint.load_policy(folder, learner.policy, learner.optimizer)

@@ -1,0 +1,77 @@
+"""The layout DESIGN.md §2 promises: no import circle among the project's modules, counting every import (at
+module level, inside functions, for type checking) but a demo's under `if __name__ == "__main__":`; small files
+with short module docstrings."""
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def is_demo(node: ast.AST) -> bool:
+    test = getattr(node, "test", None)
+    return (isinstance(node, ast.If) and isinstance(test, ast.Compare) and isinstance(test.left, ast.Name)
+            and test.left.id == "__name__")
+
+
+def imported(tree: ast.AST, modules: set[str]) -> set[str]:
+    """The project modules a file imports anywhere but in its demo."""
+    found, todo = set(), [tree]
+    while todo:
+        node = todo.pop()
+        if is_demo(node):
+            continue
+        if isinstance(node, ast.Import):
+            found |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found.add(node.module.split(".")[0])
+        todo.extend(ast.iter_child_nodes(node))
+    return found & modules
+
+
+def import_graph(folder: Path) -> dict[str, set[str]]:
+    files = {p.stem: p for p in folder.glob("*.py")}
+    return {name: imported(ast.parse(p.read_text()), set(files)) - {name} for name, p in files.items()}
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Each import circle once, as the path that closes it (depth-first, a naive walk)."""
+    found, done = [], set()
+
+    def walk(node: str, path: list[str]) -> None:
+        for nxt in sorted(graph[node]):
+            if nxt in path:
+                circle = path[path.index(nxt):]
+                if frozenset(circle) not in done:
+                    done.add(frozenset(circle))
+                    found.append(circle)
+            elif len(path) < len(graph):
+                walk(nxt, path + [nxt])
+    for start in sorted(graph):
+        walk(start, [start])
+    return found
+
+
+def test_the_circle_finder_finds_a_hand_made_circle_and_ignores_a_demos_import(tmp_path):
+    (tmp_path / "a.py").write_text("import b\n")
+    (tmp_path / "b.py").write_text("def f():\n    from c import g\n")
+    (tmp_path / "c.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import a\n")
+    (tmp_path / "d.py").write_text("import a\nif __name__ == '__main__':\n    import d2\n")
+    (tmp_path / "d2.py").write_text("import d\n")
+    graph = import_graph(tmp_path)
+    assert graph["d"] == {"a"}
+    assert [sorted(c) for c in circles(graph)] == [["a", "b", "c"]]
+
+
+def test_no_import_circle_among_the_project_modules():
+    graph = import_graph(ROOT)
+    assert {"train", "train_ray", "learner", "curator", "diagnosis"} <= set(graph)
+    assert circles(graph) == []
+
+
+def test_files_stay_small_and_their_docstrings_short():
+    for path in ROOT.glob("*.py"):
+        text = path.read_text()
+        docstring = ast.get_docstring(ast.parse(text), clean=False) or ""
+        assert text.count("\n") <= 450, f"{path.name}: {text.count(chr(10))} lines, probably two ideas"
+        assert docstring.count("\n") < 32, f"{path.name}: a module docstring of {docstring.count(chr(10)) + 1} lines"
