@@ -13,7 +13,7 @@ from typing import Literal
 import arith
 import diagnosis
 import grpo
-import hardware
+import policies
 import sharing
 
 
@@ -204,8 +204,8 @@ class Args:
         return arith.TaskConfig(num_steps=self.num_steps, max_operand=self.max_operand, ops=self.ops,
                                 step_format=self.step_format)
 
-    def policy_setup(self, scale: str) -> hardware.PolicySetup:
-        return hardware.PolicySetup.of({**asdict(self), "scale": scale})
+    def policy_setup(self, scale: str) -> policies.PolicySetup:
+        return policies.PolicySetup.of({**asdict(self), "scale": scale})
 
     @property
     def share_config(self) -> sharing.ShareConfig:

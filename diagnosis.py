@@ -49,32 +49,19 @@ CALIBRATIONS = ("window", "none")
 
 @dataclass(frozen=True)
 class CuratorConfig:
-    """The curator's settings: the diagnosis, its repairs, the calibration and the admission."""
+    """The curator's settings. A field named like a flag is that flag (args.py documents it; lambdas is
+    --fidelity-lambdas); the fields from credit_mix on are fixed settings, documented here."""
 
     lambdas: tuple[float, float, float] = (1 / 3, 1 / 3, 1 / 3)
-    """weights of the TBD, CCM and RSD terms in D; they must sum to 1"""
     theta1: float | None = None
-    """D below it: PRP (where thresholds adapt, the level 0 they are raised from). Default: the 1/3 quantile of D
-    over the calibration sample, under the run's weights (term_scales.py), recomputed every iteration"""
     theta2: float | None = None
-    """D at or above it: SGT; between theta1 and theta2: XGRPO. Default: the calibration sample's 2/3 quantile"""
     calibration: str = "window"
-    """window: each term scaled by its distribution over the receiver's diagnosed offers of the last
-    `calibration_window` iterations (term_scales.py); none: raw terms, and theta1, theta2 must be given"""
     calibration_window: int = 8
-    """iterations of the receiver's diagnosed offers, the current one included, that scale the terms and set the
-    default thresholds"""
     admission: str = "diagnosis"
-    """diagnosis: each offer at the band of its D; random: the bands permuted among each source's offers"""
     ccm_beta: float = 1.0
-    """the CCM repair's exponent: A_k <- A_k R_k^beta"""
     ablate: tuple[str, ...] = ()
-    """terms whose diagnosis and repair are off: any of tbd, ccm, rsd"""
     tbd_measure: str = "credit"
-    """how the TBD term is measured (boundary_drift.MEASURES): credit, hidden or jaccard"""
     process_signal: str = "vpr"
-    """RSD repair: vpr = verified step credit where a step can be checked, intrinsic elsewhere; intrinsic = the
-    gradient-norm signal on every step"""
     credit_mix: float = 0.5
     """RSD repair: the weight of the step's process signal against the outcome advantage"""
     reach_subset: str = "all"

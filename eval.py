@@ -30,7 +30,7 @@ import torch
 import arith
 import checkpoint
 import fidelity_record
-import hardware
+import costs
 import policies
 import tasks
 
@@ -279,8 +279,8 @@ def evaluate_run(run_dir: Path, task_name: str, eval_size: int, data_dir: str | 
     config = json.loads((Path(run_dir) / "config.json").read_text())
     task_cfg = arith.TaskConfig(num_steps=config["num_steps"], max_operand=config["max_operand"], ops=config["ops"],
                                 step_format=config.get("step_format", arith.TaskConfig.step_format))
-    setup = hardware.PolicySetup.of(config)
-    pols = hardware.build_policies(setup, hardware.policy_devices(config["devices"], len(
+    setup = policies.PolicySetup.of(config)
+    pols = policies.build_policies(setup, policies.policy_devices(config["devices"], len(
         policies.PRESETS[setup.scale][setup.pair])), task_cfg)   # exactly as train.py built them
     checkpoint.load_checkpoint(Path(run_dir), pols, None)  # the curator's state, if any, is not needed here
     task = tasks.load_task(task_name, setup.seed, 0, eval_size, task_cfg, data_dir)

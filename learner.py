@@ -12,8 +12,11 @@ metrics under train.py and train_ray.py.
 from __future__ import annotations
 
 import random
+import time
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 import torch
 
@@ -21,7 +24,6 @@ import checkpoint
 import eval as evaluation
 import graft
 import grpo
-import hardware
 import lora
 import policies
 import sharing
@@ -42,8 +44,8 @@ class Learner:
 
 
 def build(args: Args, scale: str, index: int, device: torch.device) -> Learner:
-    """Policy `index` of --pair as training starts (hardware.build_policy), with AdamW on what it trains."""
-    policy = hardware.build_policy(args.policy_setup(scale), index, device, args.task_config)
+    """Policy `index` of --pair as training starts (policies.build_policy), with AdamW on what it trains."""
+    policy = policies.build_policy(args.policy_setup(scale), index, device, args.task_config)
     optimizer = torch.optim.AdamW([w for w in policy.model.parameters() if w.requires_grad], lr=args.lr,
                                   weight_decay=0.0)
     reference = lora.reference_policy(policy.model) if args.beta > 0 else None
@@ -60,10 +62,10 @@ def rollout(learner: Learner, args: Args, iteration: int, prompts: list[str]
             ) -> tuple[policies.Rollouts, dict[str, float]]:
     """Phase 1: G completions per prompt, and the phase's speed (perf/rollout_*)."""
     p = learner.policy
-    with hardware.measured(p.device) as perf:
+    with measured(p.device) as perf:
         rollouts = p.rollout(prompts, args.group_size, args.max_new_tokens, args.temperature, args.top_p,
                              generator=generator(learner, "rollout", iteration))
-    return rollouts, hardware.perf_metrics("rollout", sum(len(ids) for ids in rollouts.completion_ids), perf)
+    return rollouts, perf_metrics("rollout", sum(len(ids) for ids in rollouts.completion_ids), perf)
 
 
 def experience(learner: Learner, args: Args, task: tasks.Task, problems: list, prompts: list[str],
@@ -108,11 +110,11 @@ def update(learner: Learner, args: Args, rollouts: policies.Rollouts, received: 
     speed (perf/update_*). `measure_kl` adds losses/update_kl, one more forward pass."""
     p = learner.policy
     batch = training_batch(p, rollouts, received)
-    with hardware.measured(p.device) as perf:
+    with measured(p.device) as perf:
         stats = grpo.grpo_step(p.model, learner.optimizer, batch, args.loss_config, args.epochs, args.micro_batch,
                                args.max_grad_norm, learner.reference, args.temperature, measure_kl,
                                args.minibatches)
-    return {**stats, **hardware.perf_metrics("update", batch.mask.sum().item() * args.epochs, perf)}
+    return {**stats, **perf_metrics("update", batch.mask.sum().item() * args.epochs, perf)}
 
 
 def evaluate(learner: Learner, args: Args, task: tasks.Task, transfer: tasks.Task | None, iteration: int
@@ -137,3 +139,29 @@ def save(learner: Learner, folder: Path) -> None:
 
 def load(learner: Learner, folder: Path) -> None:
     checkpoint.load_policy(folder, learner.policy, learner.optimizer)
+
+
+@contextmanager
+def measured(device: torch.device) -> Iterator[dict[str, float]]:
+    """Time one policy's phase on its device, with that device current (threads do not inherit it) and its peak
+    memory counter reset; fills `seconds` and, on CUDA, `peak_gib` when the phase ends."""
+    cuda = device.type == "cuda"
+    out: dict[str, float] = {}
+    with torch.cuda.device(device) if cuda else nullcontext():
+        if cuda:
+            torch.cuda.reset_peak_memory_stats(device)
+        began = time.perf_counter()
+        yield out
+        if cuda:
+            torch.cuda.synchronize(device)
+            out["peak_gib"] = torch.cuda.max_memory_allocated(device) / 1024 ** 3
+        out["seconds"] = time.perf_counter() - began
+
+
+def perf_metrics(phase: str, tokens: float, measurement: dict[str, float]) -> dict[str, float]:
+    """perf/{phase}_tokens (the phase's cost, what a comparison at an equal budget adds up), its speed
+    perf/{phase}_tokens_per_s and, on CUDA, perf/{phase}_peak_gib (all resident weights included)."""
+    out = {f"perf/{phase}_tokens": float(tokens), f"perf/{phase}_tokens_per_s": tokens / measurement["seconds"]}
+    if "peak_gib" in measurement:
+        out[f"perf/{phase}_peak_gib"] = measurement["peak_gib"]
+    return out

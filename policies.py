@@ -1,4 +1,5 @@
-"""Policies: presets, a model with its tokenizer, batched rollouts, loading, and the tiny policies' warm-up.
+"""Policies: presets, a model with its tokenizer, batched rollouts, loading, the tiny policies' warm-up, and a
+run's policies as training starts (`build_policy`: on its device, with LoRA and checkpointing as configured).
 
 A policy is a causal LM with its own tokenizer. Three scales (PRESETS):
   tiny   random-initialized Qwen2 / Llama / Mistral architectures of about a million parameters, each with its
@@ -19,21 +20,20 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
-import inspect
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
+from transformers import AutoModelForCausalLM, AutoTokenizer
 from tqdm import tqdm
-from transformers.generation.logits_process import TopPLogitsWarper
 
 import arith
 import data
+import lora
 import tiny
-from sequences import logits_from, pack_sequences
+from sequences import decode, logits_from, pack_sequences
 from token_bytes import byte_offsets, encode_text, token_bytes_table
 
 
@@ -172,72 +172,6 @@ class Policy:
             result.offsets.append(byte_offsets(ids, self.token_bytes))
             result.finished.append(eos in row)
         return result
-
-
-def cache_keyword(model: torch.nn.Module) -> str:
-    """The name of the forward's KV cache argument: transformers 5 renamed `past_key_values` to `cache`."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # through a peft wrapper
-    return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
-
-
-@torch.no_grad()
-def decode(model: torch.nn.Module, prompts: list[list[int]], pad_id: int, eos_id: int, max_new_tokens: int,
-           temperature: float = 1.0, top_p: float = 1.0, greedy: bool = False,
-           generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sampled (or greedy) continuations of left-padded prompts and their behaviour log-probs, both [N, T] with
-    T <= max_new_tokens steps (fewer when every row has emitted EOS); after EOS a row holds pad ids, log-prob 0.
-
-    The tokens are model.generate's for the same seed: the same float32 logits, temperature, top-p warper and one
-    torch.multinomial draw over all N rows per step (so the random stream does not depend on which rows finished).
-    What generate spends around the model is gone: no logits processors or stopping criteria per token, no
-    logits of the prompt, and finished rows leave the batch (their KV cache rows with them) once a quarter of
-    the rows still computed has finished; and generate would hold every step's logits over the vocabulary
-    ([N, T, V] floats) to give the behaviour log-probs (README "Speed" times both).
-    The log-probs are those of the sampling distribution, logits / temperature (top-p not folded in; greedy: 1).
-    Draws come from `generator` (on the model's device), else from torch's global generator.
-    """
-    device = next(model.parameters()).device
-    n, width = len(prompts), max(len(p) for p in prompts)
-    input_ids = torch.full((n, width), pad_id, dtype=torch.long)                         # [N, P] left-padded
-    attention = torch.ones((n, width + max_new_tokens), dtype=torch.long)                # [N, P+T]
-    for i, p in enumerate(prompts):
-        input_ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
-        attention[i, :width - len(p)] = 0
-    input_ids, attention = input_ids.to(device), attention.to(device)
-    positions = (attention[:, :width].cumsum(-1) - 1).masked_fill(attention[:, :width] == 0, 1)  # [N, P] as generate
-    cache = DynamicCache(config=model.config)
-    with_cache = {cache_keyword(model): cache, "use_cache": True}
-    logits = model(input_ids=input_ids, attention_mask=attention[:, :width], position_ids=positions, logits_to_keep=1,
-                   **with_cache).logits[:, -1]                              # [N, V]
-    tokens = torch.full((n, max_new_tokens), pad_id, dtype=torch.long, device=device)    # [N, T]
-    logprobs = torch.zeros((n, max_new_tokens), device=device)                           # [N, T]
-    rows = torch.arange(n, device=device)              # [R] the batch rows still computed
-    running = torch.ones(n, dtype=torch.bool, device=device)  # [R] no EOS yet
-    last = positions[:, -1]                            # [R] position of each row's last prompt token
-    probs = None if greedy else torch.ones((n, logits.shape[-1]), device=device)        # [N, V] every row's draw
-    nucleus = TopPLogitsWarper(top_p) if top_p < 1.0 and not greedy else None
-    step = 0
-    for step in range(max_new_tokens):
-        scores = logits.float() / (1.0 if greedy else temperature)                      # [R, V]
-        if greedy:
-            chosen = scores.argmax(-1)                                                   # [R]
-        else:
-            probs[rows] = torch.softmax(nucleus(None, scores) if nucleus else scores, dim=-1)
-            chosen = torch.multinomial(probs, 1, generator=generator).squeeze(1)[rows]       # [R]
-        chosen = torch.where(running, chosen, pad_id)
-        tokens[rows, step] = chosen
-        logprobs[rows, step] = torch.where(
-            running, torch.log_softmax(scores, -1).gather(-1, chosen.unsqueeze(-1)).squeeze(-1), 0.0)
-        running &= chosen != eos_id
-        if step == max_new_tokens - 1 or not running.any():
-            break
-        if running.sum() * 4 <= 3 * len(rows):  # compact: copying the cache costs about one decode step
-            keep = running.nonzero().squeeze(1)
-            cache.reorder_cache(keep)
-            rows, running, chosen, last = rows[keep], running[keep], chosen[keep], last[keep]
-        logits = model(input_ids=chosen.unsqueeze(-1), attention_mask=attention[rows, :width + step + 1],
-                       position_ids=(last + step + 1).unsqueeze(-1), **with_cache).logits[:, -1]
-    return tokens[:, :step + 1], logprobs[:, :step + 1]
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -398,7 +332,7 @@ def load_hub_policy(spec: PolicySpec, location: str, device: torch.device, dtype
 def load_policies(pair: str, scale: str, device: torch.device | list[torch.device], task_cfg: arith.TaskConfig,
                   seed: int, cache_dir: str | None = None, model_paths: dict[str, str] | None = None,
                   warmup_scale: float = 1.0, model_dir: str | None = None) -> list[Policy]:
-    """The pair's policies, policy i on device[i] when `device` is a list (hardware.policy_devices)."""
+    """The pair's policies, policy i on device[i] when `device` is a list (policies.policy_devices)."""
     count = len(preset(pair, scale))
     devices = device if isinstance(device, list) else [device] * count
     return [load_policy(pair, scale, i, devices[i], task_cfg, seed, cache_dir, model_paths, warmup_scale, model_dir)
@@ -434,3 +368,65 @@ def load_policy(pair: str, scale: str, index: int, device: torch.device, task_cf
         return policy
     location = str(Path(model_dir) / spec.hub_id.split("/")[-1]) if model_dir else spec.hub_id
     return load_hub_policy(spec, location, device, default_dtype(device))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# A run's policies: each on its device, loaded, adapted and checkpointed as its flags say
+# ---------------------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class PolicySetup:
+    """What builds a run's policies: train.Args carries these fields (their defaults live there), and eval.py reads
+    them back from a finished run's config.json."""
+
+    pair: str
+    scale: str
+    seed: int
+    model_paths: tuple[str, ...]
+    model_dir: str | None
+    cache_dir: str | None
+    warmup_scale: float
+    lora_rank: int
+    lora_alpha: float
+    gradient_checkpointing: bool
+
+    @classmethod
+    def of(cls, config: dict) -> PolicySetup:
+        return cls(**{f.name: config[f.name] for f in fields(cls)})
+
+
+def build_policies(setup: PolicySetup, devices: list[torch.device], task_cfg) -> list[Policy]:
+    """The run's policies as training starts, policy i on devices[i] (`build_policy`)."""
+    return [build_policy(setup, i, device, task_cfg) for i, device in enumerate(devices)]
+
+
+def build_policy(setup: PolicySetup, index: int, device: torch.device, task_cfg) -> Policy:
+    """Policy `index` of the run as training starts: loaded (a tiny warm-up from the cache), adapters and
+    checkpointing as configured."""
+    model_paths = dict(item.split("=", 1) for item in setup.model_paths)
+    p = load_policy(setup.pair, setup.scale, index, device, task_cfg, setup.seed, setup.cache_dir,
+                             model_paths, setup.warmup_scale, setup.model_dir)
+    p.model.train()  # from_pretrained leaves eval mode, in which transformers skips gradient checkpointing
+    if setup.lora_rank:
+        p.model = lora.add_lora(p.model, setup.lora_rank, setup.lora_alpha)
+    if setup.gradient_checkpointing:
+        p.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return p
+
+
+def policy_devices(devices: str | None, n_policies: int) -> list[torch.device]:
+    """One device per policy from "cuda:0,cuda:1" (round robin over fewer devices); default: cuda:0 or cpu."""
+    names = [d.strip() for d in devices.split(",") if d.strip()] if devices else \
+        ["cuda" if torch.cuda.is_available() else "cpu"]
+    parsed = []
+    for name in names:
+        try:
+            device = torch.device(name)
+        except RuntimeError as err:
+            raise ValueError(f"--devices: {name!r} is not a torch device ({err})") from None
+        missing = not torch.cuda.is_available() or (device.index or 0) >= torch.cuda.device_count()
+        if device.type == "cuda" and missing:
+            raise ValueError(f"--devices: {name} requested but this machine has {torch.cuda.device_count()} CUDA "
+                             "devices")
+        parsed.append(device)
+    return [parsed[i % len(parsed)] for i in range(n_policies)]

@@ -1,15 +1,19 @@
-"""Sequences in, log-probabilities out: the model plumbing that the GRPO update, the warm-up, PRP's density ratios
-and the curator's gradient norms share.
+"""Sequences through a model: the plumbing that the rollouts, the GRPO update, the warm-up, PRP's density ratios and
+the curator's gradient norms share.
 
 A batch is right-padded prompt + completion rows (`pack_sequences`); the log-probs of its next-token targets are
 those of the model at a temperature, and only the columns from the first completion target on are projected onto
-the vocabulary (`logits_from`): a third to a half of a tiny policy's tokens are prompt.
+the vocabulary (`logits_from`): a third to a half of a tiny policy's tokens are prompt. Rollouts and greedy
+evaluation sample through `decode`, a direct KV-cache loop over left-padded prompts.
 """
 
 from __future__ import annotations
 
+import inspect
+
 import torch
-from transformers import PreTrainedModel
+from transformers import DynamicCache, PreTrainedModel
+from transformers.generation.logits_process import TopPLogitsWarper
 
 
 def pack_sequences(prompts: list[list[int]], completions: list[list[int]], pad_id: int
@@ -60,3 +64,69 @@ def logits_from(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, st
         return model(input_ids=input_ids, attention_mask=attention_mask,
                      logits_to_keep=input_ids.shape[1] - start).logits
     return model(input_ids=input_ids, attention_mask=attention_mask).logits[:, start:]
+
+
+def cache_keyword(model: torch.nn.Module) -> str:
+    """The name of the forward's KV cache argument: transformers 5 renamed `past_key_values` to `cache`."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # through a peft wrapper
+    return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
+
+
+@torch.no_grad()
+def decode(model: torch.nn.Module, prompts: list[list[int]], pad_id: int, eos_id: int, max_new_tokens: int,
+           temperature: float = 1.0, top_p: float = 1.0, greedy: bool = False,
+           generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sampled (or greedy) continuations of left-padded prompts and their behaviour log-probs, both [N, T] with
+    T <= max_new_tokens steps (fewer when every row has emitted EOS); after EOS a row holds pad ids, log-prob 0.
+
+    The tokens are model.generate's for the same seed: the same float32 logits, temperature, top-p warper and one
+    torch.multinomial draw over all N rows per step (so the random stream does not depend on which rows finished).
+    What generate spends around the model is gone: no logits processors or stopping criteria per token, no
+    logits of the prompt, and finished rows leave the batch (their KV cache rows with them) once a quarter of
+    the rows still computed has finished; and generate would hold every step's logits over the vocabulary
+    ([N, T, V] floats) to give the behaviour log-probs (README "Speed" times both).
+    The log-probs are those of the sampling distribution, logits / temperature (top-p not folded in; greedy: 1).
+    Draws come from `generator` (on the model's device), else from torch's global generator.
+    """
+    device = next(model.parameters()).device
+    n, width = len(prompts), max(len(p) for p in prompts)
+    input_ids = torch.full((n, width), pad_id, dtype=torch.long)                         # [N, P] left-padded
+    attention = torch.ones((n, width + max_new_tokens), dtype=torch.long)                # [N, P+T]
+    for i, p in enumerate(prompts):
+        input_ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
+        attention[i, :width - len(p)] = 0
+    input_ids, attention = input_ids.to(device), attention.to(device)
+    positions = (attention[:, :width].cumsum(-1) - 1).masked_fill(attention[:, :width] == 0, 1)  # [N, P] as generate
+    cache = DynamicCache(config=model.config)
+    with_cache = {cache_keyword(model): cache, "use_cache": True}
+    logits = model(input_ids=input_ids, attention_mask=attention[:, :width], position_ids=positions, logits_to_keep=1,
+                   **with_cache).logits[:, -1]                              # [N, V]
+    tokens = torch.full((n, max_new_tokens), pad_id, dtype=torch.long, device=device)    # [N, T]
+    logprobs = torch.zeros((n, max_new_tokens), device=device)                           # [N, T]
+    rows = torch.arange(n, device=device)              # [R] the batch rows still computed
+    running = torch.ones(n, dtype=torch.bool, device=device)  # [R] no EOS yet
+    last = positions[:, -1]                            # [R] position of each row's last prompt token
+    probs = None if greedy else torch.ones((n, logits.shape[-1]), device=device)        # [N, V] every row's draw
+    nucleus = TopPLogitsWarper(top_p) if top_p < 1.0 and not greedy else None
+    step = 0
+    for step in range(max_new_tokens):
+        scores = logits.float() / (1.0 if greedy else temperature)                      # [R, V]
+        if greedy:
+            chosen = scores.argmax(-1)                                                   # [R]
+        else:
+            probs[rows] = torch.softmax(nucleus(None, scores) if nucleus else scores, dim=-1)
+            chosen = torch.multinomial(probs, 1, generator=generator).squeeze(1)[rows]       # [R]
+        chosen = torch.where(running, chosen, pad_id)
+        tokens[rows, step] = chosen
+        logprobs[rows, step] = torch.where(
+            running, torch.log_softmax(scores, -1).gather(-1, chosen.unsqueeze(-1)).squeeze(-1), 0.0)
+        running &= chosen != eos_id
+        if step == max_new_tokens - 1 or not running.any():
+            break
+        if running.sum() * 4 <= 3 * len(rows):  # compact: copying the cache costs about one decode step
+            keep = running.nonzero().squeeze(1)
+            cache.reorder_cache(keep)
+            rows, running, chosen, last = rows[keep], running[keep], chosen[keep], last[keep]
+        logits = model(input_ids=chosen.unsqueeze(-1), attention_mask=attention[rows, :width + step + 1],
+                       position_ids=(last + step + 1).unsqueeze(-1), **with_cache).logits[:, -1]
+    return tokens[:, :step + 1], logprobs[:, :step + 1]

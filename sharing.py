@@ -96,32 +96,22 @@ class Received:
 
 @dataclass(frozen=True)
 class ShareConfig:
+    """How experience crosses. A field named like a flag is that flag (args.py documents it; mode is --share)."""
+
     mode: str = "none"
     ratio_cap: float = 2.0
-    """the truncation of the group-wise density ratio (PRP, SGT): no weight exceeds it"""
     success: float = 1.0
     """a reward at or above this is a verified success (SGT)"""
     scale_by_std: bool = True
-    """as in grpo.group_advantages: GRPO's std-normalized or Dr. GRPO's centred advantages"""
     temperature: float = field(kw_only=True)
-    """the sampling temperature: the receiver's log-probs are taken at it, as the peer's behaviour log-probs are"""
     micro_batch: int = field(kw_only=True, default=64)
     hacpo_alpha: float = field(kw_only=True, default=1.0)
-    """HACPO: the power of the detached sequence ratio, s * sg(s)^alpha (eq. 12); 0 is GSPO's plain ratio"""
     hacpo_delta: float = field(kw_only=True, default=0.2)
-    """HACPO: a peer rollout crosses only with its sequence ratio s in [1 - delta, 1] (eq. 13)"""
     hacpo_window: int = field(kw_only=True, default=5)
-    """HACPO: K, the iterations over which each policy's mean reward is averaged into its capability (eq. 9)"""
     hacpo_capability_bound: float = field(kw_only=True, default=10.0)
-    """HACPO: every capability ratio P_k / P_j is clamped to [1/bound, bound] (eq. 8 is unbounded)"""
     hacpo_delta_step: float = field(kw_only=True, default=0.025)
-    """HACPO: the clip range's lower bound rises by it with each optimizer step of an iteration (eq. 14; the
-    recipe's cross_clip_step)"""
     graft_delta: float = field(kw_only=True, default=0.8)
-    """GRAFT: a peer trajectory with compatibility s below it does not cross; above, its weight is min(s, 1)"""
     minibatches: int = field(kw_only=True, default=1)
-    """optimizer steps per iteration (grpo.minibatch_rows); HACPO's clip range depends on the step a peer
-    sample is trained in"""
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -44,7 +44,7 @@ import data
 import eval as evaluation
 import grpo
 import hacpo
-import hardware
+import costs
 import learner
 import metrics_log
 import policies
@@ -99,18 +99,18 @@ def warn_off_task(args: Args, scale: str, names: list[str]) -> None:
               f"they score 0. Use real weights (--scale small, or --model-paths for every policy)", file=sys.stderr)
 
 
-def workload(args: Args, prompt_len: int, policy_count: int) -> hardware.Workload:
+def workload(args: Args, prompt_len: int, policy_count: int) -> costs.Workload:
     """One policy's iteration at the run's settings, with what its --share lets it receive at most."""
     rollouts = args.prompts_per_iteration * args.group_size
     received = {"none": 0, "xgrpo": 0, "sgt": rollouts // 4, "graft": rollouts // 4, "prp": rollouts,
                 "hacpo": rollouts, "cross-fidelity": rollouts}[args.share] * (policy_count - 1)
-    return hardware.Workload(rollouts, prompt_len, args.max_new_tokens, min(args.micro_batch, rollouts + received),
+    return costs.Workload(rollouts, prompt_len, args.max_new_tokens, min(args.micro_batch, rollouts + received),
                              rollouts + received, args.gradient_checkpointing,
                              reference_copy=args.beta > 0 and not args.lora_rank)
 
 
 def print_estimates(estimates: list[tuple[str, str, int, int | None]]) -> None:
-    """Each policy's hardware.policy_estimate, before the first iteration; on CUDA, whether the policies on each
+    """Each policy's costs.policy_estimate, before the first iteration; on CUDA, whether the policies on each
     device fit on it."""
     print("estimate per iteration (a bound to check the fit, not a measurement):")
     per_device: dict[str, tuple[int, int | None]] = {}
@@ -206,7 +206,7 @@ def finish(run_dir: Path, metrics: metrics_log.MetricsLog, started: float) -> Pa
 def run(args: Args) -> Path:
     # ---- set-up: tasks, run directory, policies, curator; a resumed run restores its last checkpoint ----------
     scale = args.scale or policies.default_scale()
-    devices = hardware.policy_devices(args.devices, len(policies.preset(args.pair, scale)))
+    devices = policies.policy_devices(args.devices, len(policies.preset(args.pair, scale)))
     task, transfer = load_tasks(args)
     run_dir = open_run(args, scale, "local", f"devices={','.join(map(str, devices))}")
     started = time.time()
@@ -215,7 +215,7 @@ def run(args: Args) -> Path:
     warn_off_task(args, scale, names)
     samples = [task.prompt(q) for q in task.train[:50] + task.heldout[:50]]
     prompt_len = max(len(l.policy.encode_prompt(t)) for l in learners for t in samples)
-    print_estimates([hardware.policy_estimate(l.policy, workload(args, prompt_len, len(names))) for l in learners])
+    print_estimates([costs.policy_estimate(l.policy, workload(args, prompt_len, len(names))) for l in learners])
     curation = make_curator(args, names) if args.share == "cross-fidelity" else None
     capabilities = hacpo.Capabilities(args.share_config.hacpo_window) if args.share == "hacpo" else None
     start, folder, state = resume_point(args, run_dir, curation if curation is not None else capabilities)

@@ -10,7 +10,7 @@ and update side by side, and on a CPU a run gives train.py's metrics, decisions 
 (tests/test_backends.py). What crosses an actor's boundary: in, the iteration's prompts and problems, its peers'
 trajectories (completion ids, behaviour log-probs, texts, rewards, advantages; sent from their actors' object
 stores) and the curator's decisions; out, its trajectories, its metrics and, under cross-fidelity, its diagnoses of
-its peers' trajectories (`RemoteSide`). Token tables cross once, at start; weights and gradients never do.
+its peers' trajectories (`ActorSide`). Token tables cross once, at start; weights and gradients never do.
 What Ray adds: joining a cluster or starting a Ray for the run; each actor's declared resources, and a run refused
 at start where no node has room for an actor (Ray would wait forever); an actor that dies ends the run at the
 first result the loop waits for, with `PolicyLost` naming its policy; an actor that raises hands its exception to
@@ -33,7 +33,7 @@ from tqdm import tqdm
 import checkpoint
 import diagnosis
 import hacpo
-import hardware
+import costs
 import learner
 import metrics_log
 import policies
@@ -98,7 +98,7 @@ class PolicyActor:
         self.peers: dict[str, Peer] = {}
         self.prompts: list[str] = []
         self.rollouts: policies.Rollouts | None = None
-        self.experience: sharing.Experience | None = None
+        self.own: sharing.Experience | None = None
         self.shared: list[sharing.Experience] = []
         self.side: diagnosis.ReceiverSide | None = None
         self.received: sharing.Received | None = None
@@ -106,17 +106,17 @@ class PolicyActor:
     def __repr__(self) -> str:      # Ray names the actor by it in the errors it raises
         return f"PolicyActor({self.name})"
 
-    def card(self) -> Peer:
+    def as_peer(self) -> Peer:
         return Peer(self.name, tuple(self.learner.policy.token_bytes))
 
-    def meet(self, *cards: Peer) -> None:
-        self.peers = {c.name: c for c in cards if c.name != self.name}
+    def set_peers(self, *peers: Peer) -> None:
+        self.peers = {p.name: p for p in peers if p.name != self.name}
 
     def longest_prompt(self, texts: list[str]) -> int:
         return max(len(self.learner.policy.encode_prompt(t)) for t in texts)
 
-    def estimate(self, work: hardware.Workload) -> tuple[str, str, int, int | None]:
-        return hardware.policy_estimate(self.learner.policy, work)
+    def estimate(self, work: costs.Workload) -> tuple[str, str, int, int | None]:
+        return costs.policy_estimate(self.learner.policy, work)
 
     def rollout(self, iteration: int, prompts: list[str]) -> dict[str, float]:
         self.prompts = prompts
@@ -124,24 +124,24 @@ class PolicyActor:
         self.shared, self.side, self.received = [], None, None
         return perf
 
-    def score(self, problems: list) -> sharing.Experience:
+    def experience(self, problems: list) -> sharing.Experience:
         """Phase 2, and the experience as it is shared (the hidden TBD measure's states cross with it)."""
         a = self.args
-        self.experience = learner.experience(self.learner, a, self.task, problems, self.prompts, self.rollouts)
+        self.own = learner.experience(self.learner, a, self.task, problems, self.prompts, self.rollouts)
         if a.share == "cross-fidelity" and a.curator_config.measures_hidden_tbd:
-            self.experience = sharing.with_hidden_states(self.experience)
-        return shared(self.experience)
+            self.own = sharing.with_hidden_states(self.own)
+        return shared(self.own)
 
-    def deliver(self, *peers: sharing.Experience) -> None:
+    def accept_shared(self, *peers: sharing.Experience) -> None:
         """Phase 3 begins: the peers' shared experience arrives."""
         self.shared = [dataclasses.replace(e, policy=self.peers[e.policy.name]) for e in peers]
         if self.args.share == "cross-fidelity":
-            self.side = diagnosis.ReceiverSide(self.experience, self.shared, self.task, self.args.curator_config,
+            self.side = diagnosis.ReceiverSide(self.own, self.shared, self.task, self.args.curator_config,
                                               self.args.share_config)
 
     def receive(self, capability: dict[str, float] | None) -> sharing.Received:
         """Phase 3 at a fixed level; the crossings stay here, where the update trains on them."""
-        self.received = learner.receive(self.experience, self.shared, self.args.share_config, capability)
+        self.received = learner.receive(self.own, self.shared, self.args.share_config, capability)
         return dataclasses.replace(self.received, crossings=[])
 
     def offers(self, examples: list, stats: dict) -> tuple[list, list[dict]]:
@@ -171,7 +171,7 @@ class PolicyActor:
         learner.load(self.learner, folder)
 
 
-class RemoteSide:
+class ActorSide:
     """A receiver's side of curation (diagnosis.ReceiverSide) as the loop's curator calls it: in the receiver's
     actor, each step waiting for its result (the next depends on it). The offers come back with their sources'
     names, swapped back here for the loop's copies of the sources' experience."""
@@ -235,8 +235,8 @@ class RayTeam:
         for i, spec in enumerate(policies.preset(self.args.pair, self.scale)):
             self.actors.append(actor.remote(self.args, self.scale, i, device, task, transfer))
             self.names.append(spec.name)
-        cards = self.get([a.card.remote() for a in self.actors])
-        self.get([a.meet.remote(*cards) for a in self.actors])
+        peers = self.get([a.as_peer.remote() for a in self.actors])
+        self.get([a.set_peers.remote(*peers) for a in self.actors])
 
     def get(self, futures: Any) -> Any:
         """The results of calls (a list of them, or one). Waits for them in the order they finish, so that the
@@ -267,9 +267,9 @@ class RayTeam:
         return (f"{name}'s Ray actor died ({' '.join(reasons[:2]) or type(err).__name__}); the run stops here. "
                 f"Once the cause is gone, the same command with --resume continues it from its last checkpoint")
 
-    def sides(self, experiences: list[sharing.Experience]) -> dict[str, RemoteSide]:
+    def sides(self, experiences: list[sharing.Experience]) -> dict[str, ActorSide]:
         """Each receiver's side of curation, in its actor (curator.Curator.exchange)."""
-        return {name: RemoteSide(a, self, experiences) for name, a in zip(self.names, self.actors)}
+        return {name: ActorSide(a, self, experiences) for name, a in zip(self.names, self.actors)}
 
     def close(self) -> None:
         for actor in self.actors:
@@ -318,13 +318,13 @@ def run(args: RayArgs, team: RayTeam) -> Path:
         sampled = [a.rollout.remote(it, prompts) for a in team.actors]
 
         # ---- 2. rewards and advantages, in each actor ----------------------------------------------------------
-        shared = [a.score.remote(problems) for a in team.actors]    # futures, handed on to the peers as they are
+        shared = [a.experience.remote(problems) for a in team.actors]    # futures, handed on to the peers as they are
         experiences = team.get(shared)
         verdicts = train.judge(curation, experiences)
 
         # ---- 3. exchange: trajectories cross to every peer, then each receiver's part runs in its actor --------
         if args.share != "none":
-            team.get([a.deliver.remote(*(s for j, s in enumerate(shared) if j != i))
+            team.get([a.accept_shared.remote(*(s for j, s in enumerate(shared) if j != i))
                       for i, a in enumerate(team.actors)])
         if curation is not None:
             received, decisions = curation.exchange(experiences, task, problems, args.share_config, it + 1,

@@ -37,7 +37,7 @@ import train  # noqa: E402
 import train_ray  # noqa: E402
 from curation_overhead import per_iteration  # noqa: E402
 
-SET_UP = ("card", "meet", "longest_prompt", "estimate", "evaluate", "save", "load")
+SET_UP = ("as_peer", "set_peers", "longest_prompt", "estimate", "evaluate", "save", "load")
 """calls made at start, at evaluations and at checkpoints, not by every iteration"""
 CALLS: dict[int, list[tuple[str, int, int]]] = defaultdict(list)
 """per iteration, each actor call's method and the bytes of its arguments and of its result"""

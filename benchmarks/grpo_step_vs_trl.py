@@ -30,7 +30,7 @@ import learner  # noqa: E402
 import eval as evaluation  # noqa: E402
 import arith  # noqa: E402
 import grpo  # noqa: E402
-import hardware  # noqa: E402
+import costs  # noqa: E402
 import policies  # noqa: E402
 import sharing  # noqa: E402
 import tasks  # noqa: E402
@@ -58,7 +58,7 @@ def project_step(policy: policies.Policy, optimizer, task: tasks.Task, problems:
 
 
 def generate_rollout(policy: policies.Policy, prompts: list[str]) -> torch.Tensor:
-    """The sampler as it was before policies.decode: model.generate keeping every step's logits, [N, T]."""
+    """The sampler as it was before sequences.decode: model.generate keeping every step's logits, [N, T]."""
     prompt_lists = [policy.encode_prompt(p) for p in prompts for _ in range(GROUP)]
     batch = policy.tokenizer.pad({"input_ids": prompt_lists}, return_tensors="pt")
     policy.model.eval()
@@ -168,7 +168,7 @@ def main() -> None:
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
     if not cli.skip_trl:
         trl_side_by_side(pols[1], task, cli.steps)
-    phase_bounds(pols, task, max(3, cli.steps // 2), hardware.matmul_flops_per_s(torch.device("cpu"), torch.float32,
+    phase_bounds(pols, task, max(3, cli.steps // 2), costs.matmul_flops_per_s(torch.device("cpu"), torch.float32,
                                                                                   n=512))
 
 

@@ -147,7 +147,6 @@ def fill_warm_up_cache(set_name: str, seed: int) -> None:
     import torch
     import tyro
 
-    import hardware
     import policies
     from train import Args
     torch.set_num_threads(1)
@@ -155,7 +154,7 @@ def fill_warm_up_cache(set_name: str, seed: int) -> None:
     scale = args.scale or policies.default_scale()
     if scale == "tiny":
         devices = [torch.device("cpu")] * len(policies.preset(args.pair, scale))
-        hardware.build_policies(args.policy_setup(scale), devices, args.task_config)
+        policies.build_policies(args.policy_setup(scale), devices, args.task_config)
 
 
 def schedule(configurations: list[str], seeds: list[int]) -> list[tuple[str | None, int]]:

@@ -2,9 +2,9 @@
 measurement that checks it.
 
 The two models are built on the meta device from their published configurations (no weights, no hub), in
-bf16, and `hardware.estimate` adds up weights, gradients, AdamW state and step, activations, logits and the
+bf16, and `costs.estimate` adds up weights, gradients, AdamW state and step, activations, logits and the
 rollouts' KV cache at the default run's shapes (16 prompts x 8 completions, 40 new tokens); the total is the
-peak over phases that do not overlap (`hardware.Estimate.total_bytes`).
+peak over phases that do not overlap (`costs.Estimate.total_bytes`).
 
 The check: each configuration narrowed 16 times in width (hidden size, head size, MLP width, vocabulary and
 LoRA rank divided by 16; depth, heads and tokens kept) is built on the CPU with random weights, and one GRPO
@@ -32,7 +32,7 @@ from torch.utils._pytree import tree_flatten  # noqa: E402
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM  # noqa: E402
 
 import grpo  # noqa: E402
-import hardware  # noqa: E402
+import costs  # noqa: E402
 import lora  # noqa: E402
 
 class LiveTensorBytes(TorchDispatchMode):
@@ -110,7 +110,7 @@ def build(name: str, lora_rank: int, checkpointing: bool, narrowing: int = 1) ->
     return (lora.add_lora(model, rank, 2 * rank) if lora_rank else model).train()
 
 
-def measured_ratio(name: str, lora_rank: int, checkpointing: bool, work: hardware.Workload) -> float:
+def measured_ratio(name: str, lora_rank: int, checkpointing: bool, work: costs.Workload) -> float:
     """Estimate / measurement of one update of one micro-batch on the narrowed model."""
     model = build(name, lora_rank, checkpointing, NARROWING)
     vocab = model.get_input_embeddings().weight.shape[0]
@@ -122,8 +122,8 @@ def measured_ratio(name: str, lora_rank: int, checkpointing: bool, work: hardwar
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-5, foreach=True)
     grpo.grpo_step(model, optimizer, batch, grpo.LossConfig(), micro_batch=n)   # AdamW's moments exist from here
     measured = measure_update(model, optimizer, batch, micro_batch=n)
-    narrowed = hardware.Workload(n, work.prompt_len, work.max_new_tokens, n, n, checkpointing)
-    return hardware.estimate(model, narrowed).total_bytes / measured
+    narrowed = costs.Workload(n, work.prompt_len, work.max_new_tokens, n, n, checkpointing)
+    return costs.estimate(model, narrowed).total_bytes / measured
 
 
 def main() -> None:
@@ -144,9 +144,9 @@ def main() -> None:
         mode = f"LoRA r={lora_rank}" if lora_rank else "full"
         for checkpointing in (False, True):
             for name in PAPER_PAIR:
-                work = hardware.Workload(cli.rollouts, cli.prompt_len, cli.max_new_tokens, cli.micro_batch,
+                work = costs.Workload(cli.rollouts, cli.prompt_len, cli.max_new_tokens, cli.micro_batch,
                                          cli.rollouts, checkpointing)
-                est = hardware.estimate(build(name, lora_rank, checkpointing), work)
+                est = costs.estimate(build(name, lora_rank, checkpointing), work)
                 measure = not (cli.no_measure or checkpointing)
                 ratio = f"{measured_ratio(name, lora_rank, checkpointing, work):.3f}" if measure else ""
                 key = f"{mode}, checkpointing {'on' if checkpointing else 'off'}"

@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import checkpoint  # noqa: E402
 import eval as evaluation  # noqa: E402
 import arith  # noqa: E402
-import hardware  # noqa: E402
+import costs  # noqa: E402
 import policies  # noqa: E402
 import tasks  # noqa: E402
 import train  # noqa: E402
@@ -55,7 +55,7 @@ def main() -> None:
         run = train.Args(pair="qwen-llama", iterations=args.iterations, lr=args.lr, seed=args.seed, name="probe",
                          runs_dir=tmp, cache_dir=tmp, eval_every=max(args.iterations, 1))
         task = tasks.load_task("arith", run.seed, run.train_size, run.eval_size, run.task_config)
-        pols = hardware.build_policies(run.policy_setup("tiny"), [torch.device("cpu")] * len(preset), run.task_config)
+        pols = policies.build_policies(run.policy_setup("tiny"), [torch.device("cpu")] * len(preset), run.task_config)
         probe(pols, task, run, "start")
         if args.iterations:
             run_dir = train.main(run)

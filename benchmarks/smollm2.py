@@ -5,7 +5,7 @@
             a run evaluates them (the reward wants a last line `Answer: N`; beside it, the share whose last number
             is the answer), and on HumanEval, each program judged in the sandbox (--humaneval N: the first N of its
             164 problems by task id)
-  memory    hardware.estimate of one GRPO update of one micro-batch (a group of GROUP sequences) against its
+  memory    costs.estimate of one GRPO update of one micro-batch (a group of GROUP sequences) against its
             measured peak (memory_estimate.measure_update: every tensor storage alive at once), full fine-tuning
             and LoRA, float32, at the small shape's sequence lengths
   speed     perf/iteration_s of the README's SmolLM2 run (RUN: SmolLM2 in the llama seat beside the tiny Qwen
@@ -32,7 +32,7 @@ import torch  # noqa: E402
 
 import eval as evaluation  # noqa: E402
 import grpo  # noqa: E402
-import hardware  # noqa: E402
+import costs  # noqa: E402
 import lora  # noqa: E402
 import policies  # noqa: E402
 import tasks  # noqa: E402
@@ -83,8 +83,8 @@ def update_memory(policy: policies.Policy, lora_rank: int, prompt_len: int, n: i
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-6, foreach=True)
     grpo.grpo_step(model, optimizer, batch, grpo.LossConfig(), micro_batch=n)   # AdamW's moments exist from here
     measured = measure_update(model, optimizer, batch, micro_batch=n)
-    work = hardware.Workload(n, prompt_len, NEW_TOKENS, n, n)
-    return hardware.estimate(model, work).total_bytes, measured
+    work = costs.Workload(n, prompt_len, NEW_TOKENS, n, n)
+    return costs.estimate(model, work).total_bytes, measured
 
 
 RUN = ("--share cross-fidelity --lora-rank 8 --prompts-per-iteration 4 --group-size 4 --max-new-tokens 32 "

@@ -8,6 +8,7 @@ from tokenizers import Tokenizer
 
 import arith
 import policies
+import sequences
 import tiny
 import token_bytes
 
@@ -152,7 +153,7 @@ def teacher_forced_logprobs(model, prompt: list[int], ids: torch.Tensor, tempera
 def test_decode_logprobs_equal_a_teacher_forced_forward_at_the_temperature(random_policy, temperature, top_p):
     model, tok, prompts = random_policy
     torch.manual_seed(0)
-    ids, logprobs = policies.decode(model, prompts, tok.pad_token_id, tok.eos_token_id, 16, temperature, top_p)
+    ids, logprobs = sequences.decode(model, prompts, tok.pad_token_id, tok.eos_token_id, 16, temperature, top_p)
     assert ids.shape == logprobs.shape == (len(prompts), 16)
     for prompt, row, lp in zip(prompts, ids, logprobs):
         torch.testing.assert_close(lp, teacher_forced_logprobs(model, prompt, row, temperature), atol=1e-4, rtol=0)
@@ -164,13 +165,13 @@ def test_rows_stop_at_eos_and_the_others_continue_unchanged(cache_dir):
     model, tok = policy.model.eval(), policy.tokenizer
     prompts = [policy.encode_prompt(arith.prompt_text(p)) for p in arith.generate_problems(6, "train", 5)] * 4
     torch.manual_seed(0)
-    free, free_lp = policies.decode(model, prompts, tok.pad_token_id, -1, 16, 0.9)  # no EOS
+    free, free_lp = sequences.decode(model, prompts, tok.pad_token_id, -1, 16, 0.9)  # no EOS
     # the token that the most rows emit without all of them doing so: call it EOS and decode again, same seed
     emitted = torch.stack([(free == t).any(1) for t in range(len(tok))]).float().mean(1)         # [V]
     stop = int(torch.where(emitted < 0.9, emitted, torch.zeros_like(emitted)).argmax())
     assert emitted[stop] > 0.3
     torch.manual_seed(0)
-    ids, lp = policies.decode(model, prompts, tok.pad_token_id, stop, 16, 0.9)
+    ids, lp = sequences.decode(model, prompts, tok.pad_token_id, stop, 16, 0.9)
     ends = []
     for row, row_lp, ref, ref_lp in zip(ids, lp, free, free_lp):
         end = (ref == stop).nonzero()[0, 0].item() + 1 if (ref == stop).any() else len(ref)
@@ -191,12 +192,12 @@ def test_decode_matches_model_generate(random_policy, sampling):
     temperature, top_p, greedy = sampling.get("temperature", 1.0), sampling.get("top_p", 1.0), not sampling["do_sample"]
     # an EOS that the first row emits early, so generate pads finished rows while others run on
     torch.manual_seed(1)
-    eos = int(policies.decode(model, prompts, tok.pad_token_id, -1, 3, temperature, top_p, greedy)[0][0, -1])
+    eos = int(sequences.decode(model, prompts, tok.pad_token_id, -1, 3, temperature, top_p, greedy)[0][0, -1])
     torch.manual_seed(1)
     expected = model.generate(**batch, max_new_tokens=20, pad_token_id=tok.pad_token_id, eos_token_id=eos,
                               **sampling)[:, batch["input_ids"].shape[1]:]
     torch.manual_seed(1)
-    ids, _ = policies.decode(model, prompts, tok.pad_token_id, eos, 20, temperature, top_p, greedy)
+    ids, _ = sequences.decode(model, prompts, tok.pad_token_id, eos, 20, temperature, top_p, greedy)
     assert torch.equal(ids, expected) and (ids[0, 3:] == tok.pad_token_id).all()
 
 
@@ -222,3 +223,15 @@ def test_the_trimmed_tokenizer_is_cached_and_the_cached_one_is_the_same(tmp_path
     monkeypatch.undo()
     other = tiny.tiny_tokenizer.__wrapped__(family, "prose", str(tmp_path))        # another corpus, another entry
     assert len(list((tmp_path / "tokenizers").glob(f"{family}-*.json"))) == 2 and other.get_vocab() != fresh.get_vocab()
+
+
+def test_devices_are_placed_round_robin_and_bad_ones_refused():
+    cpu = torch.device("cpu")
+    assert policies.policy_devices("cpu", 3) == [cpu] * 3
+    assert policies.policy_devices(" cpu , cpu ", 2) == [cpu, cpu]
+    assert policies.policy_devices(None, 2) == [torch.device("cuda" if torch.cuda.is_available() else "cpu")] * 2
+    with pytest.raises(ValueError, match="not a torch device"):
+        policies.policy_devices("gpu0", 2)
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="CUDA devices"):
+            policies.policy_devices("cuda:0,cuda:1", 2)

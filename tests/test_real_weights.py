@@ -216,6 +216,6 @@ def test_real_weights_benchmark_at_a_tiny_size(smol_cut):
     assert not smollm2.last_number_right(problem, f"{problem.answer} then {problem.answer + 1}")
     measured = smollm2.accuracy(smol_cut, eval_size=2, humaneval=1, max_new_tokens=4, code_tokens=4)
     assert {task: n for task, (_, n) in measured.items()} == {"arith": 2, "arith, last number": 2, "humaneval": 1}
-    for rank in (0, 4):   # hardware.estimate holds for SmolLM2's shape as for the tiny ones (tests/test_hardware.py)
+    for rank in (0, 4):   # costs.estimate holds for SmolLM2's shape as for the tiny ones (tests/test_costs.py)
         estimated, peak = smollm2.update_memory(copy.deepcopy(smol_cut), rank, prompt_len=24, n=2)
         assert 0.9 < estimated / peak < 1.1

@@ -1,4 +1,4 @@
-"""LoRA, device placement and the memory estimate, on the CPU: what can be checked without a GPU."""
+"""The memory and time estimate and LoRA, on the CPU: what can be checked without a GPU."""
 
 import copy
 import json
@@ -11,7 +11,7 @@ import torch
 import checkpoint
 import eval as evaluation
 import grpo
-import hardware
+import costs
 import lora
 import reachability
 import tiny
@@ -74,23 +74,11 @@ def test_a_lora_checkpoint_holds_the_adapters_and_restores_the_model():
     assert set(checkpoint.trainable_state(full)) == set(full.state_dict())
 
 
-def test_devices_are_placed_round_robin_and_bad_ones_refused():
-    cpu = torch.device("cpu")
-    assert hardware.policy_devices("cpu", 3) == [cpu] * 3
-    assert hardware.policy_devices(" cpu , cpu ", 2) == [cpu, cpu]
-    assert hardware.policy_devices(None, 2) == [torch.device("cuda" if torch.cuda.is_available() else "cpu")] * 2
-    with pytest.raises(ValueError, match="not a torch device"):
-        hardware.policy_devices("gpu0", 2)
-    if not torch.cuda.is_available():
-        with pytest.raises(ValueError, match="CUDA devices"):
-            hardware.policy_devices("cuda:0,cuda:1", 2)
-
-
 def test_the_estimate_matches_measured_parameters_gradients_optimizer_state_and_kv_cache():
     model, tok = tiny_llama()
     model = lora.add_lora(model, rank=4, alpha=8)
-    work = hardware.Workload(rollouts=3, prompt_len=4, max_new_tokens=3, micro_batch=2, train_sequences=3)
-    est = hardware.estimate(model, work)
+    work = costs.Workload(rollouts=3, prompt_len=4, max_new_tokens=3, micro_batch=2, train_sequences=3)
+    est = costs.estimate(model, work)
     optimizer = one_update(model, len(tok))
     params = list(model.parameters())
     assert est.parameters == sum(p.numel() for p in params)
@@ -174,7 +162,7 @@ CASES = [(family, dtype, with_lora) for family in ("qwen2", "llama") for dtype i
 def test_activations_are_the_tensors_saved_for_backward(family, dtype, with_lora):
     model = small_model(family, dtype, with_lora)
     batch = padded_batch(4, 24, 24)
-    kept, recomputed = hardware.activation_bytes(model, 4, batch.input_ids.shape[1], checkpointing=False)
+    kept, recomputed = costs.activation_bytes(model, 4, batch.input_ids.shape[1], checkpointing=False)
     assert recomputed == 0
     assert kept == pytest.approx(saved_for_backward(model, batch), rel=0.03)
 
@@ -188,7 +176,7 @@ def test_the_estimated_peak_is_within_10_percent_of_the_measured_peak_of_an_upda
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4, foreach=True)
     grpo.grpo_step(model, optimizer, batch, grpo.LossConfig(), micro_batch=n)   # AdamW's moments exist from now
     measured = memory_estimate.measure_update(model, optimizer, batch, micro_batch=n)
-    est = hardware.estimate(model, hardware.Workload(n, prompt_len, new_tokens, n, n))
+    est = costs.estimate(model, costs.Workload(n, prompt_len, new_tokens, n, n))
     assert est.total_bytes == pytest.approx(measured, rel=0.10)
 
 
@@ -200,7 +188,7 @@ def test_the_estimated_peak_follows_micro_batches_and_the_optimizer_step(n, micr
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
     grpo.grpo_step(model, optimizer, batch, grpo.LossConfig(), micro_batch=micro_batch)
     measured = memory_estimate.measure_update(model, optimizer, batch, micro_batch=micro_batch)
-    est = hardware.estimate(model, hardware.Workload(n, 4, new_tokens, micro_batch, n))
+    est = costs.estimate(model, costs.Workload(n, 4, new_tokens, micro_batch, n))
     assert est.total_bytes == pytest.approx(measured, rel=0.10)
 
 
@@ -212,5 +200,5 @@ def test_the_flop_count_is_the_matmuls_of_a_forward(family):
     with FlopCounterMode(display=False) as counter, torch.no_grad():
         model(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
     matmuls = sum(count for op, count in counter.get_flop_counts()["Global"].items() if "attention" not in str(op))
-    est = hardware.estimate(model, hardware.Workload(3, 6, 4, 3, train_sequences=0))
+    est = costs.estimate(model, costs.Workload(3, 6, 4, 3, train_sequences=0))
     assert est.flops == matmuls      # an untied input embedding is a lookup, not a matmul

@@ -1,16 +1,12 @@
-"""Where a run's policies live and what they cost: one device per policy, the policies built for a run, and the
-memory and time estimate printed at start.
+"""What an iteration costs a policy: the memory and time estimate printed at start (DESIGN.md §1, §3).
 
-The design card's promise (DESIGN.md §1, §3): `python train.py --pair qwen-llama` runs on one GPU, the paper
-pair (7B + 8B) included, with LoRA (lora.py). What else makes that true:
-  - `--devices cuda:0,cuda:1` places policy i on device i (round robin when there are fewer devices); train.py
-    runs them one after another. train_ray.py places each policy in a Ray actor of its own, where they run side
-    by side, on one machine or a cluster.
-  - `estimate`: weights, gradients, optimizer state and step, activations of one micro-batch, logits and the
-    rollouts' KV cache and logits, from the loaded model's measured parameter counts and its config, and their
-    peak over the phases that do not overlap; and the FLOPs of an iteration turned into a lower bound on its
-    time by the device's measured matmul throughput. benchmarks/memory_estimate.py measures the peak of a real
-    update on the CPU, which is how the estimate is checked (tests too).
+The design card's promise: `python train.py --pair qwen-llama` runs on one GPU, the paper pair (7B + 8B) included,
+with LoRA (lora.py). `estimate` says whether it does before the first iteration: weights, gradients, optimizer
+state and step, activations of one micro-batch, logits and the rollouts' KV cache and logits, from the loaded
+model's measured parameter counts and its config, and their peak over the phases that do not overlap; and the
+FLOPs of an iteration turned into a lower bound on its time by the device's measured matmul throughput.
+benchmarks/memory_estimate.py measures the peak of a real update on the CPU, which is how the estimate is checked
+(tests too).
 """
 
 from __future__ import annotations
@@ -18,67 +14,12 @@ from __future__ import annotations
 import os
 import socket
 import time
-from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass, fields
-from typing import Iterator
+from dataclasses import dataclass
 
 import torch
 
-import lora
 import policies
 
-
-# ---------------------------------------------------------------------------------------------------------------
-# Devices
-# ---------------------------------------------------------------------------------------------------------------
-
-def policy_devices(devices: str | None, n_policies: int) -> list[torch.device]:
-    """One device per policy from "cuda:0,cuda:1" (round robin over fewer devices); default: cuda:0 or cpu."""
-    names = [d.strip() for d in devices.split(",") if d.strip()] if devices else \
-        ["cuda" if torch.cuda.is_available() else "cpu"]
-    parsed = []
-    for name in names:
-        try:
-            device = torch.device(name)
-        except RuntimeError as err:
-            raise ValueError(f"--devices: {name!r} is not a torch device ({err})") from None
-        missing = not torch.cuda.is_available() or (device.index or 0) >= torch.cuda.device_count()
-        if device.type == "cuda" and missing:
-            raise ValueError(f"--devices: {name} requested but this machine has {torch.cuda.device_count()} CUDA "
-                             "devices")
-        parsed.append(device)
-    return [parsed[i % len(parsed)] for i in range(n_policies)]
-
-
-@contextmanager
-def measured(device: torch.device) -> Iterator[dict[str, float]]:
-    """Time one policy's phase on its device, with that device current (threads do not inherit it) and its peak
-    memory counter reset; fills `seconds` and, on CUDA, `peak_gib` when the phase ends."""
-    cuda = device.type == "cuda"
-    out: dict[str, float] = {}
-    with torch.cuda.device(device) if cuda else nullcontext():
-        if cuda:
-            torch.cuda.reset_peak_memory_stats(device)
-        began = time.perf_counter()
-        yield out
-        if cuda:
-            torch.cuda.synchronize(device)
-            out["peak_gib"] = torch.cuda.max_memory_allocated(device) / 1024 ** 3
-        out["seconds"] = time.perf_counter() - began
-
-
-def perf_metrics(phase: str, tokens: float, measurement: dict[str, float]) -> dict[str, float]:
-    """perf/{phase}_tokens (the phase's cost, what a comparison at an equal budget adds up), its speed
-    perf/{phase}_tokens_per_s and, on CUDA, perf/{phase}_peak_gib (all resident weights included)."""
-    out = {f"perf/{phase}_tokens": float(tokens), f"perf/{phase}_tokens_per_s": tokens / measurement["seconds"]}
-    if "peak_gib" in measurement:
-        out[f"perf/{phase}_peak_gib"] = measurement["peak_gib"]
-    return out
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Memory and time estimate
-# ---------------------------------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class Workload:
@@ -134,7 +75,7 @@ def adapter_widths(model: torch.nn.Module) -> tuple[int, int, int]:
 def activation_bytes(model: torch.nn.Module, micro_batch: int, seq: int, checkpointing: bool) -> tuple[int, int]:
     """(kept, recomputed): what one micro-batch's forward saves for the backward, logits excepted, and what a
     block saves again while the backward recomputes it under gradient checkpointing (else 0). Counted tensor by
-    tensor with saved-tensor hooks on transformers' Llama / Qwen2 and peft; tests/test_hardware.py measures it.
+    tensor with saved-tensor hooks on transformers' Llama / Qwen2 and peft; tests/test_costs.py measures it.
 
     Per token and layer, in the model's element size s unless said:
       - each RMSNorm: a float32 copy of its input (4h bytes whatever s) and its rsqrt (4 bytes); where the norm
@@ -258,47 +199,3 @@ def describe(name: str, est: Estimate, flops_per_s: float) -> str:
     return (f"  {name}: {est.parameters / 1e6:.1f}M parameters, {est.trainable / 1e6:.2f}M trained; memory "
             f"~{est.total_bytes / gib:.2f} GiB ({terms}); >= {est.flops / flops_per_s:.2f} s per iteration "
             f"at the measured {flops_per_s / 1e12:.2f} TFLOP/s (generation is memory-bound: expect more)")
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# A run's policies
-# ---------------------------------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class PolicySetup:
-    """What builds a run's policies: train.Args carries these fields (their defaults live there), and eval.py reads
-    them back from a finished run's config.json."""
-
-    pair: str
-    scale: str
-    seed: int
-    model_paths: tuple[str, ...]
-    model_dir: str | None
-    cache_dir: str | None
-    warmup_scale: float
-    lora_rank: int
-    lora_alpha: float
-    gradient_checkpointing: bool
-
-    @classmethod
-    def of(cls, config: dict) -> PolicySetup:
-        return cls(**{f.name: config[f.name] for f in fields(cls)})
-
-
-def build_policies(setup: PolicySetup, devices: list[torch.device], task_cfg) -> list[policies.Policy]:
-    """The run's policies as training starts, policy i on devices[i] (`build_policy`)."""
-    return [build_policy(setup, i, device, task_cfg) for i, device in enumerate(devices)]
-
-
-def build_policy(setup: PolicySetup, index: int, device: torch.device, task_cfg) -> policies.Policy:
-    """Policy `index` of the run as training starts: loaded (a tiny warm-up from the cache), adapters and
-    checkpointing as configured."""
-    model_paths = dict(item.split("=", 1) for item in setup.model_paths)
-    p = policies.load_policy(setup.pair, setup.scale, index, device, task_cfg, setup.seed, setup.cache_dir,
-                             model_paths, setup.warmup_scale, setup.model_dir)
-    p.model.train()  # from_pretrained leaves eval mode, in which transformers skips gradient checkpointing
-    if setup.lora_rank:
-        p.model = lora.add_lora(p.model, setup.lora_rank, setup.lora_alpha)
-    if setup.gradient_checkpointing:
-        p.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    return p
