@@ -151,8 +151,8 @@ def admit(offers: list[Offer], bands: list[int | None], receiver: sharing.Experi
             picks[k] = (offers[k], a)
     advantages = receiver.advantages.clone()                                           # [B, G]
     for b, rewards in pooled.items():
-        pooled_rewards = torch.cat([receiver.rewards[b], torch.tensor(rewards)]).unsqueeze(0)      # [1, G + S]
-        advantages[b] = grpo.group_advantages(pooled_rewards, share.scale_by_std)[0, :advantages.shape[1]]
+        advantages[b] = sharing.xgrpo_advantages(receiver.rewards[b:b + 1], [torch.tensor([rewards])],
+                                                 share.scale_by_std)[0]
     return decisions, picks, advantages
 
 

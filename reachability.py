@@ -366,8 +366,7 @@ def step_norms(policy, items: list[Item], params: list[torch.nn.Parameter]) -> l
     distinct = dict(zip(keys, items))
     input_ids, attention, steps = batch_inputs(list(distinct.values()), policy.tokenizer.pad_token_id)
     flat = step_grad_norms(policy.model, input_ids.to(policy.device), attention.to(policy.device), steps, params)
-    # each item's norms in storage of their own: a pickled view would carry every item's
-    norms = dict(zip(distinct, (g.clone() for g in flat.split([len(s) for s in steps]))))
+    norms = dict(zip(distinct, flat.split([len(s) for s in steps])))
     return [norms[k] for k in keys]
 
 

@@ -118,10 +118,15 @@ class ShareConfig:
 # The three levels on rewards alone
 # ---------------------------------------------------------------------------------------------------------------
 
+def pooled_advantages(own: torch.Tensor, others: list[torch.Tensor], scale_by_std: bool = True) -> torch.Tensor:
+    """[B, G + sum S_j] the group advantages of the receiver's rewards own [B, G] pooled with others [B, S_j] on
+    the same prompts: the statistics XGRPO's baseline and SGT's rescue credit share."""
+    return grpo.group_advantages(torch.cat([own, *others], dim=1), scale_by_std)
+
+
 def xgrpo_advantages(own: torch.Tensor, peers: list[torch.Tensor], scale_by_std: bool = True) -> torch.Tensor:
     """[B, G] the receiver's advantages against the pooled group: own [B, G] and peers' [B, G_j] rewards."""
-    pooled = torch.cat([own, *peers], dim=1)                                      # [B, G + sum G_j]
-    return grpo.group_advantages(pooled, scale_by_std)[:, :own.shape[1]]
+    return pooled_advantages(own, peers, scale_by_std)[:, :own.shape[1]]
 
 
 def sgt_rescues(own: torch.Tensor, peer: torch.Tensor, success: float = 1.0) -> list[tuple[int, int]]:
@@ -136,8 +141,7 @@ def sgt_rescues(own: torch.Tensor, peer: torch.Tensor, success: float = 1.0) -> 
 
 def rescue_advantages(own: torch.Tensor, rescued: torch.Tensor, scale_by_std: bool = True) -> torch.Tensor:
     """[S] the advantages of S rescued rewards as members of the receiver's group own [G]."""
-    pooled = torch.cat([own, rescued]).unsqueeze(0)                               # [1, G + S]
-    return grpo.group_advantages(pooled, scale_by_std)[0, own.numel():]
+    return pooled_advantages(own.unsqueeze(0), [rescued.unsqueeze(0)], scale_by_std)[0, own.numel():]
 
 
 def truncated_weights(log_ratio: torch.Tensor, cap: float) -> torch.Tensor:
