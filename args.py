@@ -196,8 +196,8 @@ class Args:
         try:   # here, not after the warm-up: the curator's own checks, in the flags' names
             self.curator_config
         except ValueError as err:
-            raise ValueError(f"cross-fidelity settings (--fidelity-lambdas, --theta1, --theta2, --calibration[-window], "
-                             f"--ablate, --process-signal): {err}") from None
+            raise ValueError(f"cross-fidelity settings (--fidelity-lambdas, --theta1, --theta2, "
+                             f"--calibration[-window], --ablate, --process-signal): {err}") from None
 
     @property
     def task_config(self) -> arith.TaskConfig:

@@ -19,10 +19,10 @@ import torch
 import policies
 
 
-RESUMABLE = ("resume", "iterations", "backend", "ray_address", "cpus_per_policy", "gpus_per_policy")
+RESUMABLE = ("resume", "iterations", "backend", "devices", "ray_address", "cpus_per_policy", "gpus_per_policy")
 """the settings a resume may change: --iterations (no schedule depends on the horizon, so a run extended from 100 to
 200 iterations is the run that would have gone to 200 from the start) and where the policies run (train.py and
-train_ray.py give the same metrics)"""
+train_ray.py give the same metrics on a CPU)"""
 
 
 NAMED = ("task", "step_format", "tbd_measure", "ablate", "thresholds", "process_signal", "scale", "lora_rank")

@@ -143,8 +143,8 @@ def load(learner: Learner, folder: Path) -> None:
 
 @contextmanager
 def measured(device: torch.device) -> Iterator[dict[str, float]]:
-    """Time one policy's phase on its device, with that device current (threads do not inherit it) and its peak
-    memory counter reset; fills `seconds` and, on CUDA, `peak_gib` when the phase ends."""
+    """Time one policy's phase on its device, with that device current (policies on several devices share train.py's
+    process) and its peak memory counter reset; fills `seconds` and, on CUDA, `peak_gib` when the phase ends."""
     cuda = device.type == "cuda"
     out: dict[str, float] = {}
     with torch.cuda.device(device) if cuda else nullcontext():

@@ -376,7 +376,7 @@ def load_policy(pair: str, scale: str, index: int, device: torch.device, task_cf
 
 @dataclass(frozen=True)
 class PolicySetup:
-    """What builds a run's policies: train.Args carries these fields (their defaults live there), and eval.py reads
+    """What builds a run's policies: args.Args carries these fields (their defaults live there), and eval.py reads
     them back from a finished run's config.json."""
 
     pair: str

@@ -39,12 +39,12 @@ from tqdm import tqdm
 
 import checkpoint
 import coevolution
+import costs
 import curator
 import data
 import eval as evaluation
 import grpo
 import hacpo
-import costs
 import learner
 import metrics_log
 import policies
@@ -105,8 +105,8 @@ def workload(args: Args, prompt_len: int, policy_count: int) -> costs.Workload:
     received = {"none": 0, "xgrpo": 0, "sgt": rollouts // 4, "graft": rollouts // 4, "prp": rollouts,
                 "hacpo": rollouts, "cross-fidelity": rollouts}[args.share] * (policy_count - 1)
     return costs.Workload(rollouts, prompt_len, args.max_new_tokens, min(args.micro_batch, rollouts + received),
-                             rollouts + received, args.gradient_checkpointing,
-                             reference_copy=args.beta > 0 and not args.lora_rank)
+                          rollouts + received, args.gradient_checkpointing,
+                          reference_copy=args.beta > 0 and not args.lora_rank)
 
 
 def print_estimates(estimates: list[tuple[str, str, int, int | None]]) -> None:
@@ -123,15 +123,19 @@ def print_estimates(estimates: list[tuple[str, str, int, int | None]]) -> None:
                   f"{'fits' if total < capacity else 'DOES NOT FIT'}")
 
 
-def resume_point(args: Args, run_dir: Path, state: curator.Curator | hacpo.Capabilities | None
-                 ) -> tuple[int, Path | None, curator.Curator | hacpo.Capabilities | None]:
-    """Where the run starts: iteration 0 with no checkpoint to load, or under --resume the last checkpoint's
-    iteration, its folder (whose policy parts the caller loads) and the curator's or HACPO's state saved there."""
+def start_state(args: Args, run_dir: Path, names: list[str]
+                ) -> tuple[int, Path | None, curator.Curator | None, hacpo.Capabilities | None]:
+    """Where the run starts and what the exchange keeps across iterations (the curator of cross-fidelity, HACPO's
+    capabilities): iteration 0 and a fresh state, or under --resume the last checkpoint's iteration, its folder
+    (whose policy parts the caller loads) and the state saved there."""
+    curation = make_curator(args, names) if args.share == "cross-fidelity" else None
+    capabilities = hacpo.Capabilities(args.share_config.hacpo_window) if args.share == "hacpo" else None
     if not (args.resume and (run_dir / "checkpoints" / "latest").exists()):
-        return 0, None, state
+        return 0, None, curation, capabilities
     start, folder, saved = checkpoint.latest_checkpoint(run_dir)
     print(f"resumed from iteration {start}")
-    return start, folder, (saved or state) if state is not None else None
+    return (start, folder, (saved or curation) if curation is not None else None,
+            (saved or capabilities) if capabilities is not None else None)
 
 
 def open_metrics(args: Args, run_dir: Path, start: int) -> metrics_log.MetricsLog:
@@ -155,24 +159,29 @@ def judge(curation: curator.Curator | None, experiences: list[sharing.Experience
 
 
 def iteration_records(experiences: list[sharing.Experience], rollout_perf: list[dict], updates: list[dict],
-                      received: dict[str, sharing.Received], verdicts: dict, curation: curator.Curator | None,
-                      iteration_s: float) -> list[dict[str, float]]:
-    """Phase 5: each policy's metric line of the iteration (its update's statistics are handed to the curator's
-    stability guard on the way)."""
+                      received: dict[str, sharing.Received], verdicts: dict, iteration_s: float
+                      ) -> list[dict[str, float]]:
+    """Phase 5: each policy's metric line of the iteration, its update's statistics first."""
     records = []
     for e, perf, stats in zip(experiences, rollout_perf, updates):
         name = e.policy.name
         stats.update(perf)
         stats.update(grpo.rewards_stats(e.rewards))
         stats.update(received[name].metrics)
-        if curation is not None:
-            curation.updated(name, stats)
         if verdicts.get(name) is not None:
             stats["fidelity/guard_tripped"] = float(bool(verdicts[name]))
         stats["charts/finished"] = sum(e.rollouts.finished) / len(e.rollouts.finished)
         stats["perf/iteration_s"] = iteration_s   # the method's cost: no evaluation in it
         records.append(stats)
     return records
+
+
+def hand_to_guard(curation: curator.Curator | None, names: list[str], records: list[dict]) -> None:
+    """Each policy's iteration (its update's KL and gradient norm, its reward spread) joins the cycle the stability
+    guard judges once the next rollouts exist (adaptive thresholds only)."""
+    if curation is not None:
+        for name, record in zip(names, records):
+            curation.updated(name, record)
 
 
 def log_lines(metrics: metrics_log.MetricsLog, iteration: int, started: float, names: list[str],
@@ -216,13 +225,10 @@ def run(args: Args) -> Path:
     samples = [task.prompt(q) for q in task.train[:50] + task.heldout[:50]]
     prompt_len = max(len(l.policy.encode_prompt(t)) for l in learners for t in samples)
     print_estimates([costs.policy_estimate(l.policy, workload(args, prompt_len, len(names))) for l in learners])
-    curation = make_curator(args, names) if args.share == "cross-fidelity" else None
-    capabilities = hacpo.Capabilities(args.share_config.hacpo_window) if args.share == "hacpo" else None
-    start, folder, state = resume_point(args, run_dir, curation if curation is not None else capabilities)
+    start, folder, curation, capabilities = start_state(args, run_dir, names)
     if folder is not None:
         for l in learners:
             learner.load(l, folder)
-    curation, capabilities = (state, None) if curation is not None else (None, state)
     metrics = open_metrics(args, run_dir, start)
     accuracy = {name: float("nan") for name in names}
     if start == 0:
@@ -237,11 +243,11 @@ def run(args: Args) -> Path:
         # ---- 1. rollouts -------------------------------------------------------------------------------------
         iteration_started = time.time()
         problems, prompts = draw_problems(args, task, it)
-        rolled = [learner.rollout(l, args, it, prompts) for l in learners]
+        sampled = [learner.rollout(l, args, it, prompts) for l in learners]
+        rollouts, rollout_perf = [r for r, _ in sampled], [perf for _, perf in sampled]
 
         # ---- 2. rewards and advantages -------------------------------------------------------------------------
-        experiences = [learner.experience(l, args, task, problems, prompts, rollouts)
-                       for l, (rollouts, _) in zip(learners, rolled)]
+        experiences = [learner.experience(l, args, task, problems, prompts, r) for l, r in zip(learners, rollouts)]
         verdicts = judge(curation, experiences)
 
         # ---- 3. exchange: a fixed level per receiver, or the curator over all of them ------------------------
@@ -261,8 +267,9 @@ def run(args: Args) -> Path:
 
         # ---- 5. log, evaluate, checkpoint ----------------------------------------------------------------------
         iteration_s = time.time() - iteration_started
-        log_lines(metrics, it + 1, started, names, iteration_records(
-            experiences, [perf for _, perf in rolled], updates, received, verdicts, curation, iteration_s))
+        records = iteration_records(experiences, rollout_perf, updates, received, verdicts, iteration_s)
+        hand_to_guard(curation, names, records)
+        log_lines(metrics, it + 1, started, names, records)
         evaluate_now, save_now = due(args, it + 1)
         if evaluate_now:
             evaluations = [learner.evaluate(l, args, task, transfer, it + 1) for l in learners]
@@ -271,7 +278,7 @@ def run(args: Args) -> Path:
         if save_now:
             for l in learners:
                 learner.save(l, checkpoint.checkpoint_folder(run_dir, it + 1))
-            checkpoint.commit_checkpoint(run_dir, it + 1, names, state)
+            checkpoint.commit_checkpoint(run_dir, it + 1, names, curation if curation is not None else capabilities)
         progress(bar, experiences, accuracy)
     return finish(run_dir, metrics, started)
 
@@ -295,12 +302,12 @@ ERRORS = (ValueError, OSError, data.DataUnavailable, policies.WeightsUnavailable
 """what a run reports in one line: each error's message says what to fix, and a traceback would bury it"""
 
 
-def cli(main, args_type: type, errors: tuple = ERRORS) -> None:
-    """The command line of train.py and train_ray.py: a plain kill (SIGTERM) leaves as Ctrl-C does, through every
-    `finally`, so nothing the run started is left behind."""
+def cli(run_main, args_type: type, errors: tuple = ERRORS) -> None:
+    """The command line of train.py and train_ray.py: a plain kill (SIGTERM) leaves through every `finally`, as
+    Ctrl-C does, so nothing the run started is left behind."""
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
-        main(tyro.cli(args_type))
+        run_main(tyro.cli(args_type))
     except KeyboardInterrupt:
         raise SystemExit(130) from None
     except errors as err:

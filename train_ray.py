@@ -7,7 +7,7 @@
 Every flag of train.py (args.py) and three of Ray's (`RayArgs`). The loop is train.py's, phase for phase; each
 policy's part of a phase runs in its actor (`PolicyActor`, which calls learner.py's phases), so the actors roll out
 and update side by side, and on a CPU a run gives train.py's metrics, decisions and weights for the same seed
-(tests/test_backends.py). What crosses an actor's boundary: in, the iteration's prompts and problems, its peers'
+(tests/test_train_ray.py). What crosses an actor's boundary: in, the iteration's prompts and problems, its peers'
 trajectories (completion ids, behaviour log-probs, texts, rewards, advantages; sent from their actors' object
 stores) and the curator's decisions; out, its trajectories, its metrics and, under cross-fidelity, its diagnoses of
 its peers' trajectories (`ActorSide`). Token tables cross once, at start; weights and gradients never do.
@@ -31,9 +31,8 @@ import torch
 from tqdm import tqdm
 
 import checkpoint
-import diagnosis
-import hacpo
 import costs
+import diagnosis
 import learner
 import metrics_log
 import policies
@@ -78,7 +77,7 @@ class Peer:
     token_bytes: tuple[bytes, ...] = ()
 
 
-def shared(experience: sharing.Experience) -> sharing.Experience:
+def as_shared(experience: sharing.Experience) -> sharing.Experience:
     """An experience as it leaves its actor: the policy's name for the policy, and the rollouts without the prompt
     ids and byte offsets, which no peer reads (a receiver encodes the prompts and aligns the completions itself)."""
     return dataclasses.replace(experience, policy=Peer(experience.policy.name),
@@ -99,7 +98,7 @@ class PolicyActor:
         self.prompts: list[str] = []
         self.rollouts: policies.Rollouts | None = None
         self.own: sharing.Experience | None = None
-        self.shared: list[sharing.Experience] = []
+        self.from_peers: list[sharing.Experience] = []
         self.side: diagnosis.ReceiverSide | None = None
         self.received: sharing.Received | None = None
 
@@ -119,9 +118,9 @@ class PolicyActor:
         return costs.policy_estimate(self.learner.policy, work)
 
     def rollout(self, iteration: int, prompts: list[str]) -> dict[str, float]:
-        self.prompts = prompts
+        self.rollouts = self.own = self.side = self.received = None   # a failed rollout leaves nothing to reuse
+        self.prompts, self.from_peers = prompts, []
         self.rollouts, perf = learner.rollout(self.learner, self.args, iteration, prompts)
-        self.shared, self.side, self.received = [], None, None
         return perf
 
     def experience(self, problems: list) -> sharing.Experience:
@@ -130,18 +129,18 @@ class PolicyActor:
         self.own = learner.experience(self.learner, a, self.task, problems, self.prompts, self.rollouts)
         if a.share == "cross-fidelity" and a.curator_config.measures_hidden_tbd:
             self.own = sharing.with_hidden_states(self.own)
-        return shared(self.own)
+        return as_shared(self.own)
 
     def accept_shared(self, *peers: sharing.Experience) -> None:
         """Phase 3 begins: the peers' shared experience arrives."""
-        self.shared = [dataclasses.replace(e, policy=self.peers[e.policy.name]) for e in peers]
+        self.from_peers = [dataclasses.replace(e, policy=self.peers[e.policy.name]) for e in peers]
         if self.args.share == "cross-fidelity":
-            self.side = diagnosis.ReceiverSide(self.own, self.shared, self.task, self.args.curator_config,
+            self.side = diagnosis.ReceiverSide(self.own, self.from_peers, self.task, self.args.curator_config,
                                               self.args.share_config)
 
     def receive(self, capability: dict[str, float] | None) -> sharing.Received:
         """Phase 3 at a fixed level; the crossings stay here, where the update trains on them."""
-        self.received = learner.receive(self.own, self.shared, self.args.share_config, capability)
+        self.received = learner.receive(self.own, self.from_peers, self.args.share_config, capability)
         return dataclasses.replace(self.received, crossings=[])
 
     def offers(self, examples: list, stats: dict) -> tuple[list, list[dict]]:
@@ -301,12 +300,9 @@ def run(args: RayArgs, team: RayTeam) -> Path:
     samples = [task.prompt(q) for q in task.train[:50] + task.heldout[:50]]
     work = train.workload(args, max(team.call("longest_prompt", samples)), len(names))
     train.print_estimates(team.call("estimate", work))
-    curation = train.make_curator(args, names) if args.share == "cross-fidelity" else None
-    capabilities = hacpo.Capabilities(args.share_config.hacpo_window) if args.share == "hacpo" else None
-    start, folder, state = train.resume_point(args, run_dir, curation if curation is not None else capabilities)
+    start, folder, curation, capabilities = train.start_state(args, run_dir, names)
     if folder is not None:
         team.call("load", folder)
-    curation, capabilities = (state, None) if curation is not None else (None, state)
     metrics = train.open_metrics(args, run_dir, start)
     accuracy = {name: float("nan") for name in names}
     if start == 0:
@@ -324,6 +320,7 @@ def run(args: RayArgs, team: RayTeam) -> Path:
 
         # ---- 2. rewards and advantages, in each actor ----------------------------------------------------------
         shared = [a.experience.remote(problems) for a in team.actors]    # futures, handed on to the peers as they are
+        rollout_perf = team.get(sampled)      # first, so that a failed rollout is the error reported
         experiences = team.get(shared)
         verdicts = train.judge(curation, experiences)
 
@@ -346,8 +343,9 @@ def run(args: RayArgs, team: RayTeam) -> Path:
 
         # ---- 5. log, evaluate, checkpoint ----------------------------------------------------------------------
         iteration_s = time.time() - iteration_started
-        train.log_lines(metrics, it + 1, started, names, train.iteration_records(
-            experiences, team.get(sampled), updates, received, verdicts, curation, iteration_s))
+        records = train.iteration_records(experiences, rollout_perf, updates, received, verdicts, iteration_s)
+        train.hand_to_guard(curation, names, records)
+        train.log_lines(metrics, it + 1, started, names, records)
         evaluate_now, save_now = train.due(args, it + 1)
         if evaluate_now:
             evaluations = team.call("evaluate", it + 1)
@@ -355,7 +353,7 @@ def run(args: RayArgs, team: RayTeam) -> Path:
             accuracy = train.accuracies(names, evaluations)
         if save_now:
             team.call("save", checkpoint.checkpoint_folder(run_dir, it + 1))
-            checkpoint.commit_checkpoint(run_dir, it + 1, names, state)
+            checkpoint.commit_checkpoint(run_dir, it + 1, names, curation if curation is not None else capabilities)
         train.progress(bar, experiences, accuracy)
     return train.finish(run_dir, metrics, started)
 

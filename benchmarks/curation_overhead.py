@@ -27,6 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import train  # noqa: E402
 
+from args import Args  # noqa: E402
+
 PHASES = ("statistics", "diagnosis", "gradnorms", "prediction", "repair", "admission", "crossing")
 
 
@@ -57,7 +59,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         results = {}
         for label, setting in runs.items():
-            args = train.Args(pair=flags.pair, scale="tiny", iterations=flags.iterations, eval_every=10 ** 6,
+            args = Args(pair=flags.pair, scale="tiny", iterations=flags.iterations, eval_every=10 ** 6,
                               eval_size=16, warmup_scale=flags.warmup_scale, cache_dir=flags.cache_dir,
                               runs_dir=tmp, name=label.replace(" ", "").replace(",", "-"), **setting)
             results[label] = per_iteration(train.main(args), flags.skip)

@@ -49,6 +49,7 @@ import sharing  # noqa: E402
 import tasks  # noqa: E402
 import term_scales  # noqa: E402
 import train  # noqa: E402
+from args import Args  # noqa: E402
 
 
 def read(run: Path) -> tuple[list[dict], dict]:
@@ -166,7 +167,7 @@ class Iteration(NamedTuple):
     sample: Callable
 
 
-def sampled_iteration(args: train.Args, pols: list, iteration: int, generator: torch.Generator) -> Iteration:
+def sampled_iteration(args: Args, pols: list, iteration: int, generator: torch.Generator) -> Iteration:
     task = tasks.load_task("arith", args.seed, args.train_size, 0, args.task_config)
     problems = train.prompt_sampler(args.seed, iteration).sample(task.train, args.prompts_per_iteration)
     prompts = [task.prompt(q) for q in problems]
@@ -193,12 +194,12 @@ def live_offers(it: Iteration, receiver: sharing.Experience) -> list:
     return [o for o, idle in zip(offers, curator.inert_offers(offers, receiver.rewards)) if not idle]
 
 
-def load_pair(args: train.Args) -> list:
+def load_pair(args: Args) -> list:
     return policies.load_policies(args.pair, "tiny", torch.device("cpu"), args.task_config, args.seed,
                                   args.cache_dir, warmup_scale=args.warmup_scale)
 
 
-def reach_stability(args: train.Args, redraws: int) -> list[float]:
+def reach_stability(args: Args, redraws: int) -> list[float]:
     """Per receiver, the mean share of its offers whose band a redraw changed (printed with the max)."""
     cfg, seed = args.curator_config, args.seed
     it = sampled_iteration(args, load_pair(args), 0, torch.Generator().manual_seed(seed))
@@ -262,7 +263,7 @@ def main() -> None:
     elif args.command == "levels":
         levels_table(args.run)
     else:
-        reach_stability(train.Args(seed=args.seed), args.redraws)
+        reach_stability(Args(seed=args.seed), args.redraws)
 
 
 if __name__ == "__main__":

@@ -24,11 +24,13 @@ import torch  # noqa: E402
 
 import train  # noqa: E402
 
+from args import Args  # noqa: E402
+
 MODES = ("none", "prp", "xgrpo", "sgt")
 
 
 def run_mode(share: str, scale: str, cli: argparse.Namespace, runs_dir: str) -> list[dict]:
-    args = train.Args(pair=cli.pair, scale=scale, share=share, model_dir=cli.model_dir, iterations=cli.iterations,
+    args = Args(pair=cli.pair, scale=scale, share=share, model_dir=cli.model_dir, iterations=cli.iterations,
                       eval_size=cli.eval_size, eval_every=cli.iterations, checkpoint_every=cli.iterations,
                       lora_rank=cli.lora_rank, devices=cli.devices, runs_dir=runs_dir, name=f"{scale}-{share}",
                       max_new_tokens=cli.max_new_tokens)

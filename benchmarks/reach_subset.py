@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from curator_sensitivity import bands_under, live_offers, load_pair, sampled_iteration  # noqa: E402
 
 import reachability  # noqa: E402
-import train  # noqa: E402
+from args import Args  # noqa: E402
 
 
 def average_ranks(values: list[float]) -> torch.Tensor:
@@ -45,7 +45,7 @@ def spearman(a: list[float], b: list[float]) -> float:
     return (ra @ rb / (ra.norm() * rb.norm())).item() if ra.norm() > 0 and rb.norm() > 0 else float("nan")
 
 
-def measure(args: train.Args, iterations: int, subsets: list[str], repeats: int) -> dict:
+def measure(args: Args, iterations: int, subsets: list[str], repeats: int) -> dict:
     """Per receiver and subset: the offers' raw terms (rows of [tbd, ccm, rsd]) and the seconds of its norms."""
     cfg = args.curator_config
     pols = load_pair(args)
@@ -83,7 +83,7 @@ def main() -> None:
     cli.add_argument("--repeats", type=int, default=3)
     args = cli.parse_args()
     torch.set_num_threads(1)
-    run = train.Args(seed=args.seed)
+    run = Args(seed=args.seed)
     out = measure(run, args.iterations, args.subsets, args.repeats)
     weights = run.curator_config.weights
     print(f"seed {args.seed}, {args.iterations} sampled iterations\n\n| receiver | subset | offers | norms' seconds "

@@ -21,13 +21,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import checkpoint  # noqa: E402
 import eval as evaluation  # noqa: E402
 import arith  # noqa: E402
-import costs  # noqa: E402
 import policies  # noqa: E402
 import tasks  # noqa: E402
 import train  # noqa: E402
+from args import Args  # noqa: E402
 
 
-def probe(pols: list[policies.Policy], task: tasks.Task, run: train.Args, tag: str) -> None:
+def probe(pols: list[policies.Policy], task: tasks.Task, run: Args, tag: str) -> None:
     for p in pols:
         greedy = p.rollout([task.prompt(e) for e in task.heldout], 1, run.max_new_tokens, greedy=True)
         accuracy = tasks.rewards(task, task.heldout, greedy.texts).mean().item()
@@ -52,7 +52,7 @@ def main() -> None:
     policies.PRESETS["tiny"]["qwen-llama"] = [
         replace(s, tiny=replace(s.tiny, premature_share=args.premature_share)) for s in preset]
     with tempfile.TemporaryDirectory() as tmp:
-        run = train.Args(pair="qwen-llama", iterations=args.iterations, lr=args.lr, seed=args.seed, name="probe",
+        run = Args(pair="qwen-llama", iterations=args.iterations, lr=args.lr, seed=args.seed, name="probe",
                          runs_dir=tmp, cache_dir=tmp, eval_every=max(args.iterations, 1))
         task = tasks.load_task("arith", run.seed, run.train_size, run.eval_size, run.task_config)
         pols = policies.build_policies(run.policy_setup("tiny"), [torch.device("cpu")] * len(preset), run.task_config)

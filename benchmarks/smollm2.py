@@ -96,8 +96,9 @@ def iteration_seconds(flags: list[str], runs_dir: str) -> list[float]:
     """perf/iteration_s of each iteration of `train.py --model-paths llama=<SmolLM2> FLAGS` (the llama line's;
     every policy's line of an iteration repeats it)."""
     import train
+    from args import Args
     import tyro
-    args = tyro.cli(train.Args, args=[f"--model-paths=llama={policies.packaged_gguf()}", *flags,
+    args = tyro.cli(Args, args=[f"--model-paths=llama={policies.packaged_gguf()}", *flags,
                                       f"--runs-dir={runs_dir}", f"--name=smollm2-speed-{int(time.time())}"])
     run_dir = train.main(args)
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]

@@ -382,9 +382,9 @@ def test_wall_time_times_every_phase_of_a_run_and_they_add_up(tmp_path, cache_di
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import wall_time
     from test_train import tiny_args
-    import train
+    from args import Args
     from dataclasses import asdict
-    args, defaults = asdict(tiny_args(tmp_path, cache_dir, share="cross-fidelity")), asdict(train.Args())
+    args, defaults = asdict(tiny_args(tmp_path, cache_dir, share="cross-fidelity")), asdict(Args())
     flags = [f"--{k.replace('_', '-')}={v}" for k, v in args.items() if v != defaults[k]]
     out = wall_time.run_one(ROOT, flags, tmp_path / "times.json")
     assert all(out[phase] > 0 for phase in ("start-up", "warm-up", "rollouts", "rewards", "curation", "updates",

@@ -19,6 +19,7 @@ import tasks
 import tiny
 import tokalign
 import train
+from args import Args
 from token_bytes import encode_text
 
 TASK = arith.TaskConfig(num_steps=1, max_operand=9)   # test_train's task: the tiny Qwen warm-up is shared
@@ -143,12 +144,12 @@ def scripted(monkeypatch):
     return lambda policy: monkeypatch.setattr(policies, "load_hub_policy", lambda *a: copy.deepcopy(policy))
 
 
-def real_weights_args(tmp_path, cache_dir, **overrides) -> train.Args:
+def real_weights_args(tmp_path, cache_dir, **overrides) -> Args:
     settings = dict(model_paths=(f"llama={policies.packaged_gguf()}",), iterations=1, prompts_per_iteration=2,
                     group_size=2, max_new_tokens=8, eval_size=1, eval_samples=0, train_size=20,
                     num_steps=TASK.num_steps, max_operand=TASK.max_operand, warmup_scale=0.15, temperature=1.0,
                     runs_dir=str(tmp_path), cache_dir=cache_dir, name="run")
-    return train.Args(**{**settings, **overrides})
+    return Args(**{**settings, **overrides})
 
 
 def check_one_iteration(run_dir, share: str, before: policies.Policy, lora_rank: int) -> None:

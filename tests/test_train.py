@@ -17,6 +17,7 @@ import grpo
 import policies
 import tiny
 import train
+from args import Args
 import train_ray
 
 TRAIN_KEYS = {"iteration", "policy", "time_s", "losses/policy_loss", "losses/clip_ratio", "losses/kl",
@@ -30,13 +31,13 @@ EVAL_KEYS = {"iteration", "policy", "time_s", "eval/heldout_accuracy", "eval/hel
 TASK = arith.TaskConfig(num_steps=1, max_operand=9)
 
 
-def tiny_args(tmp_path, cache_dir, **overrides) -> train.Args:
+def tiny_args(tmp_path, cache_dir, **overrides) -> Args:
     settings = dict(iterations=2, prompts_per_iteration=8, group_size=6, max_new_tokens=16, eval_size=8,
                     eval_every=1, train_size=200, num_steps=TASK.num_steps, max_operand=TASK.max_operand,
                     warmup_scale=0.15, temperature=1.0, lr=1e-4, runs_dir=str(tmp_path), cache_dir=cache_dir,
                     name="run")
     settings.update(overrides)
-    return train.Args(**settings)
+    return Args(**settings)
 
 
 def records(run_dir):
@@ -168,7 +169,7 @@ def test_a_resumed_run_purges_the_tensorboard_events_after_its_checkpoint(tmp_pa
 
 
 def test_default_run_names_spell_out_the_settings_that_differ_from_their_defaults():
-    defaults = asdict(train.Args())
+    defaults = asdict(Args())
     name = lambda **changed: checkpoint.run_name({**defaults, **changed}, defaults)
     assert name() == "qwen-llama-none-s1"
     assert name(task="gsm8k") == "qwen-llama-none-s1-gsm8k"
@@ -183,7 +184,7 @@ def test_default_run_names_spell_out_the_settings_that_differ_from_their_default
                                          (dict(share="hacpo", epochs=2), "--epochs 1")])
 def test_settings_that_cannot_run_are_refused_as_the_arguments_are_parsed(tmp_path, flags, flag):
     with pytest.raises(ValueError, match=flag):
-        train.Args(runs_dir=str(tmp_path), **flags)
+        Args(runs_dir=str(tmp_path), **flags)
     assert not any(tmp_path.iterdir())
 
 
@@ -213,5 +214,5 @@ def test_every_train_command_of_the_readme_parses(monkeypatch):
                 for script in ("train.py", "train_ray.py") if f"python {script}" in line and "--help" not in line]
     assert len(commands) > 10 and sum(script == "train_ray.py" for script, _ in commands) == 3
     for script, command in commands:
-        args = tyro.cli(train_ray.RayArgs if script == "train_ray.py" else train.Args, args=shlex.split(command))
+        args = tyro.cli(train_ray.RayArgs if script == "train_ray.py" else Args, args=shlex.split(command))
         assert args.share_config and args.curator_config

@@ -12,8 +12,8 @@ Seconds per iteration are the gaps between consecutive iterations' last update r
 replayed on a Ray echo actor, one iteration's calls one after the other with the same bytes each way: an upper
 bound on what the boundary costs an iteration, since the loop overlaps the policies' calls.
 
-    python benchmarks/backend_overhead.py                                     # none, prp, cross-fidelity
-    python benchmarks/backend_overhead.py --shares none --iterations 4 --cpus-per-policy 1
+    python benchmarks/ray_overhead.py                                     # none, prp, cross-fidelity
+    python benchmarks/ray_overhead.py --shares none --iterations 4 --cpus-per-policy 1
 
 Timings are wall clock: on a loaded machine they move with the load; the bytes and calls do not.
 """
@@ -34,6 +34,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import ray  # noqa: E402
 
 import train  # noqa: E402
+
+from args import Args  # noqa: E402
 import train_ray  # noqa: E402
 from curation_overhead import per_iteration  # noqa: E402
 
@@ -68,12 +70,17 @@ class WeighedActor:
         return Method
 
 
-def weigh_calls(start):
-    """RayTeam.start, its actors then wrapped in WeighedActor."""
+def weighing(start, close):
+    """RayTeam.start with its actors then wrapped in WeighedActor, and RayTeam.close with them unwrapped (ray.kill
+    takes only actor handles)."""
     def started(team, *args):
         start(team, *args)
         team.actors = [WeighedActor(a) for a in team.actors]
-    return started
+
+    def closed(team):
+        team.actors = [a.actor if isinstance(a, WeighedActor) else a for a in team.actors]
+        close(team)
+    return started, closed
 
 
 @ray.remote
@@ -111,16 +118,16 @@ def main() -> None:
             settings = dict(pair=flags.pair, scale="tiny", share=share, iterations=flags.iterations,
                             eval_every=10 ** 6, eval_size=16, cache_dir=flags.cache_dir, runs_dir=tmp)
             on_ray = dict(cpus_per_policy=flags.cpus_per_policy)
-            walls = {"local": train.main(train.Args(**settings, name=f"{share}-local")),
+            walls = {"local": train.main(Args(**settings, name=f"{share}-local")),
                      "ray": train_ray.main(train_ray.RayArgs(**settings, **on_ray, name=f"{share}-ray"))}
             walls = {k: statistics.mean(per_iteration(run, skip=1)[0]) for k, run in walls.items()}
             CALLS.clear()
-            start = train_ray.RayTeam.start
-            train_ray.RayTeam.start = weigh_calls(start)
+            start, close = train_ray.RayTeam.start, train_ray.RayTeam.close
+            train_ray.RayTeam.start, train_ray.RayTeam.close = weighing(start, close)
             try:
                 train_ray.main(train_ray.RayArgs(**settings, **on_ray, name=f"{share}-weighed"))
             finally:
-                train_ray.RayTeam.start = start
+                train_ray.RayTeam.start, train_ray.RayTeam.close = start, close
             middle = list(CALLS[flags.iterations // 2])
             ray.init(include_dashboard=False)
             trips = replay(middle)
