@@ -1,7 +1,8 @@
-"""train_ray.py against train.py: a run on Ray gives the local run's metrics for the same seed (none,
-cross-fidelity, with the hidden TBD measure, whose source states cross with the trajectories, and random admission;
-PRP on three actors, through a checkpoint and a resume); an actor that raises hands its traceback to the loop; a
-killed actor ends the run within seconds, naming its policy."""
+"""train_ray.py against train.py: a run on Ray gives the local run's metrics, decisions and checkpointed weights
+for the same seed (none, cross-fidelity with adaptive thresholds, the hidden TBD measure, whose source states cross
+with the trajectories, with random admission); a train.py run resumed on three actors goes on as it would have
+(PRP); an actor that raises hands its traceback to the loop; a killed actor ends the run within seconds, naming
+its policy."""
 
 import threading
 import time
@@ -57,21 +58,21 @@ def test_a_run_on_ray_gives_the_local_runs_metrics_decisions_and_weights(tmp_pat
         assert len(decisions[0].splitlines()) == 2 * 2 * 8 * 6   # every peer rollout diagnosed by every receiver
 
 
-def test_a_ray_run_resumes_as_the_local_run_goes_on_and_an_actor_that_raises_shows_its_traceback(
+def test_a_train_py_run_resumes_on_ray_as_it_would_have_gone_on_and_an_actor_that_raises_shows_its_traceback(
         tmp_path, cache_dir, local_ray):
     setting = dict(pair="trio", share="prp", iterations=3, checkpoint_every=2, eval_every=2)
     whole = train.main(tiny_args(tmp_path, cache_dir, name="local", **setting))
-    train_ray.main(on_ray(tmp_path, cache_dir, name="ray", **{**setting, "iterations": 2}))
+    train.main(tiny_args(tmp_path, cache_dir, name="moved", **{**setting, "iterations": 2}))
 
-    part = tmp_path / "ray" / "checkpoints" / "iter-000002" / "llama.pt"
+    part = tmp_path / "moved" / "checkpoints" / "iter-000002" / "llama.pt"
     saved = part.read_bytes()
     torch.save({"model": {"not.a.weight": torch.zeros(1)}, "optimizer": {}}, part)
     with pytest.raises(ValueError, match="does not match the model") as raised:
-        train_ray.main(on_ray(tmp_path, cache_dir, name="ray", resume=True, **setting))
+        train_ray.main(on_ray(tmp_path, cache_dir, name="moved", resume=True, **setting))
     assert "PolicyActor(llama)" in str(raised.value) and "checkpoint.py" in str(raised.value)  # from the actor
     part.write_bytes(saved)
 
-    resumed = train_ray.main(on_ray(tmp_path, cache_dir, name="ray", resume=True, **setting))
+    resumed = train_ray.main(on_ray(tmp_path, cache_dir, name="moved", resume=True, **setting))
     assert backend_free(whole) == backend_free(resumed)
     assert_same_weights(whole, resumed, ["qwen", "llama", "mistral"], 3)
 
