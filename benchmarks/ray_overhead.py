@@ -111,11 +111,13 @@ def main() -> None:
     cli.add_argument("--iterations", type=int, default=6)
     cli.add_argument("--cpus-per-policy", type=int, default=1)
     cli.add_argument("--cache-dir", default=None)
+    cli.add_argument("--warmup-scale", type=float, default=1.0, help="the tiny policies' warm-up budget factor")
     flags = cli.parse_args()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for share in flags.shares:
             settings = dict(pair=flags.pair, scale="tiny", share=share, iterations=flags.iterations,
+                            warmup_scale=flags.warmup_scale,
                             eval_every=10 ** 6, eval_size=16, cache_dir=flags.cache_dir, runs_dir=tmp)
             on_ray = dict(cpus_per_policy=flags.cpus_per_policy)
             walls = {"local": train.main(Args(**settings, name=f"{share}-local")),

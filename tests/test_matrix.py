@@ -433,3 +433,16 @@ def test_same_metrics_finds_a_commit_bit_identical_to_itself(tmp_path):
     flags = ["--share", "prp", "--iterations", "1", "--seed", "3", "--eval-size", "8", "--warmup-scale", "0.02",
              "--prompts-per-iteration", "2", "--group-size", "2", "--max-new-tokens", "8", "--train-size", "50"]
     assert same_metrics.compare("HEAD", flags, clone) == []
+
+
+def test_ray_overhead_weighs_every_actor_call_of_an_iteration(cache_dir):
+    # the README's command at a short length: three runs (train.py, train_ray.py, train_ray.py weighed) of prp
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "ray_overhead.py"), "--shares", "prp",
+                           "--iterations", "3", "--warmup-scale", "0.15", "--cache-dir", cache_dir],
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-2000:]
+    row = next(line for line in done.stdout.splitlines() if line.startswith("| prp |"))
+    calls = int(row.split("|")[4])
+    assert calls == 10    # per actor: rollout, experience, accept_shared, receive, update
+    methods = next(line for line in done.stdout.splitlines() if line.strip().startswith("prp:"))
+    assert all(m in methods for m in ("rollout", "experience", "accept_shared", "receive", "update"))
