@@ -58,6 +58,11 @@ def generator(learner: Learner, phase: str, iteration: int) -> torch.Generator:
     return torch.Generator(learner.policy.device).manual_seed(seed)
 
 
+def longest_prompt(learner: Learner, texts: list[str]) -> int:
+    """The most tokens any of the prompt texts takes in the learner's tokenizer and prompt format."""
+    return max(len(learner.policy.encode_prompt(t)) for t in texts)
+
+
 def rollout(learner: Learner, args: Args, iteration: int, prompts: list[str]
             ) -> tuple[policies.Rollouts, dict[str, float]]:
     """Phase 1: G completions per prompt, and the phase's speed (perf/rollout_*)."""

@@ -99,6 +99,11 @@ def warn_off_task(args: Args, scale: str, names: list[str]) -> None:
               f"they score 0. Use real weights (--scale small, or --model-paths for every policy)", file=sys.stderr)
 
 
+def prompt_samples(task: tasks.Task) -> list[str]:
+    """Prompts whose longest, in each policy's tokens, sizes the start-up estimate."""
+    return [task.prompt(q) for q in task.train[:50] + task.heldout[:50]]
+
+
 def workload(args: Args, prompt_len: int, policy_count: int) -> costs.Workload:
     """One policy's iteration at the run's settings, with what its --share lets it receive at most."""
     rollouts = args.prompts_per_iteration * args.group_size
@@ -222,9 +227,9 @@ def run(args: Args) -> Path:
     learners = [learner.build(args, scale, i, device) for i, device in enumerate(devices)]
     names = [l.name for l in learners]
     warn_off_task(args, scale, names)
-    samples = [task.prompt(q) for q in task.train[:50] + task.heldout[:50]]
-    prompt_len = max(len(l.policy.encode_prompt(t)) for l in learners for t in samples)
-    print_estimates([costs.policy_estimate(l.policy, workload(args, prompt_len, len(names))) for l in learners])
+    samples = prompt_samples(task)
+    work = workload(args, max(learner.longest_prompt(l, samples) for l in learners), len(names))
+    print_estimates([costs.policy_estimate(l.policy, work) for l in learners])
     start, folder, curation, capabilities = start_state(args, run_dir, names)
     if folder is not None:
         for l in learners:

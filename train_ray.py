@@ -112,7 +112,7 @@ class PolicyActor:
         self.peers = {p.name: p for p in peers if p.name != self.name}
 
     def longest_prompt(self, texts: list[str]) -> int:
-        return max(len(self.learner.policy.encode_prompt(t)) for t in texts)
+        return learner.longest_prompt(self.learner, texts)
 
     def estimate(self, work: costs.Workload) -> tuple[str, str, int, int | None]:
         return costs.policy_estimate(self.learner.policy, work)
@@ -297,8 +297,7 @@ def run(args: RayArgs, team: RayTeam) -> Path:
     team.start(task, transfer)
     names = team.names
     train.warn_off_task(args, team.scale, names)
-    samples = [task.prompt(q) for q in task.train[:50] + task.heldout[:50]]
-    work = train.workload(args, max(team.call("longest_prompt", samples)), len(names))
+    work = train.workload(args, max(team.call("longest_prompt", train.prompt_samples(task))), len(names))
     train.print_estimates(team.call("estimate", work))
     start, folder, curation, capabilities = train.start_state(args, run_dir, names)
     if folder is not None:

@@ -35,20 +35,22 @@ def import_graph(folder: Path) -> dict[str, set[str]]:
 
 
 def circles(graph: dict[str, set[str]]) -> list[list[str]]:
-    """Each import circle once, as the path that closes it (depth-first, a naive walk)."""
-    found, done = [], set()
+    """Import circles, one per edge back into the current depth-first path (none exactly when the graph has no
+    circle), each as that path's closing part."""
+    found, finished, path = [], set(), []
 
-    def walk(node: str, path: list[str]) -> None:
+    def walk(node: str) -> None:
+        path.append(node)
         for nxt in sorted(graph[node]):
             if nxt in path:
-                circle = path[path.index(nxt):]
-                if frozenset(circle) not in done:
-                    done.add(frozenset(circle))
-                    found.append(circle)
-            elif len(path) < len(graph):
-                walk(nxt, path + [nxt])
+                found.append(path[path.index(nxt):])
+            elif nxt not in finished:
+                walk(nxt)
+        path.pop()
+        finished.add(node)
     for start in sorted(graph):
-        walk(start, [start])
+        if start not in finished:
+            walk(start)
     return found
 
 
