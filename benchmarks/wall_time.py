@@ -59,14 +59,16 @@ def timed(seconds: dict[str, float], phase: str, fn):
     return wrapper
 
 
-def instrumented_run(repo: Path, flags: list[str], out: Path) -> None:
-    """In this process: train.py of `repo` with its phases timed; writes {phase: seconds, "total": ...} to out."""
+def instrumented_run(repo: Path, flags: list[str], out: Path, measure=timed) -> None:
+    """In this process: train.py of `repo` with its phases measured, each phase's functions wrapped by
+    measure(totals, phase, fn) (default: timed); writes {phase: its total, "total": the run's seconds} to out, and
+    for timed phases "other": the seconds no phase holds."""
     os.chdir(repo)
     sys.path.insert(0, str(repo))
     import importlib
 
     import tyro
-    seconds = dict.fromkeys(PHASES, 0.0)
+    totals = dict.fromkeys(PHASES, 0.0)
     for phase, targets in PHASES.items():
         wrapped = 0
         for module_name, qualified in targets:
@@ -77,7 +79,7 @@ def instrumented_run(repo: Path, flags: list[str], out: Path) -> None:
             owner, _, name = qualified.rpartition(".")
             holder = getattr(module, owner) if owner else module
             if hasattr(holder, name):   # a function that moved is timed where the commit has it
-                setattr(holder, name, timed(seconds, phase, getattr(holder, name)))
+                setattr(holder, name, measure(totals, phase, getattr(holder, name)))
                 wrapped += 1
         if not wrapped:
             raise RuntimeError(f"{repo} has none of {targets} to time as {phase}: add where it lives now to PHASES")
@@ -85,15 +87,17 @@ def instrumented_run(repo: Path, flags: list[str], out: Path) -> None:
     start = time.perf_counter()
     train.main(tyro.cli(train.Args, args=flags))
     total = time.perf_counter() - start
-    counted = sum(v for p, v in seconds.items() if p not in NESTED)
-    out.write_text(json.dumps({**seconds, "other": total - counted, "total": total}) + "\n")
+    if measure is timed:   # the wall time no phase holds
+        totals["other"] = total - sum(v for p, v in totals.items() if p not in NESTED)
+    out.write_text(json.dumps({**totals, "total": total}) + "\n")
 
 
-def run_one(repo: Path, flags: list[str], out: Path) -> dict[str, float]:
+def run_one(repo: Path, flags: list[str], out: Path, script: str = __file__) -> dict[str, float]:
+    """`script --inner REPO OUT -- flags` (this file's: instrumented_run) in a process of one thread."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     log = out.with_suffix(".log")
     with log.open("w") as handle:
-        done = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--inner", str(repo), str(out), "--",
+        done = subprocess.run([sys.executable, str(Path(script).resolve()), "--inner", str(repo), str(out), "--",
                                *flags], env=env, stdout=handle, stderr=subprocess.STDOUT)
     if done.returncode:
         raise RuntimeError(f"{repo} {' '.join(flags)} failed ({done.returncode}); see {log}")

@@ -1,0 +1,55 @@
+"""benchmarks/flop_rate.py: the FLOP counts its rates rest on, against hand counts, and the command end to end."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import flop_rate  # noqa: E402
+
+
+def test_counted_adds_each_calls_multiplies_to_its_phase_even_when_the_call_raises():
+    totals = {"updates": 0.0}
+    a, b = torch.randn(6, 5), torch.randn(5, 7)
+
+    def multiply(fail=False):
+        out = a @ b
+        if fail:
+            raise RuntimeError("after the multiply")
+        return out
+
+    wrapped = flop_rate.counted(totals, "updates", multiply)
+    assert torch.equal(wrapped(), a @ b)
+    with pytest.raises(RuntimeError, match="after the multiply"):
+        wrapped(fail=True)
+    assert totals["updates"] == 2 * (2 * 6 * 5 * 7)
+
+
+def test_cpu_attention_is_counted_as_its_matrix_products():
+    batch, heads, length, dim = 2, 3, 10, 8
+    q = torch.randn(batch, heads, length, dim, requires_grad=True)
+    totals = {"forward": 0.0, "backward": 0.0}
+    out = flop_rate.counted(totals, "forward", torch.nn.functional.scaled_dot_product_attention)(q, q, q)
+    flop_rate.counted(totals, "backward", lambda: out.sum().backward())()
+    product = 2 * batch * heads * length * length * dim    # one [L, d] x [d, L] (or [L, L] x [L, d]) product
+    assert totals["forward"] == 2 * product                # scores, then their weighted values
+    assert totals["backward"] == 5 * product               # scores again, and the gradients of P, V, Q and K
+
+
+def test_the_command_counts_and_times_the_training_phases(tmp_path, cache_dir):
+    train_args = (f"--share cross-fidelity --warmup-scale 0.15 --prompts-per-iteration 8 --group-size 6 "
+                  f"--max-new-tokens 16 --eval-size 8 --train-size 200 --cache-dir {cache_dir}")
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "flop_rate.py"), "--iterations", "1",
+                           "--train-args", train_args, "--out", str(tmp_path)],
+                          capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads((tmp_path / "flop-rate-s900.json").read_text())
+    for phase in ("rollouts", "curation", "updates", "evaluation"):
+        assert result["flops"][phase] > 0 and result["seconds"][phase] > 0
+        assert f"| {phase} |" in done.stdout
+    assert result["flops"]["exchange"] == 0    # a curated run's exchange is its curation
