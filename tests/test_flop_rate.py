@@ -110,7 +110,10 @@ def test_speed_check_reads_the_paired_difference_against_a_t_interval_by_hand(tm
     # differences 2, 2.1, 1.9: SD 0.1, half-width 0.248 -> 0 outside
     tight = speed_check.check(before, folder("tight", (12.0, 22.1, 31.9), (100.0, 110.0, 90.0)))
     assert next(r for r in tight if r["policy"] == "p")["moved"]
-    assert "| p | 7, 8, 9 |" in speed_check.markdown(tight)
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "speed_check.py"), str(tmp_path / "before"),
+                           str(tmp_path / "tight")], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "| p | 7, 8, 9 |" in done.stdout and "after / before 1.00" in done.stdout
 
 
 def test_t_quantiles_are_the_tables():
