@@ -67,8 +67,11 @@ SETS = {
                        ("--eval-size", "16", "--eval-every", "1", "--eval-samples", "0", "--minibatches", "2",
                         "--prompts-per-iteration", "4", "--group-size", "4", "--max-new-tokens", "16",
                         "--warmup-scale", "0.05", "--train-size", "100"), iterations=2),
+    "speed-check": MatrixSet({"none": ()}, (700, 900, 901), (*power.EVALUATION, "--minibatches", "2")),
 }
-"""the named sets: the pre-registered pilot (results/preregistration.md), and a smoke test of the runner"""
+"""the named sets: the pre-registered pilot (results/preregistration.md); the check of a change that alters
+metrics, the pilot's protocol on three seeds no comparison uses, run at the commits before and after it
+(benchmarks/speed_check.py); and a smoke test of the runner"""
 
 
 GIT = threading.Lock()   # one git command at a time across the runner's threads

@@ -1,5 +1,5 @@
-"""benchmarks/flop_rate.py and shared_prompt.py: the FLOP counts against hand counts, and both commands end to end
-(the shared prompt itself is tested in test_grpo.py)."""
+"""The speed benchmarks: flop_rate.py's FLOP counts against hand counts, speed_check.py's interval by hand, and
+the commands end to end (the shared prompt itself is tested in test_grpo.py)."""
 
 import json
 import subprocess
@@ -61,3 +61,32 @@ def test_the_shared_prompt_command_runs():
                            "--prompts", "2", "--group-size", "3", "--repeats", "1"], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.count("largest gradient difference") == 2
+
+
+def test_speed_check_reads_the_paired_difference_against_a_t_interval_by_hand(tmp_path):
+    import speed_check
+    from test_matrix import summary, write_summaries
+
+    def folder(name, points, seconds):
+        runs = [{**summary("none", seed, p), "iteration_s": s} for seed, p, s in zip((7, 8, 9), points, seconds)]
+        write_summaries(tmp_path / name, runs)
+        return speed_check.by_seed(tmp_path / name)
+
+    before = folder("before", (10.0, 20.0, 30.0), (100.0, 110.0, 90.0))
+    # differences 2, 1, 3: mean 2, SD 1, half-width 4.303 / sqrt(3) = 2.484 -> [-0.484, 4.484], 0 inside
+    wide = speed_check.check(before, folder("wide", (12.0, 21.0, 33.0), (50.0, 60.0, 40.0)))
+    p = next(r for r in wide if r["policy"] == "p")
+    assert p["difference"] == pytest.approx(2.0) and p["sd_before"] == pytest.approx(10.0)
+    assert p["interval"] == pytest.approx((2 - 4.303 / 3 ** 0.5, 2 + 4.303 / 3 ** 0.5)) and not p["moved"]
+    assert wide[-1]["ratio"] == pytest.approx(150 / 300)
+    # differences 2, 2.1, 1.9: SD 0.1, half-width 0.248 -> 0 outside
+    tight = speed_check.check(before, folder("tight", (12.0, 22.1, 31.9), (100.0, 110.0, 90.0)))
+    assert next(r for r in tight if r["policy"] == "p")["moved"]
+    assert "| p | 7, 8, 9 |" in speed_check.markdown(tight)
+
+
+def test_t_quantiles_are_the_tables():
+    import speed_check
+    assert speed_check.t975(2) == 4.303
+    for df, table in ((12, 2.179), (20, 2.086), (60, 2.000)):
+        assert speed_check.t975(df) == pytest.approx(table, abs=2e-3)
