@@ -19,7 +19,8 @@ from dataclasses import dataclass
 
 import torch
 
-from sequences import logprobs_and_entropy_from, pack_sequences, token_logprobs_and_entropy
+from sequences import (PromptGroups, cache_keyword, completion_logprobs, pack_sequences, prompt_groups,
+                       token_logprobs_and_entropy)
 
 
 def group_advantages(rewards: torch.Tensor, scale_by_std: bool = True, eps: float = 1e-4) -> torch.Tensor:
@@ -134,6 +135,19 @@ def row_steps(n: int, minibatches: int) -> list[int]:
     return [k for k, part in enumerate(minibatch_rows(n, minibatches)) for _ in part]
 
 
+def sequences_of_prompts(input_ids: torch.Tensor, mask: torch.Tensor, part: range) -> list[int]:
+    """The rows of `part` (input_ids [N, L], completion mask [N, L-1]) in the order micro-batches take them: the
+    rows of one prompt together, prompts by length, each prompt's rows by completion length, so that a
+    micro-batch holds few prompts and little padding."""
+    firsts, sizes = mask.argmax(1).tolist(), mask.sum(1).tolist()
+    return sorted(part, key=lambda r: (firsts[r], input_ids[r, :firsts[r] + 1].tolist(), sizes[r]))
+
+
+def is_checkpointing(model: torch.nn.Module) -> bool:
+    """Whether a module of the model recomputes its activations in the backward, and so keeps no KV cache."""
+    return any(getattr(m, "gradient_checkpointing", False) is True for m in model.modules())
+
+
 def grpo_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: TrainBatch, cfg: LossConfig,
               epochs: int = 1, micro_batch: int = 64, max_grad_norm: float = 1.0,
               ref_model: torch.nn.Module | None = None, temperature: float = 1.0, measure_kl: bool = False,
@@ -150,42 +164,40 @@ def grpo_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: T
     device = next(model.parameters()).device
     tensors = {k: v.to(device) if v is not None else None for k, v in vars(batch).items()}
     n, num_tokens = tensors["mask"].shape[0], tensors["mask"].sum().item()
-    # per optimizer step, micro-batches of sequences of similar length, each cut to the columns where it has
-    # completion targets: no forward over right padding or logits over prompts (same loss, summed in another order)
-    lengths = tensors["attention_mask"].sum(1)                                                    # [N]
-    first = tensors["mask"].argmax(1)                                                             # [N]
-    steps = []   # per optimizer step: its micro-batches (rows, first column, end), and its (sequences, tokens)
+    # per optimizer step, micro-batches of the rows of a few prompts (sequences_of_prompts), each prompt computed
+    # once for all its completions where the model keeps a KV cache (same loss, summed in another order)
+    cache = None if is_checkpointing(model) else cache_keyword(model)
+    steps = []   # per optimizer step: its micro-batches (PromptGroups), and its (sequences, tokens)
     for part in minibatch_rows(n, minibatches):
-        order = part.start + torch.argsort(lengths[part.start:part.stop], stable=True)
+        order = sequences_of_prompts(batch.input_ids, batch.mask, part)
         micro = [order[i:i + micro_batch] for i in range(0, len(part), micro_batch)]
-        steps.append(([(rows, int(first[rows].min()), int(lengths[rows].max())) for rows in micro],
+        steps.append(([prompt_groups(batch.input_ids, batch.mask, rows).to(device) for rows in micro],
                       (len(part), tensors["mask"][part.start:part.stop].sum().item())))
     chunks = [chunk for step, _ in steps for chunk in step]
-    def cut(name: str, rows: torch.Tensor, start: int, end: int) -> torch.Tensor | None:
-        return tensors[name][rows, start:end - 1] if tensors[name] is not None else None          # [n, end-1-start]
-    def logprobs(m: torch.nn.Module, rows: torch.Tensor, start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return logprobs_and_entropy_from(m, tensors["input_ids"][rows, :end], tensors["attention_mask"][rows, :end],
-                                         start, temperature)
+    def cut(name: str, groups: PromptGroups) -> torch.Tensor | None:
+        return tensors[name][groups.rows].gather(1, groups.columns) if tensors[name] is not None else None  # [n, C]
+    def logprobs(m: torch.nn.Module, groups: PromptGroups) -> tuple[torch.Tensor, torch.Tensor]:
+        return completion_logprobs(m, groups, temperature, cache)
     # pi_old of the first step's chunks is read off its first forward; the later steps' before the first update
     old_logp, ref_logp = [None] * len(chunks), [None] * len(chunks)
     with torch.no_grad():
         for j in range(len(steps[0][0]), len(chunks)):
-            old_logp[j] = logprobs(model, *chunks[j])[0]
+            old_logp[j] = logprobs(model, chunks[j])[0]
         if ref_model is not None and cfg.beta > 0:
-            ref_logp = [logprobs(ref_model, *chunk)[0] for chunk in chunks]
+            ref_logp = [logprobs(ref_model, chunk)[0] for chunk in chunks]
     updates = epochs * minibatches
     totals = {"loss": 0.0, "clipped_tokens": 0.0, "kl_sum": 0.0, "entropy_sum": 0.0, "grad_norm": 0.0}
     for _ in range(epochs):
         j = 0
         for step, size in steps:
             optimizer.zero_grad(set_to_none=True)
-            for rows, start, end in step:
-                logp, entropy = logprobs(model, rows, start, end)
+            for groups in step:
+                logp, entropy = logprobs(model, groups)
                 if old_logp[j] is None:
                     old_logp[j] = logp.detach()
-                mask = cut("mask", rows, start, end)
-                loss, sums = clipped_loss(logp, old_logp[j], cut("advantages", rows, start, end), mask, cfg,
-                                          cut("weights", rows, start, end), ref_logp[j], totals=size)
+                mask = groups.completion_mask
+                loss, sums = clipped_loss(logp, old_logp[j], cut("advantages", groups), mask, cfg,
+                                          cut("weights", groups), ref_logp[j], totals=size)
                 check_finite("GRPO loss", loss)
                 loss.backward()
                 totals["loss"] += loss.item() / updates
@@ -205,9 +217,9 @@ def grpo_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: T
     if measure_kl:
         moved = 0.0
         with torch.no_grad():
-            for j, (rows, start, end) in enumerate(chunks):
-                delta = logprobs(model, rows, start, end)[0] - old_logp[j]                # log pi_new / pi_old
-                moved += ((torch.exp(delta) - delta - 1) * cut("mask", rows, start, end)).sum().item()
+            for j, groups in enumerate(chunks):
+                delta = logprobs(model, groups)[0] - old_logp[j]                          # log pi_new / pi_old
+                moved += ((torch.exp(delta) - delta - 1) * groups.completion_mask).sum().item()
         out["losses/update_kl"] = moved / num_tokens
     return out
 

@@ -3,13 +3,16 @@ the curator's gradient norms share.
 
 A batch is right-padded prompt + completion rows (`pack_sequences`); the log-probs of its next-token targets are
 those of the model at a temperature, and only the columns from the first completion target on are projected onto
-the vocabulary (`logits_from`): a third to a half of a tiny policy's tokens are prompt. Rollouts and greedy
-evaluation sample through `decode`, a direct KV-cache loop over left-padded prompts.
+the vocabulary (`logits_from`): a third to a half of a tiny policy's tokens are prompt. The update takes a batch's
+rows as their distinct prompts and completions (`PromptGroups`) and computes each prompt once for all its
+completions (`completion_logprobs`). Rollouts and greedy evaluation sample through `decode`, a direct KV-cache loop
+over left-padded prompts.
 """
 
 from __future__ import annotations
 
 import inspect
+from dataclasses import dataclass
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
@@ -54,6 +57,77 @@ def logprobs_and_entropy_from(model: torch.nn.Module, input_ids: torch.Tensor, a
     chosen = logprobs.gather(-1, input_ids[:, start + 1:].unsqueeze(-1)).squeeze(-1)         # [N, L-1-start]
     with torch.no_grad():
         entropy = -(logprobs.exp() * logprobs).sum(-1)                                       # [N, L-1-start]
+    return chosen, entropy
+
+
+@dataclass(frozen=True)
+class PromptGroups:
+    """Rows of a right-padded batch (pack_sequences) as their distinct prompts and their completions: the layout in
+    which a prompt goes through the model once for every completion of it (a GRPO group's G)."""
+
+    rows: torch.Tensor              # [n]     the rows, in the batch
+    prompts: torch.Tensor           # [U, P]  the distinct prompts, left-padded
+    prompt_mask: torch.Tensor       # [U, P]
+    owner: torch.Tensor             # [n]     each row's prompt, an index into prompts
+    completions: torch.Tensor       # [n, C]  right-padded
+    completion_mask: torch.Tensor   # [n, C]  1.0 on completion tokens
+    columns: torch.Tensor           # [n, C]  each completion token's target column in the batch's [N, L-1]
+
+    def to(self, device: torch.device) -> PromptGroups:
+        return PromptGroups(*(t.to(device) for t in vars(self).values()))
+
+
+def prompt_groups(input_ids: torch.Tensor, mask: torch.Tensor, rows: list[int]) -> PromptGroups:
+    """`rows` of a batch, input_ids [N, L] and completion mask [N, L-1] as pack_sequences makes them, as
+    PromptGroups. Raises ValueError where a row's completion mask is not one span after its prompt."""
+    mask = mask[rows]                                                                          # [n, L-1]
+    firsts, sizes = mask.argmax(1), mask.sum(1).long()                                         # [n], [n]
+    prompts = [tuple(input_ids[r, :f + 1].tolist()) for r, f in zip(rows, firsts.tolist())]
+    distinct = list(dict.fromkeys(prompts))
+    width, length = max(map(len, distinct)), int(sizes.max())
+    prompt_ids = torch.zeros((len(distinct), width), dtype=torch.long)                         # [U, P]
+    prompt_mask = torch.zeros((len(distinct), width), dtype=torch.long)                        # [U, P]
+    for u, p in enumerate(distinct):
+        prompt_ids[u, width - len(p):], prompt_mask[u, width - len(p):] = torch.tensor(p), 1
+    valid = (torch.arange(length) < sizes[:, None]).float()                                    # [n, C]
+    columns = (firsts[:, None] + torch.arange(length)).clamp(max=mask.shape[1] - 1)            # [n, C]
+    if not torch.equal((mask.gather(1, columns) * valid).sum(1), mask.sum(1)):
+        raise ValueError("a row's completion mask is not one span after its prompt (pack_sequences makes them)")
+    completions = input_ids[rows].gather(1, columns + 1) * valid.long()                        # [n, C]
+    index = {p: u for u, p in enumerate(distinct)}
+    owner = torch.tensor([index[p] for p in prompts])                                          # [n]
+    return PromptGroups(torch.tensor(rows), prompt_ids, prompt_mask, owner, completions, valid, columns)
+
+
+def completion_logprobs(model, groups: PromptGroups, temperature: float = 1.0, cache: str | None = None
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
+    """logprobs_and_entropy_from's values on the completion tokens of `groups`, both [n, C].
+
+    With `cache`, the name of the model's KV-cache argument (cache_keyword), each distinct prompt goes through
+    the model once and its keys and values are repeated for every completion of it, which then attends to them:
+    the same sums as each row whole, in another order, and about half the positions of a GRPO batch. Without it
+    (gradient checkpointing, which keeps no cache), every row goes through whole, its prompt left-padded.
+    """
+    length = groups.completions.shape[1]
+    prompt_positions = (groups.prompt_mask.cumsum(1) - 1).clamp(min=0)                        # [U, P]
+    attention = torch.cat([groups.prompt_mask[groups.owner], groups.completion_mask.long()], 1)   # [n, P+C]
+    positions = prompt_positions[groups.owner, -1:] + 1 + torch.arange(length, device=attention.device)  # [n, C]
+    if cache is None:
+        ids = torch.cat([groups.prompts[groups.owner], groups.completions], 1)                  # [n, P+C]
+        logits = model(input_ids=ids, attention_mask=attention, position_ids=torch.cat(
+            [prompt_positions[groups.owner], positions], 1), logits_to_keep=length + 1).logits[:, -length - 1:-1]
+    else:
+        kv = DynamicCache()
+        last = model(input_ids=groups.prompts, attention_mask=groups.prompt_mask, position_ids=prompt_positions,
+                     logits_to_keep=1, use_cache=True, **{cache: kv}).logits[:, -1:]            # [U, 1, V]
+        kv.reorder_cache(groups.owner)                                                         # [n] copies
+        rest = model(input_ids=groups.completions, attention_mask=attention, position_ids=positions,
+                     use_cache=True, **{cache: kv}).logits                                     # [n, C, V]
+        logits = torch.cat([last[groups.owner], rest[:, :-1]], 1)                              # [n, C, V]
+    logprobs = torch.log_softmax(logits.float() / temperature, dim=-1)                          # [n, C, V]
+    chosen = logprobs.gather(-1, groups.completions.unsqueeze(-1)).squeeze(-1)                 # [n, C]
+    with torch.no_grad():
+        entropy = -(logprobs.exp() * logprobs).sum(-1)                                          # [n, C]
     return chosen, entropy
 
 

@@ -1,5 +1,5 @@
-"""The speed benchmarks: flop_rate.py's FLOP counts against hand counts, shared_prompt.py's loss against each
-sequence alone, speed_check.py's interval by hand, and the commands end to end."""
+"""The speed benchmarks: flop_rate.py's FLOP counts against hand counts, speed_check.py's interval by hand, and
+the commands end to end (the shared prompt itself is tested in test_grpo.py)."""
 
 import json
 import subprocess
@@ -54,34 +54,6 @@ def test_the_command_counts_and_times_the_training_phases(tmp_path, cache_dir):
         assert result["flops"][phase] > 0 and result["seconds"][phase] > 0
         assert f"| {phase} |" in done.stdout
     assert result["flops"]["exchange"] == 0    # a curated run's exchange is its curation
-
-
-def test_a_prompt_computed_once_for_its_group_gives_the_loss_and_gradient_of_each_sequence_alone():
-    import shared_prompt
-    import tiny
-    from policies import PRESETS
-
-    spec = PRESETS["tiny"]["qwen-llama"][1]
-    model = tiny.tiny_model(spec.family, spec.tiny, 50, seed=3)
-    rng = torch.Generator().manual_seed(0)
-    group, prompts = 3, [torch.randint(1, 50, (n,), generator=rng).tolist() for n in (4, 7)]
-    completions = [torch.randint(1, 50, (n,), generator=rng).tolist() for n in (2, 5, 1, 3, 6, 4)]
-
-    def gradient(loss):
-        model.zero_grad(set_to_none=True)
-        loss.backward()
-        return loss.item(), torch.cat([w.grad.flatten() for w in model.parameters()])
-
-    # the reference: every sequence alone, unpadded, its completion tokens' NLL summed, over all their tokens
-    total = sum(torch.nn.functional.cross_entropy(
-        model(input_ids=torch.tensor([prompts[i // group] + c])).logits[0, len(prompts[i // group]) - 1:-1],
-        torch.tensor(c), reduction="sum") for i, c in enumerate(completions))
-    reference = gradient(total / sum(map(len, completions)))
-    layout = shared_prompt.group_layout(prompts, completions, group, pad_id=0)
-    for loss_fn in (shared_prompt.whole_loss, shared_prompt.shared_loss):
-        loss, grad = gradient(loss_fn(model, layout, group))
-        assert loss == pytest.approx(reference[0], rel=1e-5)
-        torch.testing.assert_close(grad, reference[1], atol=1e-6, rtol=1e-4)
 
 
 def test_the_shared_prompt_command_runs():

@@ -120,13 +120,14 @@ def test_build_batch_places_completions_and_advantages_on_their_targets():
 
 
 class Bigram(torch.nn.Module):
-    """A model small enough to reason about: next-token logits depend on the current token only."""
+    """A model small enough to reason about: next-token logits depend on the current token only, so it takes and
+    needs none of the keywords a transformers model is called with (positions, a KV cache)."""
 
     def __init__(self, vocab=6):
         super().__init__()
         self.table = torch.nn.Parameter(torch.randn(vocab, vocab, generator=torch.Generator().manual_seed(0)))
 
-    def forward(self, input_ids, attention_mask=None):
+    def forward(self, input_ids, attention_mask=None, **unused):
         return type("Out", (), {"logits": self.table[input_ids]})()
 
 
@@ -193,12 +194,20 @@ def test_a_kl_penalty_without_reference_log_probs_is_refused():
     assert loss.item() == pytest.approx(-1.0)
 
 
-def test_sorted_and_cut_micro_batches_give_the_full_batch_gradient_of_a_transformers_model():
+@pytest.mark.parametrize("checkpointing", [False, True], ids=["kv-cache", "checkpointing"])
+@pytest.mark.parametrize("shared", [False, True], ids=["distinct-prompts", "groups"])
+def test_micro_batches_of_prompt_groups_give_the_full_batch_gradient_of_a_transformers_model(shared, checkpointing):
     model = tiny.tiny_model("llama", tiny.TinyShape(32, 2, 4, 0), vocab_size=60, seed=0)
+    if checkpointing:   # no KV cache: every row goes through whole
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
     gen = torch.Generator().manual_seed(0)
-    # prompts and completions of different lengths, so that micro-batches are reordered and cut differently
+    # prompts and completions of different lengths, so that micro-batches are reordered and cut differently; with
+    # `shared`, groups of rows share a prompt, and a micro-batch of 2 splits a group of 3
     prompts = [torch.randint(1, 60, (n,), generator=gen).tolist() for n in (5, 1, 3, 6, 2)]
-    completions = [torch.randint(1, 60, (n,), generator=gen).tolist() for n in (2, 4, 1, 3, 5)]
+    if shared:
+        prompts = [prompts[0]] * 3 + [prompts[2]] * 2 + [prompts[4]]
+    completions = [torch.randint(1, 60, (n,), generator=gen).tolist() for n in (2, 4, 1, 3, 5, 2)[:len(prompts)]]
     advantages = [torch.randn(len(c), generator=gen) for c in completions]
     batch = grpo.build_batch(prompts, completions, advantages, pad_id=0)
     # the reference: one forward of the whole right-padded batch, every position's logits, the loss by hand
@@ -267,3 +276,31 @@ def test_minibatches_are_consecutive_optimizer_steps_own_rows_first_against_one_
     naive_minibatch_updates(reversed_order, batch, parts[::-1], lr=2.0)
     if minibatches > 1:   # the order matters, so the test above checks it
         assert not all(torch.allclose(p, r) for p, r in zip(model.parameters(), reversed_order.parameters()))
+
+
+def test_completion_log_probs_with_each_prompt_once_are_those_of_every_row_whole():
+    model = tiny.tiny_model("qwen2", tiny.TinyShape(32, 2, 4, 0), vocab_size=60, seed=1).eval()
+    gen = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(1, 60, (n,), generator=gen).tolist() for n in (4, 7)]
+    prompts = [prompts[0]] * 3 + [prompts[1]] * 2
+    completions = [torch.randint(1, 60, (n,), generator=gen).tolist() for n in (3, 1, 5, 2, 4)]
+    batch = grpo.build_batch(prompts, completions, [torch.zeros(len(c)) for c in completions], pad_id=0)
+    # the reference: the right-padded batch through sequences' own full-batch log-probs
+    logp, entropy = sequences.token_logprobs_and_entropy(model, batch.input_ids, batch.attention_mask, 0.7)
+    groups = sequences.prompt_groups(batch.input_ids, batch.mask, [4, 0, 2, 1, 3])
+    assert groups.prompts.shape[0] == 2 and groups.owner.tolist() == [0, 1, 1, 1, 0]
+    for cache in (None, sequences.cache_keyword(model)):
+        with torch.no_grad():
+            got, got_entropy = sequences.completion_logprobs(model, groups, 0.7, cache)
+        want = logp[groups.rows].gather(1, groups.columns) * groups.completion_mask
+        torch.testing.assert_close(got * groups.completion_mask, want, atol=1e-5, rtol=0)
+        torch.testing.assert_close(got_entropy * groups.completion_mask,
+                                   entropy[groups.rows].gather(1, groups.columns) * groups.completion_mask,
+                                   atol=1e-5, rtol=0)
+
+
+def test_prompt_groups_refuse_a_completion_mask_with_a_gap():
+    batch = grpo.build_batch([[1, 2]], [[3, 4, 5]], [torch.zeros(3)], pad_id=0)
+    batch.mask[0, 2] = 0
+    with pytest.raises(ValueError, match="one span"):
+        sequences.prompt_groups(batch.input_ids, batch.mask, [0])
