@@ -123,7 +123,9 @@ def completion_logprobs(model, groups: PromptGroups, temperature: float = 1.0, c
         kv.reorder_cache(groups.owner)                                                         # [n] copies
         rest = model(input_ids=groups.completions, attention_mask=attention, position_ids=positions,
                      use_cache=True, **{cache: kv}).logits                                     # [n, C, V]
-        logits = torch.cat([last[groups.owner], rest[:, :-1]], 1)                              # [n, C, V]
+        # index_select, not last[owner]: its backward sums a prompt's copies in a fixed order, where indexing's
+        # (index_put_ with accumulate) sums them with atomics across threads, in an order that varies run to run
+        logits = torch.cat([last.index_select(0, groups.owner), rest[:, :-1]], 1)               # [n, C, V]
     logprobs = torch.log_softmax(logits.float() / temperature, dim=-1)                          # [n, C, V]
     chosen = logprobs.gather(-1, groups.completions.unsqueeze(-1)).squeeze(-1)                 # [n, C]
     with torch.no_grad():
