@@ -162,7 +162,9 @@ def grpo_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: T
     finite.
     """
     device = next(model.parameters()).device
-    tensors = {k: v.to(device) if v is not None else None for k, v in vars(batch).items()}
+    # the per-token values on the device; the token ids reach it inside each micro-batch's PromptGroups
+    tensors = {k: v.to(device) if v is not None else None
+               for k, v in (("mask", batch.mask), ("advantages", batch.advantages), ("weights", batch.weights))}
     n, num_tokens = tensors["mask"].shape[0], tensors["mask"].sum().item()
     # per optimizer step, micro-batches of the rows of a few prompts (sequences_of_prompts), each prompt computed
     # once for all its completions where the model keeps a KV cache (same loss, summed in another order)

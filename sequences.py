@@ -2,11 +2,11 @@
 the curator's gradient norms share.
 
 A batch is right-padded prompt + completion rows (`pack_sequences`); the log-probs of its next-token targets are
-those of the model at a temperature, and only the columns from the first completion target on are projected onto
-the vocabulary (`logits_from`): a third to a half of a tiny policy's tokens are prompt. The update takes a batch's
-rows as their distinct prompts and completions (`PromptGroups`) and computes each prompt once for all its
-completions (`completion_logprobs`). Rollouts and greedy evaluation sample through `decode`, a direct KV-cache loop
-over left-padded prompts.
+those of the model at a temperature (`chosen_and_entropy`). A third to a half of a tiny policy's tokens are prompt,
+so the warm-up projects only the columns from the first completion target on onto the vocabulary (`logits_from`),
+and the update takes a batch's rows as their distinct prompts and completions (`PromptGroups`), each prompt
+computed once for all its completions (`completion_logprobs`). Rollouts and greedy evaluation sample through
+`decode`, a direct KV-cache loop over left-padded prompts.
 """
 
 from __future__ import annotations
@@ -44,19 +44,18 @@ def token_logprobs_and_entropy(model: torch.nn.Module, input_ids: torch.Tensor, 
 
     pi is the model at the sampling temperature: the policy that produced the rollouts is the one optimized.
     """
-    return logprobs_and_entropy_from(model, input_ids, attention_mask, 0, temperature)
+    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1]               # [N, L-1, V]
+    return chosen_and_entropy(logits, input_ids[:, 1:], temperature)
 
 
-def logprobs_and_entropy_from(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                              start: int, temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
-    """token_logprobs_and_entropy's columns start.. only, both [N, L-1-start]: the vocabulary projection and
-    the float32 log-softmax of the prompt positions before `start` (a third to a half of the tokens of a tiny
-    policy's batch) are never computed."""
-    logits = logits_from(model, input_ids, attention_mask, start)[:, :-1].float() / temperature  # [N, L-1-start, V]
-    logprobs = torch.log_softmax(logits, dim=-1)
-    chosen = logprobs.gather(-1, input_ids[:, start + 1:].unsqueeze(-1)).squeeze(-1)         # [N, L-1-start]
+def chosen_and_entropy(logits: torch.Tensor, targets: torch.Tensor, temperature: float
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    """log pi(target) and the entropy of pi at each position, both [N, T], from logits [N, T, V] at a temperature,
+    in float32 (the entropy without gradient)."""
+    logprobs = torch.log_softmax(logits.float() / temperature, dim=-1)                         # [N, T, V]
+    chosen = logprobs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)                            # [N, T]
     with torch.no_grad():
-        entropy = -(logprobs.exp() * logprobs).sum(-1)                                       # [N, L-1-start]
+        entropy = -(logprobs.exp() * logprobs).sum(-1)                                         # [N, T]
     return chosen, entropy
 
 
@@ -101,7 +100,7 @@ def prompt_groups(input_ids: torch.Tensor, mask: torch.Tensor, rows: list[int]) 
 
 def completion_logprobs(model, groups: PromptGroups, temperature: float = 1.0, cache: str | None = None
                         ) -> tuple[torch.Tensor, torch.Tensor]:
-    """logprobs_and_entropy_from's values on the completion tokens of `groups`, both [n, C].
+    """token_logprobs_and_entropy's values on the completion tokens of `groups`, both [n, C].
 
     With `cache`, the name of the model's KV-cache argument (cache_keyword), each distinct prompt goes through
     the model once and its keys and values are repeated for every completion of it, which then attends to them:
@@ -126,11 +125,7 @@ def completion_logprobs(model, groups: PromptGroups, temperature: float = 1.0, c
         # index_select, not last[owner]: its backward sums a prompt's copies in a fixed order, where indexing's
         # (index_put_ with accumulate) sums them with atomics across threads, in an order that varies run to run
         logits = torch.cat([last.index_select(0, groups.owner), rest[:, :-1]], 1)               # [n, C, V]
-    logprobs = torch.log_softmax(logits.float() / temperature, dim=-1)                          # [n, C, V]
-    chosen = logprobs.gather(-1, groups.completions.unsqueeze(-1)).squeeze(-1)                 # [n, C]
-    with torch.no_grad():
-        entropy = -(logprobs.exp() * logprobs).sum(-1)                                          # [n, C]
-    return chosen, entropy
+    return chosen_and_entropy(logits, groups.completions, temperature)
 
 
 def logits_from(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, start: int) -> torch.Tensor:
