@@ -37,8 +37,16 @@ ATTENTION = {   # CPU attention, which FlopCounterMode leaves at 0: its shapes g
         lambda grad_out, query, key, value, *args, out_shape=None, **kwargs:
             sdpa_backward_flop_count(grad_out, query, key, value),
 }
-SHOWN = ("rollouts", "exchange", "curation", "updates", "evaluation")
-"""the phases that train; start-up (a cached warm-up) and the rest do next to no arithmetic"""
+SHOWN = ("rollouts", "exchange", "curation", "gradient norms", "norms: forward", "norms: backward",
+         "norms: from factors", "updates", "evaluation")
+"""the phases that train, and the parts of curation's gradient norms; start-up (a cached warm-up) and the rest
+do next to no arithmetic"""
+
+
+def with_backward(measured: dict[str, float]) -> dict[str, float]:
+    """The gradient norms' batched backward, timed or counted as what their forward and factors leave."""
+    rest = measured["gradient norms"] - measured["norms: forward"] - measured["norms: from factors"]
+    return {**measured, "norms: backward": rest}
 
 
 def counted(totals: dict[str, float], phase: str, fn):
@@ -110,6 +118,7 @@ def main() -> None:
                  *(["--cache-dir", args.cache_dir] if args.cache_dir else [])]
         seconds = wall_time.run_one(ROOT, [*flags, "--name", "timed"], work / "seconds.json")
         flops = wall_time.run_one(ROOT, [*flags, "--name", "counted"], work / "flops.json", script=__file__)
+    seconds, flops = with_backward(seconds), with_backward(flops)
     rates = matmul_ceiling(width)
     ceiling = max(rates.values())
     print("one-thread float32 multiplies, GFLOP/s: " + ", ".join(f"{k} {v:.1f}" for k, v in rates.items()))

@@ -8,8 +8,9 @@ Each configuration trains `python train.py --seed S --iterations N` with its fla
 protocol, one thread, in a process whose phases are timed by wrapping the functions that hold them
 at each commit since ab554c1 (PHASES): start-up (policies, warm-ups and tokenizers), of which the warm-up
 (warm_up_cached, a cache hit included), rollouts, rewards, exchange (delivery and a fixed level's sharing),
-curation (Curator.exchange, the receivers' sides included), updates, evaluation, checkpoints and the report;
-`other` is the rest of the wall time. The configurations of one seed and one commit share a fresh warm-up
+curation (Curator.exchange, the receivers' sides included; in it the CCM's gradient norms, and in those their
+forward and the norms taken from the factors, the rest being the batched backward), updates, evaluation,
+checkpoints and the report; `other` is the rest of the wall time. The configurations of one seed and one commit share a fresh warm-up
 cache and run in order, so the first pays the warm-ups and the others find them, as in the matrix. With
 --before, the earlier commit is checked out in a temporary worktree and each configuration runs there and here
 at the same time (two processes), so both see the same load. Prints a table per configuration and writes
@@ -40,12 +41,16 @@ PHASES = {   # phase -> (module, qualified name) of the functions timed as it, w
     "rewards": [("backends", "PolicyWorker.score"), ("learner", "experience")],
     "exchange": [("backends", "PolicyWorker.deliver"), ("backends", "PolicyWorker.receive"), ("learner", "receive")],
     "curation": [("curator", "Curator.exchange")],
+    "gradient norms": [("reachability", "step_grad_norms")],
+    "norms: forward": [("reachability", "step_losses")],
+    "norms: from factors": [("reachability", "_weight_sq_norms"), ("reachability", "_scale_grads")],
     "updates": [("backends", "PolicyWorker.update"), ("learner", "update")],
     "evaluation": [("backends", "PolicyWorker.evaluate"), ("learner", "evaluate")],
     "checkpoints": [("backends", "PolicyWorker.save"), ("learner", "save"), ("checkpoint", "commit_checkpoint")],
     "report": [("eval", "write_report")],
 }
-NESTED = {"warm-up": "start-up"}   # timed inside another phase: shown, not added twice
+NESTED = {"warm-up": "start-up", "gradient norms": "curation", "norms: forward": "gradient norms",
+          "norms: from factors": "gradient norms"}   # timed inside another phase: shown, not added twice
 
 
 def timed(seconds: dict[str, float], phase: str, fn):
@@ -111,7 +116,7 @@ def table(name: str, sides: dict[str, dict[str, float]]) -> str:
         values = [s[phase] for s in sides.values()]
         ratio = f" | {values[1] / values[0]:.2f} |" if len(values) == 2 and values[0] > 0 else (
             " | — |" if len(values) == 2 else " |")
-        lines.append(f"| {phase}{' (in start-up)' if phase in NESTED else ''} | "
+        lines.append(f"| {phase}{f' (in {NESTED[phase]})' if phase in NESTED else ''} | "
                      + " | ".join(f"{v:.1f} s" for v in values) + ratio)
     return "\n".join(lines)
 

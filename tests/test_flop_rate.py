@@ -54,6 +54,10 @@ def test_the_command_counts_and_times_the_training_phases(tmp_path, cache_dir):
         assert result["flops"][phase] > 0 and result["seconds"][phase] > 0
         assert f"| {phase} |" in done.stdout
     assert result["flops"]["exchange"] == 0    # a curated run's exchange is its curation
+    flops = result["flops"]
+    assert 0 < flops["gradient norms"] < flops["curation"]
+    assert 0 < flops["norms: forward"] < flops["norms: backward"]   # each of J backwards multiplies as a forward
+    assert flops["norms: from factors"] > 0
 
 
 def test_the_shared_prompt_command_runs():

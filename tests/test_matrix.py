@@ -390,6 +390,7 @@ def test_wall_time_times_every_phase_of_a_run_and_they_add_up(tmp_path, cache_di
     assert all(out[phase] > 0 for phase in ("start-up", "warm-up", "rollouts", "rewards", "curation", "updates",
                                             "evaluation", "checkpoints", "report"))
     assert out["exchange"] == 0 and out["warm-up"] <= out["start-up"]   # a curated run's exchange is curation
+    assert 0 < out["norms: forward"] + out["norms: from factors"] < out["gradient norms"] < out["curation"]
     counted = sum(v for p, v in out.items() if p not in ("total", "other", *wall_time.NESTED))
     assert counted + out["other"] == pytest.approx(out["total"]) and 0 <= out["other"] < out["total"]
 
