@@ -8,9 +8,10 @@ seed by seed over the seeds both ran: their mean and SD, a 95% percentile bootst
 bootstrap p-value (twice the share of resampled means on the far side of 0); then Holm's step-down correction
 over the primary contrasts x policies: the adjusted p-value, and the interval at the level Holm tests that
 hypothesis at (1 - alpha / (m - rank + 1), ranked by raw p-value). "The better GRPO budget" is, per policy, the
-GRPO configuration with the higher mean primary metric. The same at equal update tokens and at equal wall time:
-each run's accuracy against the cost it had spent, its area up to the cost the cheaper run of the pair spent in
-all (the last segment cut by interpolation), over that cost. The seeds the matrix needs: 80% power for a 2-point
+GRPO configuration with the higher mean primary metric. The same at equal update tokens and at equal wall time: each
+run's accuracy against the cost it had spent, its area up to the cost the cheaper run of the pair spent in all (the
+last segment cut by interpolation), over that cost. Per curated configuration and receiver, the curator's admissions
+(ADMISSION), mean ± SD over seeds: what crossed and why. The seeds the matrix needs: 80% power for a 2-point
 difference at the SD's upper 80% confidence bound, sd sqrt((n - 1) / chi2_0.2(n - 1)), by the paired t-test's
 approximation n >= ((t_{1-alpha/2} + t_power) sd / 2)^2, t with n - 1 degrees of freedom.
 
@@ -49,6 +50,13 @@ H2 = ("cross-fidelity", "sgt", 0.7)
 VIEWS = {"auc": None, "equal update tokens": "update_tokens", "equal wall time": "iteration_s"}
 """each view of a contrast, and the cost its runs are compared at (None: the primary metric, over iterations)"""
 EQUIVALENCE_FILE = "equivalent-commits.txt"
+ADMISSION = {"fidelity/offered": "offered", "fidelity/could_matter": "could matter",
+             "fidelity/admitted_prp": "PRP", "fidelity/admitted_xgrpo": "XGRPO", "fidelity/admitted_sgt": "SGT",
+             "fidelity/rejected": "rejected", "fidelity/d_mean": "D", "fidelity/tbd_mean": "TBD",
+             "fidelity/ccm_mean": "CCM", "fidelity/rsd_mean": "RSD", "sharing/received": "received"}
+"""a curated configuration's diagnostics, each the run's mean per iteration (fidelity_record.fidelity_metrics):
+offers, the share of them that could matter, the admission shares among those, mean D and terms of the
+diagnosed, and what was received; they show why a curator did or did not win"""
 
 
 @dataclass(frozen=True)
@@ -243,7 +251,8 @@ def analyze(summaries: list[dict], cfg: AnalysisConfig = AnalysisConfig()) -> di
             policy: {"seeds": sorted(runs), "auc": mean_sd([primary_metric(r, policy) for r in runs.values()]),
                      "reward_variance": mean_sd([r["policies"][policy]["reward_variance"] for r in runs.values()]),
                      "received": mean_sd([r["policies"][policy]["crossed"].get("sharing/received", 0.0)
-                                          for r in runs.values()])}
+                                          for r in runs.values()]),
+                     "admission": admission(list(runs.values()), policy)}
             for policy in policies}
     for view in VIEWS:
         rows = []
@@ -264,6 +273,14 @@ def analyze(summaries: list[dict], cfg: AnalysisConfig = AnalysisConfig()) -> di
     out["hypotheses"] = [row for policy in policies for row in hypotheses(by_config, out["contrasts"]["auc"],
                                                                           policy, cfg)]
     return out
+
+
+def admission(runs: list[dict], policy: str) -> dict[str, tuple[float, float]]:
+    """Mean and SD over seeds of each ADMISSION diagnostic that every run logged for `policy` as receiver; empty
+    for a configuration without a curator."""
+    logged = [r["policies"][policy]["crossed"] for r in runs]
+    return {key: mean_sd([c[key] for c in logged]) for key in ADMISSION if all(key in c for c in logged)
+            } if all("fidelity/offered" in c for c in logged) else {}
 
 
 def hypotheses(by_config: dict, auc_rows: list[dict], policy: str, cfg: AnalysisConfig) -> list[dict]:
@@ -334,6 +351,17 @@ def markdown(result: dict) -> str:
                          f"| [{r['interval'][0]:+.2f}, {r['interval'][1]:+.2f}] | {r['p']:.3f} | {r['holm_p']:.3f} "
                          f"| [{r['holm_interval'][0]:+.2f}, {r['holm_interval'][1]:+.2f}] | {r['holm_rejected']} "
                          f"| {r['sd_upper']:.2f} | {r['seeds_for_matrix']} |")
+    curated = [(name, policy, m["admission"]) for name, per_policy in result["configurations"].items()
+               for policy, m in per_policy.items() if m["admission"]]
+    if curated:
+        lines += ["", "## The curator's admissions: per iteration, mean ± SD over seeds\n",
+                  "Offers into the policy; the shares among those that could matter; D and the terms of the "
+                  "diagnosed offers.\n",
+                  "| configuration | into | " + " | ".join(ADMISSION.values()) + " |",
+                  "|---" * (2 + len(ADMISSION)) + "|"]
+        for name, policy, got in curated:
+            cells = [ms(got[key]) if key in got else "—" for key in ADMISSION]
+            lines.append(f"| {name} | {policy} | " + " | ".join(cells) + " |")
     lines += ["", "## Hypotheses\n",
               f"H1: {H1[0]} - {H1[1]}, points (hoped: +{H1[2]:g} or more). H2: reward variance {H2[0]} / {H2[1]}, "
               f"geometric mean over seeds (hoped: below {H2[2]:g}).\n",

@@ -211,15 +211,15 @@ def test_the_pilot_holds_the_preregistered_configurations_and_seeds():
 # The analysis
 # ---------------------------------------------------------------------------------------------------------------
 
-def summary(configuration, seed, auc_points, commits=("c1",), cost=1000.0):
+def summary(configuration, seed, auc_points, commits=("c1",), cost=1000.0, crossed=None):
     """A summary whose policy p has a flat held-out curve at auc_points / 100 (so its primary metric is
-    auc_points), q one at half that, and update tokens spent evenly up to `cost`."""
+    auc_points), q one at half that, and update tokens spent evenly up to `cost`; both received `crossed`."""
     def policy(level):
         heldout = [[i, level / 100] for i in range(0, 101, 50)]
         return {"heldout": heldout, "reward_mean": [0.1, 0.3], "reward_variance": 0.02,
                 "spent": {c: [[i, cost * i / 100] for i, _ in heldout] for c in ("update_tokens", "iteration_s",
                                                                                  "rollout_tokens")},
-                "crossed": {"sharing/received": 3.0}}
+                "crossed": crossed or {"sharing/received": 3.0}}
     return {"configuration": configuration, "seed": seed, "flags": [], "shared": ["--minibatches", "2"],
             "commits": list(commits), "iterations": 100,
             "policies": {"p": policy(auc_points), "q": policy(auc_points / 2)}}
@@ -327,6 +327,24 @@ def test_a_steady_gain_below_two_points_is_both_supported_and_refuted_and_a_zero
     # an sgt run whose training reward never moved: H2 cannot be computed, and the rest of the analysis stands
     h = verdicts([40.0, 41.0], [40.0, 40.0], [0.01, 0.01], [0.0, 0.02])
     assert h["H2"][0].startswith("not computable") and h["H1"][0] == "refuted"      # differences 0 and +1
+
+
+def test_the_curators_admissions_are_shown_per_receiver_over_seeds():
+    def curated(prp):
+        return {"fidelity/offered": 100.0, "fidelity/could_matter": 0.5, "fidelity/admitted_prp": prp,
+                "fidelity/admitted_xgrpo": 0.2, "fidelity/admitted_sgt": 0.1, "fidelity/rejected": 0.7 - prp,
+                "fidelity/d_mean": 0.3, "sharing/received": 3.0}
+    runs = [summary("cross-fidelity", s, 40.0, crossed=curated(prp)) for s, prp in ((1001, 0.1), (1002, 0.3))]
+    runs += [summary("sgt", s, 40.0) for s in (1001, 1002)]
+    result = analysis.analyze(runs)
+    got = result["configurations"]["cross-fidelity"]["p"]["admission"]
+    assert got["fidelity/admitted_prp"] == pytest.approx((0.2, math.sqrt(0.02)))   # 0.1 and 0.3
+    assert got["fidelity/rejected"] == pytest.approx((0.5, math.sqrt(0.02)))
+    assert "fidelity/tbd_mean" not in got                                         # never logged
+    assert result["configurations"]["sgt"]["p"]["admission"] == {}                # no curator
+    table = analysis.markdown(result).split("## The curator's admissions")[1].split("## Hypotheses")[0]
+    assert "| cross-fidelity | p | 100.00 ± 0.00 | 0.50 ± 0.00 | 0.20 ± 0.14 | 0.20 ± 0.00 | 0.10 ± 0.00 |" in table
+    assert "| sgt |" not in table
 
 
 def test_runs_at_commits_not_declared_equivalent_are_not_paired(tmp_path):
