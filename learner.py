@@ -47,7 +47,7 @@ def build(args: Args, scale: str, index: int, device: torch.device) -> Learner:
     """Policy `index` of --pair as training starts (policies.build_policy), with AdamW on what it trains."""
     policy = policies.build_policy(args.policy_setup(scale), index, device, args.task_config)
     optimizer = torch.optim.AdamW([w for w in policy.model.parameters() if w.requires_grad], lr=args.lr,
-                                  weight_decay=0.0)
+                                  weight_decay=0.0, foreach=True)   # on a CPU too: the same values, fewer kernels
     reference = lora.reference_policy(policy.model) if args.beta > 0 else None
     return Learner(policy, optimizer, reference, args.seed)
 

@@ -201,7 +201,7 @@ def supervised_warmup(policy: Policy, steps: int, task_cfg: arith.TaskConfig, se
     """Teacher-forced NLL on reference solutions of training problems, a `premature_share` of them stopped after
     their first step (arith.premature_solution); returns the loss curve."""
     problems = arith.generate_problems(4000, "train", seed=seed + 7919, cfg=task_cfg)
-    optimizer = torch.optim.AdamW(policy.model.parameters(), lr=lr, weight_decay=0.0)
+    optimizer = torch.optim.AdamW(policy.model.parameters(), lr=lr, weight_decay=0.0, foreach=True)  # as learner.py
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / 50) * max(0.1, 1 - s / max(steps, 1)))
     generator = torch.Generator().manual_seed(seed)
     losses = []
