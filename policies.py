@@ -18,6 +18,7 @@ token can end inside a character; special tokens cover no bytes.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import json
@@ -204,18 +205,20 @@ def supervised_warmup(policy: Policy, steps: int, task_cfg: arith.TaskConfig, se
     optimizer = torch.optim.AdamW(policy.model.parameters(), lr=lr, weight_decay=0.0, foreach=True)  # as learner.py
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / 50) * max(0.1, 1 - s / max(steps, 1)))
     generator = torch.Generator().manual_seed(seed)
+
+    @functools.cache   # a problem is drawn many times over the warm-up: tokenized once, whole or cut
+    def encoded(i: int, cut: bool) -> tuple[list[int], list[int]]:
+        solution = (arith.premature_solution if cut else arith.solution)(problems[i], task_cfg.step_format)
+        return policy.encode_prompt(arith.prompt_text(problems[i])), policy.encode_completion(solution, eos=True)
     losses = []
     policy.model.train()
     bar = tqdm(range(steps), desc=f"warm-up {policy.name}", leave=False)
     for _ in bar:
         idx = torch.randint(len(problems), (batch_size,), generator=generator).tolist()
         premature = (torch.rand(batch_size, generator=generator) < premature_share).tolist()
-        prompts = [policy.encode_prompt(arith.prompt_text(problems[i])) for i in idx]
-        completions = [policy.encode_completion((arith.premature_solution if cut else arith.solution)(
-                                                    problems[i], task_cfg.step_format),
-                                                eos=True) for i, cut in zip(idx, premature)]
+        prompts, completions = zip(*(encoded(i, cut) for i, cut in zip(idx, premature)))
         input_ids, attention, mask = (t.to(policy.device) for t in
-                                      pack_sequences(prompts, completions, policy.tokenizer.pad_token_id))
+                                      pack_sequences(list(prompts), list(completions), policy.tokenizer.pad_token_id))
         start = int(mask.argmax(1).min())  # the first target column of a solution: no logits over prompts before it
         mask = mask[:, start:]                                                                        # [B, L-1-S]
         logits = logits_from(policy.model, input_ids, attention, start)[:, :-1].float()              # [B, L-1-S, V]
