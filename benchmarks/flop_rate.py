@@ -2,15 +2,16 @@
 
     python benchmarks/flop_rate.py --seed 900 --iterations 3 --share cross-fidelity
 
-The run (train.py with the pilot's evaluation protocol and minibatches, the flags given, one thread) is made
-twice on one seed: once with its phases timed (wall_time.py's phases), once with the floating-point operations
-of each phase counted by torch's FlopCounterMode: matrix multiplies, and attention, forward and backward
-(CPU attention at the full, not the causal, count). A seeded run repeats itself exactly on one machine, so both
-do the same work. Each phase's GFLOP/s is set against the ceiling: the best rate of a one-thread float32
-multiply [M, d] x [d, N] of the tiny pair's shapes (d the hidden width, N = d or 3d), measured here, best of
-several tries so that other load weighs little. A phase near the ceiling gets faster only by computing less; one
-far below it spends its time around its multiplies (Python, dispatch, small kernels). The FLOP-counting run is
-slower and its times are not used. Writes OUT/flop-rate-sSEED.json. Timing never uses a comparison seed.
+The run (train.py with the pilot's evaluation protocol and minibatches, the flags given, one thread) is made twice
+on one seed: once with its phases timed (wall_time.py's phases), once with the floating-point operations of each
+phase counted by torch's FlopCounterMode: matrix multiplies, and attention, forward and backward (CPU attention at
+the full, not the causal, count). A seeded run repeats itself exactly on one machine, so both do the same work.
+Curation's gradient norms are split into their forward, their norms from the factors and what those leave
+(`with_backward`). Each phase's GFLOP/s is set against the ceiling: the best rate of a one-thread float32 multiply
+[M, d] x [d, N] of the tiny pair's shapes (d the hidden width, N = d or 3d), measured here, best of several tries so
+that other load weighs little. A phase near the ceiling gets faster only by computing less; one far below it spends
+its time around its multiplies (Python, dispatch, small kernels). The FLOP-counting run is slower and its times are
+not used. Writes OUT/flop-rate-sSEED.json. Timing never uses a comparison seed.
 """
 
 from __future__ import annotations
@@ -37,16 +38,17 @@ ATTENTION = {   # CPU attention, which FlopCounterMode leaves at 0: its shapes g
         lambda grad_out, query, key, value, *args, out_shape=None, **kwargs:
             sdpa_backward_flop_count(grad_out, query, key, value),
 }
-SHOWN = ("rollouts", "exchange", "curation", "gradient norms", "norms: forward", "norms: backward",
+SHOWN = ("rollouts", "exchange", "curation", "gradient norms", "norms: forward", "norms: backward and glue",
          "norms: from factors", "updates", "evaluation")
 """the phases that train, and the parts of curation's gradient norms; start-up (a cached warm-up) and the rest
 do next to no arithmetic"""
 
 
 def with_backward(measured: dict[str, float]) -> dict[str, float]:
-    """The gradient norms' batched backward, timed or counted as what their forward and factors leave."""
+    """What the gradient norms' forward and factors leave: their batched backward, and in seconds also the glue
+    around it (hooks, reshapes, bias sums); in FLOPs the backward alone, as only multiplies are counted."""
     rest = measured["gradient norms"] - measured["norms: forward"] - measured["norms: from factors"]
-    return {**measured, "norms: backward": rest}
+    return {**measured, "norms: backward and glue": rest}
 
 
 def counted(totals: dict[str, float], phase: str, fn):

@@ -53,10 +53,10 @@ EQUIVALENCE_FILE = "equivalent-commits.txt"
 ADMISSION = {"fidelity/offered": "offered", "fidelity/could_matter": "could matter",
              "fidelity/admitted_prp": "PRP", "fidelity/admitted_xgrpo": "XGRPO", "fidelity/admitted_sgt": "SGT",
              "fidelity/rejected": "rejected", "fidelity/d_mean": "D", "fidelity/tbd_mean": "TBD",
-             "fidelity/ccm_mean": "CCM", "fidelity/rsd_mean": "RSD", "sharing/received": "received"}
+             "fidelity/ccm_mean": "CCM", "fidelity/rsd_mean": "RSD"}
 """a curated configuration's diagnostics, each the run's mean per iteration (fidelity_record.fidelity_metrics):
-offers, the share of them that could matter, the admission shares among those, mean D and terms of the
-diagnosed, and what was received; they show why a curator did or did not win"""
+offers, the share of them that could matter, the admission shares among those (0 in an iteration where none
+could), mean D and terms of the diagnosed; with what was received, they show why a curator did or did not win"""
 
 
 @dataclass(frozen=True)
@@ -279,8 +279,9 @@ def admission(runs: list[dict], policy: str) -> dict[str, tuple[float, float]]:
     """Mean and SD over seeds of each ADMISSION diagnostic that every run logged for `policy` as receiver; empty
     for a configuration without a curator."""
     logged = [r["policies"][policy]["crossed"] for r in runs]
-    return {key: mean_sd([c[key] for c in logged]) for key in ADMISSION if all(key in c for c in logged)
-            } if all("fidelity/offered" in c for c in logged) else {}
+    if not all("fidelity/offered" in c for c in logged):
+        return {}
+    return {key: mean_sd([c[key] for c in logged]) for key in ADMISSION if all(key in c for c in logged)}
 
 
 def hypotheses(by_config: dict, auc_rows: list[dict], policy: str, cfg: AnalysisConfig) -> list[dict]:
@@ -355,8 +356,8 @@ def markdown(result: dict) -> str:
                for policy, m in per_policy.items() if m["admission"]]
     if curated:
         lines += ["", "## The curator's admissions: per iteration, mean ± SD over seeds\n",
-                  "Offers into the policy; the shares among those that could matter; D and the terms of the "
-                  "diagnosed offers.\n",
+                  "Offers into the policy; the share of them that could matter; the admission shares among those; "
+                  "D and the terms of the diagnosed offers.\n",
                   "| configuration | into | " + " | ".join(ADMISSION.values()) + " |",
                   "|---" * (2 + len(ADMISSION)) + "|"]
         for name, policy, got in curated:

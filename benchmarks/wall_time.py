@@ -5,16 +5,15 @@ Timing never uses a comparison seed (1001 and up): it trains, and nobody may wat
     python benchmarks/wall_time.py --seed 900 --before ab554c1      # beside commit ab554c1, side by side
 
 Each configuration trains `python train.py --seed S --iterations N` with its flags and the pilot's evaluation
-protocol, one thread, in a process whose phases are timed by wrapping the functions that hold them
-at each commit since ab554c1 (PHASES): start-up (policies, warm-ups and tokenizers), of which the warm-up
-(warm_up_cached, a cache hit included), rollouts, rewards, exchange (delivery and a fixed level's sharing),
-curation (Curator.exchange, the receivers' sides included; in it the CCM's gradient norms, and in those their
-forward and the norms taken from the factors, the rest being the batched backward), updates, evaluation,
-checkpoints and the report; `other` is the rest of the wall time. The configurations of one seed and one commit share a fresh warm-up
-cache and run in order, so the first pays the warm-ups and the others find them, as in the matrix. With
---before, the earlier commit is checked out in a temporary worktree and each configuration runs there and here
-at the same time (two processes), so both see the same load. Prints a table per configuration and writes
-OUT/wall-time-sSEED.json.
+protocol, one thread, in a process whose phases are timed by wrapping the functions that hold them at each commit
+since ab554c1 (PHASES): start-up (policies, warm-ups and tokenizers), of which the warm-up (warm_up_cached, a cache
+hit included), rollouts, rewards, exchange (delivery and a fixed level's sharing), curation (Curator.exchange, the
+receivers' sides included; in it the CCM's gradient norms, and in those their forward and the norms taken from the
+factors, the rest being the batched backward and its glue), updates, evaluation, checkpoints and the report; `other`
+is the rest of the wall time. The configurations of one seed and one commit share a fresh warm-up cache and run in
+order, so the first pays the warm-ups and the others find them, as in the matrix. With --before, the earlier commit
+is checked out in a temporary worktree and each configuration runs there and here at the same time (two processes),
+so both see the same load. Prints a table per configuration and writes OUT/wall-time-sSEED.json.
 """
 
 from __future__ import annotations
