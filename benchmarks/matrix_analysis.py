@@ -3,17 +3,17 @@
     python eval.py --matrix results/pilot     # analysis.md, analysis.json, curves.png and plane.png in the folder
 
 Primary metric: per policy, the area under the held-out greedy curve over iterations 0..I, in points (0-100;
-eval.area_under). Per configuration, its mean and SD over seeds. Per contrast A - B and policy, the differences
-seed by seed over the seeds both ran: their mean and SD, a 95% percentile bootstrap interval over seeds and a
-bootstrap p-value (twice the share of resampled means on the far side of 0); then Holm's step-down correction
-over the primary contrasts x policies: the adjusted p-value, and the interval at the level Holm tests that
-hypothesis at (1 - alpha / (m - rank + 1), ranked by raw p-value). "The better GRPO budget" is, per policy, the
-GRPO configuration with the higher mean primary metric. The same at equal update tokens and at equal wall time: each
-run's accuracy against the cost it had spent, its area up to the cost the cheaper run of the pair spent in all (the
-last segment cut by interpolation), over that cost. Per curated configuration and receiver, the curator's admissions
-(ADMISSION), mean ± SD over seeds: what crossed and why. The seeds the matrix needs: 80% power for a 2-point
-difference at the SD's upper 80% confidence bound, sd sqrt((n - 1) / chi2_0.2(n - 1)), by the paired t-test's
-approximation n >= ((t_{1-alpha/2} + t_power) sd / 2)^2, t with n - 1 degrees of freedom.
+eval.area_under). Per configuration, its mean and SD over seeds. Per contrast A - B and policy, the differences seed
+by seed over the seeds both ran: their mean and SD (with its 95% chi-square interval), a 95% percentile bootstrap
+interval over seeds and a bootstrap p-value (twice the share of resampled means on the far side of 0); then Holm's
+step-down correction over the primary contrasts x policies: the adjusted p-value, and the interval at the level Holm
+tests that hypothesis at (1 - alpha / (m - rank + 1), ranked by raw p-value). "The better GRPO budget" is, per
+policy, the GRPO configuration with the higher mean primary metric. The same at equal update tokens and at equal
+wall time: each run's accuracy against the cost it had spent, its area up to the cost the cheaper run of the pair
+spent in all (the last segment cut by interpolation), over that cost. Per curated configuration and receiver, the
+curator's admissions (ADMISSION), mean ± SD over seeds: what crossed and why. The seeds the matrix needs: 80% power
+for a 2-point difference at the SD's upper 80% confidence bound, sd sqrt((n - 1) / chi2_0.2(n - 1)), by the paired
+t-test's approximation n >= ((t_{1-alpha/2} + t_power) sd / 2)^2, t with n - 1 degrees of freedom.
 
 The two hypotheses, per policy, each called supported, refuted or not resolved (results/preregistration.md):
 H1 by the primary contrast cross-fidelity - sgt: supported where Holm rejects 0 with a positive mean, refuted
@@ -216,6 +216,12 @@ def sd_upper_bound(sd: float, seeds: int, confidence: float) -> float:
     return sd * math.sqrt((seeds - 1) / chi2_quantile(1 - confidence, seeds - 1))
 
 
+def sd_interval(sd: float, seeds: int, level: float) -> tuple[float, float]:
+    """The two-sided `level` interval of an SD measured on `seeds` paired differences: its one-sided bounds at
+    confidence (1 - level) / 2 and (1 + level) / 2."""
+    return sd_upper_bound(sd, seeds, (1 - level) / 2), sd_upper_bound(sd, seeds, (1 + level) / 2)
+
+
 def seeds_for_power(sd: float, cfg: AnalysisConfig, most: int = 100_000) -> int:
     """The fewest seeds (at least 2) whose paired t-test has power cfg.power against cfg.target at SD `sd`."""
     def enough(n: int) -> bool:
@@ -326,6 +332,7 @@ def contrast_row(a: str, b: str, policy: str, differences: dict[int, float], cfg
     means = bootstrap_means(values, cfg.resamples, cfg.bootstrap_seed)
     upper = sd_upper_bound(sd, len(values), cfg.sd_confidence)
     return {"contrast": f"{a} - {b}", "policy": policy, "differences": differences, "mean": mean, "sd": sd,
+            "sd_interval": sd_interval(sd, len(values), 1 - cfg.alpha),
             "interval": percentile_interval(means, 1 - cfg.alpha), "p": bootstrap_p(means), "sd_upper": upper,
             "seeds_for_matrix": seeds_for_power(upper, cfg) if upper > 0 else 2}
 
@@ -345,13 +352,14 @@ def markdown(result: dict) -> str:
     for view, rows in result["contrasts"].items():
         lines += ["", f"## Primary contrasts, {view}: paired differences seed by seed, points\n",
                   "| contrast | policy | per-seed difference | mean | SD | 95% interval | p | Holm p | Holm interval "
-                  "| Holm rejects | SD upper 80% | seeds for the matrix |", "|---" * 12 + "|"]
+                  "| Holm rejects | SD 95% interval | SD upper 80% | seeds for the matrix |", "|---" * 13 + "|"]
         for r in rows:
             seeds = " ".join(f"{d:+.2f}" for d in r["differences"].values())
             lines.append(f"| {r['contrast']} | {r['policy']} | {seeds} | {r['mean']:+.2f} | {r['sd']:.2f} "
                          f"| [{r['interval'][0]:+.2f}, {r['interval'][1]:+.2f}] | {r['p']:.3f} | {r['holm_p']:.3f} "
                          f"| [{r['holm_interval'][0]:+.2f}, {r['holm_interval'][1]:+.2f}] | {r['holm_rejected']} "
-                         f"| {r['sd_upper']:.2f} | {r['seeds_for_matrix']} |")
+                         f"| [{r['sd_interval'][0]:.2f}, {r['sd_interval'][1]:.2f}] | {r['sd_upper']:.2f} "
+                         f"| {r['seeds_for_matrix']} |")
     curated = [(name, policy, m["admission"]) for name, per_policy in result["configurations"].items()
                for policy, m in per_policy.items() if m["admission"]]
     if curated:

@@ -282,6 +282,9 @@ def test_chi_square_quantiles_match_the_printed_table(p, dof, table):
 def test_the_seed_rule_by_hand():
     # 8 pilot seeds: the SD's upper 80% bound is sd * sqrt(7 / 3.822)
     assert analysis.sd_upper_bound(2.0, 8, 0.8) == pytest.approx(2.0 * math.sqrt(7 / 3.822), rel=1e-3)
+    # its 95% interval from the printed chi2(7) quantiles 16.013 (0.975) and 1.690 (0.025)
+    assert analysis.sd_interval(2.0, 8, 0.95) == pytest.approx((2.0 * math.sqrt(7 / 16.013),
+                                                                2.0 * math.sqrt(7 / 1.690)), rel=1e-3)
     cfg = analysis.AnalysisConfig()
     # at SD 2 against 2 points: n >= (t_.975 + t_.8)^2 with n - 1 dof; n = 10 gives (2.262 + 0.883)^2 = 9.9
     # and n = 9 gives (2.306 + 0.889)^2 = 10.2 > 9
