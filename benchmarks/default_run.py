@@ -18,6 +18,7 @@ import json
 import math
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -29,8 +30,10 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def run_one(seed: int, threads: int, runs_dir: Path, train_args: list[str]) -> tuple[Path, float]:
-    """One cold default run (a fresh warm-up cache), pinned to `threads`; returns its directory and wall time."""
+    """One cold default run (a fresh warm-up cache), pinned to `threads`; returns its directory and wall time. An
+    earlier check's run of the same seed and threads is replaced: train.py would refuse it as another run."""
     name = f"default-s{seed}-t{threads}"
+    shutil.rmtree(runs_dir / name, ignore_errors=True)
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
     with tempfile.TemporaryDirectory() as cache:
         started = time.time()

@@ -2,6 +2,7 @@
 the commands end to end (the shared prompt itself is tested in test_grpo.py)."""
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -98,3 +99,14 @@ def test_t_quantiles_are_the_tables():
     assert speed_check.t975(2) == 4.303
     for df, table in ((12, 2.179), (20, 2.086), (60, 2.000)):
         assert speed_check.t975(df) == pytest.approx(table, abs=2e-3)
+
+
+def test_the_default_run_check_runs_twice_into_one_folder(tmp_path):
+    command = [sys.executable, str(ROOT / "benchmarks" / "default_run.py"), "--seeds", "1", "--threads", "1",
+               "--jobs", "1", "--eval-size", "4", "--runs-dir", str(tmp_path), "--train-args",
+               "--iterations 1 --warmup-scale 0.02 --prompts-per-iteration 2 --group-size 2 --max-new-tokens 8 "
+               "--train-size 50"]
+    for _ in range(2):   # a second check replaces the first's run rather than meeting it as another run's folder
+        done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert re.search(r"default-s1-t1: \d+ s wall", done.stdout)
