@@ -7,8 +7,9 @@ eval.area_under). Per configuration, its mean and SD over seeds. Per contrast A 
 by seed over the seeds both ran: their mean and SD (with its 95% chi-square interval), a 95% percentile bootstrap
 interval over seeds and a bootstrap p-value (twice the share of resampled means on the far side of 0); then Holm's
 step-down correction over the primary contrasts x policies: the adjusted p-value, and the interval at the level Holm
-tests that hypothesis at (1 - alpha / (m - rank + 1), ranked by raw p-value). "The better GRPO budget" is, per
-policy, the GRPO configuration with the higher mean primary metric. The same at equal update tokens and at equal
+tests that hypothesis at (1 - alpha / (m - rank + 1), ranked by raw p-value); a hypothesis without two paired seeds
+stays in the family at p = 1. "The better GRPO budget" is, per policy, the GRPO configuration with the higher mean
+primary metric over the seeds the contrast analyzes (a tie goes to `none`). The same at equal update tokens and at equal
 wall time: each run's accuracy against the cost it had spent, its area up to the cost the cheaper run of the pair
 spent in all (the last segment cut by interpolation), over that cost. Per curated configuration and receiver, the
 curator's admissions (ADMISSION), mean ± SD over seeds: what crossed and why. The seeds the matrix needs: 80% power
@@ -95,7 +96,8 @@ def equivalence_classes(path: Path) -> dict[str, int]:
 
 def load(folder: Path) -> list[dict]:
     """Every summary of the folder, refused where two are of one (configuration, seed), where their shared flags
-    differ, or where their commits span more than one class of metric-equivalent commits."""
+    or evaluation iterations differ, where a held-out accuracy is not finite, or where their commits span more than
+    one class of metric-equivalent commits."""
     summaries = [json.loads(p.read_text()) for p in sorted(Path(folder).glob("*.json")) if p.name != "analysis.json"]
     if not summaries:
         raise FileNotFoundError(f"no run summaries in {folder}")
@@ -106,6 +108,14 @@ def load(folder: Path) -> list[dict]:
     shared = {tuple(s["shared"]) for s in summaries}
     if len(shared) > 1:
         raise ValueError(f"{folder}: runs with different shared flags (evaluation, schedule): {sorted(shared)}")
+    schedules = {(s["iterations"], tuple(i for i, _ in m["heldout"]))
+                 for s in summaries for m in s["policies"].values()}
+    if len(schedules) > 1:
+        raise ValueError(f"{folder}: runs evaluated at different iterations, not comparable: {sorted(schedules)}")
+    broken = sorted({(s["configuration"], s["seed"]) for s in summaries for m in s["policies"].values()
+                     if not all(math.isfinite(a) for _, a in m["heldout"])})
+    if broken:
+        raise ValueError(f"{folder}: non-finite held-out accuracy in {broken}; rerun those runs")
     classes = equivalence_classes(Path(folder) / EQUIVALENCE_FILE)
     spanned = {classes.get(c, c) for s in summaries for c in s["commits"]}
     if len(spanned) > 1:
@@ -260,22 +270,25 @@ def analyze(summaries: list[dict], cfg: AnalysisConfig = AnalysisConfig()) -> di
                                           for r in runs.values()]),
                      "admission": admission(list(runs.values()), policy)}
             for policy in policies}
+    out["missing"] = {}
     for view in VIEWS:
-        rows = []
+        rows, missing = [], []
         for a, b in PRIMARY:
             for policy in policies:
-                against = better(b, by_config, out, policy) if isinstance(b, tuple) else b
-                if a not in by_config or against not in by_config:
-                    continue
-                differences = paired_differences(by_config[a], by_config[against], policy, view)
+                against = better(b, a, by_config, policy) if isinstance(b, tuple) else b
+                differences = (paired_differences(by_config[a], by_config[against], policy, view)
+                               if a in by_config and against in by_config else {})
                 if len(differences) < 2:
+                    missing.append(f"{a} - {against} ({policy})")
                     continue
                 rows.append(contrast_row(a, against, policy, differences, cfg))
-        adjusted, levels, rejected = holm([r["p"] for r in rows], cfg.alpha)
+        # a hypothesis without two paired seeds stays in Holm's family at p = 1, so the family is the registered one
+        adjusted, levels, rejected = holm([r["p"] for r in rows] + [1.0] * len(missing), cfg.alpha)
         for row, p, level, reject in zip(rows, adjusted, levels, rejected):
             means = bootstrap_means(list(row["differences"].values()), cfg.resamples, cfg.bootstrap_seed)
             row.update(holm_p=p, holm_interval=percentile_interval(means, 1 - level), holm_rejected=reject)
-        out["contrasts"][view] = rows
+        out["contrasts"][view], out["missing"][view] = rows, missing
+    out["seeds_for_matrix"] = max((r["seeds_for_matrix"] for r in out["contrasts"]["auc"]), default=None)
     out["hypotheses"] = [row for policy in policies for row in hypotheses(by_config, out["contrasts"]["auc"],
                                                                           policy, cfg)]
     return out
@@ -320,14 +333,20 @@ def hypotheses(by_config: dict, auc_rows: list[dict], policy: str, cfg: Analysis
     return rows
 
 
-def better(candidates: tuple[str, ...], by_config: dict, out: dict, policy: str) -> str:
-    """Of `candidates` that ran, the one with the higher mean primary metric for `policy`."""
+def better(candidates: tuple[str, ...], a: str, by_config: dict, policy: str) -> str:
+    """Of `candidates` that ran, the one with the higher mean primary metric for `policy` over the seeds that `a`
+    and all of them ran (the seeds the contrast analyzes); a tie goes to the first named."""
     ran = [c for c in candidates if c in by_config]
-    return max(ran, key=lambda c: out["configurations"][c][policy]["auc"][0]) if ran else candidates[0]
+    common = set(by_config.get(a, {})).intersection(*(by_config[c] for c in ran))
+    if not ran or not common:
+        return (ran or candidates)[0]
+    return max(ran, key=lambda c: sum(primary_metric(by_config[c][s], policy) for s in common))
 
 
 def contrast_row(a: str, b: str, policy: str, differences: dict[int, float], cfg: AnalysisConfig) -> dict:
     values = list(differences.values())
+    if not all(math.isfinite(v) for v in values):
+        raise ValueError(f"{a} - {b} ({policy}): a paired difference is not finite, {differences}")
     mean, sd = mean_sd(values)
     means = bootstrap_means(values, cfg.resamples, cfg.bootstrap_seed)
     upper = sd_upper_bound(sd, len(values), cfg.sd_confidence)
@@ -340,6 +359,10 @@ def contrast_row(a: str, b: str, policy: str, differences: dict[int, float], cfg
 def markdown(result: dict) -> str:
     def ms(pair: tuple[float, float], digits: int = 2) -> str:
         return f"{pair[0]:.{digits}f} ± {pair[1]:.{digits}f}"
+    smallest = 2 / result["config"]["resamples"]      # the smallest non-zero bootstrap p-value
+
+    def pv(p: float) -> str:
+        return f"< {smallest:.4f}" if p < smallest else f"{p:.3f}"
     lines = ["# The comparison: the analysis of its run summaries\n",
              "Primary metric: area under the held-out greedy curve, points (0-100), mean ± SD over seeds.\n",
              "| configuration | policy | seeds | AUC | reward variance (x1e4) | received per iteration |",
@@ -356,10 +379,15 @@ def markdown(result: dict) -> str:
         for r in rows:
             seeds = " ".join(f"{d:+.2f}" for d in r["differences"].values())
             lines.append(f"| {r['contrast']} | {r['policy']} | {seeds} | {r['mean']:+.2f} | {r['sd']:.2f} "
-                         f"| [{r['interval'][0]:+.2f}, {r['interval'][1]:+.2f}] | {r['p']:.3f} | {r['holm_p']:.3f} "
+                         f"| [{r['interval'][0]:+.2f}, {r['interval'][1]:+.2f}] | {pv(r['p'])} | {pv(r['holm_p'])} "
                          f"| [{r['holm_interval'][0]:+.2f}, {r['holm_interval'][1]:+.2f}] | {r['holm_rejected']} "
                          f"| [{r['sd_interval'][0]:.2f}, {r['sd_interval'][1]:.2f}] | {r['sd_upper']:.2f} "
                          f"| {r['seeds_for_matrix']} |")
+        if result["missing"][view]:
+            lines += ["", "Fewer than two paired seeds, so in Holm's family at p = 1: "
+                      + ", ".join(result["missing"][view]) + "."]
+    lines += ["", f"Seeds the matrix needs (the largest over the primary hypotheses above, at equal iterations): "
+              f"{result['seeds_for_matrix']}."]
     curated = [(name, policy, m["admission"]) for name, per_policy in result["configurations"].items()
                for policy, m in per_policy.items() if m["admission"]]
     if curated:

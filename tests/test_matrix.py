@@ -351,6 +351,41 @@ def test_the_curators_admissions_are_shown_per_receiver_over_seeds():
     assert "| sgt |" not in table
 
 
+def test_the_better_grpo_budget_is_chosen_on_the_seeds_the_contrast_analyzes():
+    runs = [summary("cross-fidelity", s, 40.0) for s in (1001, 1002)]
+    runs += [summary("none-g16", s, 39.0) for s in (1001, 1002)]
+    # over all its seeds none averages (38 + 38 + 90) / 3 = 55.3, but on the two seeds cross-fidelity ran, 38
+    runs += [summary("none", s, auc) for s, auc in ((1001, 38.0), (1002, 38.0), (1003, 90.0))]
+    contrasts = {r["contrast"] for r in analysis.analyze(runs)["contrasts"]["auc"]}
+    assert "cross-fidelity - none-g16" in contrasts and "cross-fidelity - none" not in contrasts
+    # a tie goes to the first named, none
+    runs = [r for r in runs if r["configuration"] != "none" or r["seed"] != 1003]
+    runs = [summary("none-g16", r["seed"], 38.0) if r["configuration"] == "none-g16" else r for r in runs]
+    assert {r["contrast"] for r in analysis.analyze(runs)["contrasts"]["auc"]} >= {"cross-fidelity - none"}
+
+
+def test_a_run_with_a_nan_accuracy_or_another_evaluation_schedule_is_refused(tmp_path):
+    broken = summary("sgt", 1002, 40.0)
+    broken["policies"]["q"]["heldout"][1][1] = float("nan")
+    write_summaries(tmp_path / "nan", [summary("sgt", 1001, 40.0), broken])
+    with pytest.raises(ValueError, match=r"non-finite held-out accuracy in \[\('sgt', 1002\)\]"):
+        analysis.load(tmp_path / "nan")
+    short = summary("sgt", 1002, 40.0)
+    short["iterations"] = 90
+    short["policies"]["p"]["heldout"] = short["policies"]["q"]["heldout"] = [[0, 0.4], [45, 0.4], [90, 0.4]]
+    write_summaries(tmp_path / "short", [summary("sgt", 1001, 40.0), short])
+    with pytest.raises(ValueError, match="evaluated at different iterations"):
+        analysis.load(tmp_path / "short")
+
+
+def test_a_p_value_below_the_bootstraps_resolution_is_printed_as_a_bound():
+    runs = [summary(name, s, auc) for s in (1001, 1002, 1003) for name, auc in (("cross-fidelity", 43.0),
+                                                                               ("sgt", 40.0))]
+    text = analysis.markdown(analysis.analyze(runs))
+    assert "| cross-fidelity - sgt | p | +3.00 +3.00 +3.00 | +3.00 | 0.00 | [+3.00, +3.00] | < 0.0002 | < 0.0002 |" \
+        in text
+
+
 def test_runs_at_commits_not_declared_equivalent_are_not_paired(tmp_path):
     write_summaries(tmp_path, [summary("sgt", 1, 40.0, ["c1"]), summary("cross-fidelity", 1, 42.0, ["c1", "c2"])])
     with pytest.raises(ValueError, match="not declared metric-equivalent"):
@@ -375,13 +410,24 @@ def test_eval_matrix_writes_the_analysis_from_summaries_alone(tmp_path):
     rows = {(r["contrast"], r["policy"]): r for r in result["contrasts"]["auc"]}
     # the random control did not run: two contrasts per policy; the better GRPO budget is none-g16
     assert set(rows) == {(c, p) for c in ("cross-fidelity - sgt", "cross-fidelity - none-g16") for p in "pq"}
+    assert result["missing"]["auc"] == ["cross-fidelity - cross-fidelity-random (p)",
+                                        "cross-fidelity - cross-fidelity-random (q)"]
     assert rows["cross-fidelity - sgt", "p"]["differences"] == pytest.approx({"1001": 0.0, "1002": 2.0, "1003": 1.0,
                                                                               "1004": 4.0})
     assert rows["cross-fidelity - sgt", "q"]["mean"] == pytest.approx(7 / 8)
     assert rows["cross-fidelity - none-g16", "p"]["mean"] == pytest.approx(42.5 - 39.0)
-    # Holm over the four: the holm interval is at least as wide as the raw one
+    # Holm over the registered six, the two that could not be paired at p = 1. Every difference from none-g16 is
+    # positive (p = 0, ranks 0 and 1); sgt's differences for q are half of p's, so the same resamples give both
+    # one p-value, ranked 2 and 3 of 6: adjusted 4 p (in a family of the four that ran it would be 2 p)
+    sgt = rows["cross-fidelity - sgt", "p"]["p"]
+    assert rows["cross-fidelity - none-g16", "p"]["p"] == 0 and 0 < sgt == rows["cross-fidelity - sgt", "q"]["p"]
+    assert rows["cross-fidelity - sgt", "p"]["holm_p"] == rows["cross-fidelity - sgt", "q"]["holm_p"] == \
+        pytest.approx(min(1.0, 4 * sgt))
     for r in rows.values():
         assert r["holm_interval"][0] <= r["interval"][0] and r["holm_interval"][1] >= r["interval"][1]
+    assert "in Holm's family at p = 1: cross-fidelity - cross-fidelity-random (p)" in done.stdout
+    # the matrix's seed count is the largest over the primary hypotheses
+    assert result["seeds_for_matrix"] == max(r["seeds_for_matrix"] for r in rows.values())
     assert result["configurations"]["sgt"]["p"]["auc"] == pytest.approx([40.75, math.sqrt(0.9166666)], rel=1e-4)
     assert "| cross-fidelity - sgt | p | +0.00 +2.00 +1.00 +4.00 | +1.75 |" in done.stdout
     assert all((tmp_path / "pilot" / png).stat().st_size > 0 for png in ("curves.png", "plane.png"))
