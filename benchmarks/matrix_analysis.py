@@ -410,49 +410,13 @@ def markdown(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot(summaries: list[dict], result: dict, folder: Path) -> None:
-    """curves.png: each configuration's held-out curve per policy, mean over seeds with a band of ±1 SD;
-    plane.png: the stability-support plane, what crossed per iteration against the reward variance, one point
-    per configuration (its policies and seeds averaged)."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    policies = list(summaries[0]["policies"])
-    fig, axes = plt.subplots(1, len(policies), figsize=(6 * len(policies), 4), squeeze=False)
-    for ax, policy in zip(axes[0], policies):
-        for name in result["configurations"]:
-            curves = [s["policies"][policy]["heldout"] for s in summaries if s["configuration"] == name]
-            iterations = [i for i, _ in curves[0]]
-            values = np.array([[POINTS * a for _, a in c] for c in curves])           # [seeds, evaluations]
-            mean, sd = values.mean(0), values.std(0, ddof=1) if len(values) > 1 else np.zeros(values.shape[1])
-            line, = ax.plot(iterations, mean, label=name)
-            ax.fill_between(iterations, mean - sd, mean + sd, color=line.get_color(), alpha=0.15)
-        ax.set(xlabel="iteration", ylabel="held-out greedy accuracy (points)", title=policy)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(folder / "curves.png", dpi=110)
-    plt.close(fig)
-    fig, ax = plt.subplots(figsize=(6, 4.5))
-    for name, per_policy in result["configurations"].items():
-        x = sum(m["received"][0] for m in per_policy.values()) / len(per_policy)
-        y = sum(m["reward_variance"][0] for m in per_policy.values()) / len(per_policy)
-        ax.scatter([x], [y])
-        ax.annotate(name, (x, y), fontsize=8)
-    ax.set(xlabel="crossed per iteration (sharing/received: trajectories; rewards for xgrpo)",
-           ylabel="receiver's training reward variance", title="stability-support plane")
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(folder / "plane.png", dpi=110)
-    plt.close(fig)
-
-
 def report(folder: Path, cfg: AnalysisConfig = AnalysisConfig()) -> str:
     """The analysis of FOLDER's summaries: analysis.md, analysis.json and the two plots written there."""
+    import matrix_plots      # it reads this module's constants
     summaries = load(folder)
     result = analyze(summaries, cfg)
     text = markdown(result)
     (Path(folder) / "analysis.md").write_text(text)
     (Path(folder) / "analysis.json").write_text(json.dumps(result, indent=1))
-    plot(summaries, result, Path(folder))
+    matrix_plots.plot(summaries, result, Path(folder))
     return text
