@@ -426,8 +426,13 @@ def test_eval_matrix_writes_the_analysis_from_summaries_alone(tmp_path):
     for r in rows.values():
         assert r["holm_interval"][0] <= r["interval"][0] and r["holm_interval"][1] >= r["interval"][1]
     assert "in Holm's family at p = 1: cross-fidelity - cross-fidelity-random (p)" in done.stdout
-    # the matrix's seed count is the largest over the primary hypotheses
-    assert result["seeds_for_matrix"] == max(r["seeds_for_matrix"] for r in rows.values())
+    # the matrix's seed count is set by the widest-spread primary hypothesis: by hand, cross-fidelity - none-g16 for
+    # p, differences 1, 4, 2, 7 (SD sqrt(7)), against 0, 2, 1, 4 (SD sqrt(35 / 12)) and the halves of both for q
+    assert rows["cross-fidelity - none-g16", "p"]["sd"] == pytest.approx(math.sqrt(7))
+    assert result["seeds_for_matrix"] == rows["cross-fidelity - none-g16", "p"]["seeds_for_matrix"]
+    assert rows["cross-fidelity - sgt", "p"]["seeds_for_matrix"] < result["seeds_for_matrix"]
+    assert f"Seeds the matrix needs (the largest over the primary hypotheses above, at equal iterations): " \
+           f"{result['seeds_for_matrix']}." in done.stdout
     assert result["configurations"]["sgt"]["p"]["auc"] == pytest.approx([40.75, math.sqrt(0.9166666)], rel=1e-4)
     assert "| cross-fidelity - sgt | p | +0.00 +2.00 +1.00 +4.00 | +1.75 |" in done.stdout
     assert all((tmp_path / "pilot" / png).stat().st_size > 0 for png in ("curves.png", "plane.png"))
