@@ -67,6 +67,10 @@ class Args:
     process_signal: Literal["vpr", "intrinsic"] = diagnosis.CuratorConfig.process_signal
     """cross-fidelity: RSD repair with verified step credit where a step can be checked, or the intrinsic
     gradient-norm signal on every step"""
+    ccm_estimate: str = diagnosis.CuratorConfig.ccm_estimate
+    """cross-fidelity: how R_k's gradient norms are taken (reachability.ccm_scope): exact = over every trainable
+    parameter; last:N = over the output layer (final norm and head, the head's call alone where it is tied to the
+    embedding) and the last N blocks, which differentiates nothing below them (last:0: no block at all)"""
     predictor: bool = True
     """cross-fidelity: let the fidelity predictor skip the gradient-norm diagnosis where it is sure"""
     ratio_cap: float = sharing.ShareConfig.ratio_cap
@@ -197,7 +201,7 @@ class Args:
             self.curator_config
         except ValueError as err:
             raise ValueError(f"cross-fidelity settings (--fidelity-lambdas, --theta1, --theta2, "
-                             f"--calibration[-window], --ablate, --process-signal): {err}") from None
+                             f"--calibration[-window], --ablate, --process-signal, --ccm-estimate): {err}") from None
 
     @property
     def task_config(self) -> arith.TaskConfig:
@@ -225,4 +229,4 @@ class Args:
         return diagnosis.CuratorConfig(self.fidelity_lambdas, self.theta1, self.theta2, self.calibration,
                                      self.calibration_window, self.admission, self.ccm_beta, self.ablate,
                                      tbd_measure=self.tbd_measure,
-                                     process_signal=self.process_signal)
+                                     process_signal=self.process_signal, ccm_estimate=self.ccm_estimate)

@@ -25,7 +25,8 @@ RESUMABLE = ("resume", "iterations", "backend", "devices", "ray_address", "cpus_
 train_ray.py give the same metrics on a CPU)"""
 
 
-NAMED = ("task", "step_format", "tbd_measure", "ablate", "thresholds", "process_signal", "scale", "lora_rank")
+NAMED = ("task", "step_format", "tbd_measure", "ablate", "thresholds", "process_signal", "ccm_estimate", "scale",
+         "lora_rank")
 """settings that a default run name spells out where they differ from their defaults (beside pair, share, seed)"""
 
 
@@ -37,7 +38,8 @@ def run_name(config: dict, defaults: dict) -> str:
         value = config[key]
         if value != defaults[key] and value not in (None, (), []):
             spelled = "-".join(value) if key == "ablate" else str(value)
-            parts.append({"tbd_measure": "tbd-", "ablate": "ablate-", "lora_rank": "lora"}.get(key, "") + spelled)
+            prefix = {"tbd_measure": "tbd-", "ablate": "ablate-", "ccm_estimate": "ccm-", "lora_rank": "lora"}
+            parts.append(prefix.get(key, "") + spelled)
     return "-".join(parts)
 
 

@@ -62,10 +62,9 @@ class CuratorConfig:
     ablate: tuple[str, ...] = ()
     tbd_measure: str = "credit"
     process_signal: str = "vpr"
+    ccm_estimate: str = "exact"
     credit_mix: float = 0.5
     """RSD repair: the weight of the step's process signal against the outcome advantage"""
-    reach_subset: str = "all"
-    """parameters of the receiver whose gradient norms give R_k (reachability.parameter_subset)"""
     reach_quantile: float = 0.9
     """R = 1/2 at this quantile of the receiver's own step norms"""
     reach_zero_quantile: float = 0.5
@@ -101,6 +100,7 @@ class CuratorConfig:
         if self.process_signal == "intrinsic" and "ccm" in self.ablate:
             raise ValueError("the intrinsic process signal is the CCM's gradient norms, which an ablated CCM does not "
                              "compute: use process_signal='vpr' with ablate ccm")
+        reachability.estimate_blocks(self.ccm_estimate)
         if self.admission not in ADMISSIONS:
             raise ValueError(f"admission is one of {ADMISSIONS}, got {self.admission!r}")
 
@@ -310,12 +310,12 @@ class ReceiverSide:
         cfg, q, offers = self.cfg, self.receiver.policy, [self.offered[k] for k in positions]
         if not offers or "ccm" in cfg.ablate:
             return [o.diagnosis for o in offers], torch.zeros(0)
-        params = reachability.parameter_subset(q.model, cfg.reach_subset)
+        params, modules = reachability.ccm_scope(q.model, cfg.ccm_estimate)
         prompt_ids = {b: q.encode_prompt(self.receiver.prompts[b]) for b in {o.prompt_index for o in offers}}
         items = [(prompt_ids[o.prompt_index], o.tgt.ids, o.ranges) for o in offers]
-        norms = reachability.step_norms(q, items, params)
+        norms = reachability.step_norms(q, items, params, modules)
         mine = reachability.own_steps(q, self.receiver.rollouts, self.task.step_spans, cfg.calibration_rollouts)
-        own = torch.cat(reachability.step_norms(q, mine, params)) if mine else torch.zeros(0)
+        own = torch.cat(reachability.step_norms(q, mine, params, modules)) if mine else torch.zeros(0)
         sample = torch.cat([*window, own])
         if sample.numel() == 0:
             raise ValueError(f"{q.name}'s rollouts have no step to calibrate reachability on yet")

@@ -68,6 +68,41 @@ def parameter_subset(model: torch.nn.Module, subset: str) -> list[torch.nn.Param
     raise ValueError(f"unknown parameter subset {subset!r}: use 'all', 'last:N' or 'lora'")
 
 
+def estimate_blocks(estimate: str) -> int | None:
+    """The blocks a CCM estimate differentiates: None for "exact" (all), N for "last:N"."""
+    if estimate == "exact":
+        return None
+    if not estimate.startswith("last:") or not estimate[5:].isdigit():
+        raise ValueError(f"unknown CCM estimate {estimate!r}: use 'exact' or 'last:N' (N >= 0 blocks)")
+    return int(estimate[5:])
+
+
+def ccm_scope(model: torch.nn.Module, estimate: str
+              ) -> tuple[list[torch.nn.Parameter], list[torch.nn.Module] | None]:
+    """The parameters a CCM estimate takes the gradient norm over, and the modules whose calls count (None: every
+    module owning one of them).
+
+    "exact": every trainable parameter (the adapters under LoRA). "last:N", N >= 0: the final norm, the head and
+    the last N blocks, the head counted as the output layer alone: with a tied embedding only the head's call of
+    the shared matrix counts, so nothing below block L-N is differentiated (last:0 needs no backward through any
+    block). What it gives up: the gradient of every earlier block and of the lookup, where a step's dependence
+    on its prefix enters.
+    """
+    n_blocks = estimate_blocks(estimate)
+    if n_blocks is None:
+        return parameter_subset(model, "all"), None
+    layers = model.model.layers
+    if n_blocks > len(layers):
+        raise ValueError(f"CCM estimate {estimate!r}: the model has {len(layers)} blocks")
+    tops = [*layers[len(layers) - n_blocks:], model.model.norm, model.lm_head]
+    modules = [m for top in tops for m in top.modules()]
+    params = list({id(p): p for m in modules for p in m.parameters(recurse=False) if p.requires_grad}.values())
+    if not params:
+        raise ValueError(f"CCM estimate {estimate!r}: none of its parameters is trainable (under LoRA the head is "
+                         "frozen: use 'exact', the adapters, or 'last:N' with N >= 1)")
+    return params, modules
+
+
 def step_losses(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                 steps: list[list[tuple[int, int]]]) -> tuple[torch.Tensor, torch.Tensor]:
     """Teacher-forced mean NLL of every step, and the steps' token counts.
@@ -96,14 +131,15 @@ class _Call(NamedTuple):
     output: torch.Tensor
 
 
-def _record_calls(model: torch.nn.Module, params: list[torch.nn.Parameter]) -> tuple[list[_Call], list]:
-    """Forward hooks on every module that directly owns a subset parameter; a module called twice (a tied head
-    and embedding share one matrix) is recorded twice."""
+def _record_calls(model: torch.nn.Module, params: list[torch.nn.Parameter], modules: list[torch.nn.Module] | None
+                  ) -> tuple[list[_Call], list]:
+    """Forward hooks on every module (of `modules`, if given) that directly owns a subset parameter; a module
+    called twice (a tied head and embedding share one matrix) is recorded twice."""
     wanted, calls, handles = {id(p) for p in params}, [], []
 
     def hook(module, inputs, output):
         calls.append(_Call(module, tuple(x.detach() for x in inputs), output))
-    for module in model.modules():
+    for module in model.modules() if modules is None else modules:
         if any(id(p) in wanted for p in module.parameters(recurse=False)):
             handles.append(module.register_forward_hook(hook))
     return calls, handles
@@ -177,7 +213,8 @@ def _scale_grads(call: _Call, d: torch.Tensor) -> dict[int, torch.Tensor]:
 
 
 def _rows_sq_norms(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                   steps: list[list[tuple[int, int]]], params: list[torch.nn.Parameter]) -> torch.Tensor:
+                   steps: list[list[tuple[int, int]]], params: list[torch.nn.Parameter],
+                   modules: list[torch.nn.Module] | None) -> torch.Tensor:
     """[J, B] ||grad L_{b,j}||^2 for step j of row b (0 where row b has fewer steps); input_ids [B, L].
 
     One forward; one backward batched over J cotangents, cotangent j the sum of every row's step-j loss. Rows do
@@ -186,7 +223,7 @@ def _rows_sq_norms(model: torch.nn.Module, input_ids: torch.Tensor, attention_ma
     norms per step and row from its modules' inputs and output gradients.
     """
     length = max(c for spans in steps for _, c in spans)             # causal: later tokens change no L_k
-    calls, handles = _record_calls(model, params)
+    calls, handles = _record_calls(model, params, modules)
     try:
         losses, _ = step_losses(model, input_ids[:, :length], attention_mask[:, :length], steps)   # [K]
     finally:
@@ -222,9 +259,10 @@ def _rows_sq_norms(model: torch.nn.Module, input_ids: torch.Tensor, attention_ma
 
 
 def step_grad_norms(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                    steps: list[list[tuple[int, int]]], params: list[torch.nn.Parameter], rows_per_pass: int = 32
-                    ) -> torch.Tensor:
-    """[K] sqrt(|k|) * ||grad_params L_k||_2 for every step of every trajectory, exactly.
+                    steps: list[list[tuple[int, int]]], params: list[torch.nn.Parameter],
+                    modules: list[torch.nn.Module] | None = None, rows_per_pass: int = 32) -> torch.Tensor:
+    """[K] sqrt(|k|) * ||grad_params L_k||_2 for every step of every trajectory, exactly; with `modules`
+    (ccm_scope), the gradient that reaches the parameters through those modules' calls alone.
 
     Trajectories go through `rows_per_pass` at a time, grouped by step count and then length: a pass backs J
     cotangents through all its rows, J its largest step count, and pads every row to its longest.
@@ -237,7 +275,7 @@ def step_grad_norms(model: torch.nn.Module, input_ids: torch.Tensor, attention_m
     for start in range(0, len(rows), rows_per_pass):
         chunk = rows[start:start + rows_per_pass]
         spans = [steps[b] for b in chunk]
-        squared = _rows_sq_norms(model, input_ids[chunk], attention_mask[chunk], spans, params).cpu()   # [J, B]
+        squared = _rows_sq_norms(model, input_ids[chunk], attention_mask[chunk], spans, params, modules).cpu()  # [J, B]
         for i, b in enumerate(chunk):
             sizes = torch.tensor([c - a for a, c in spans[i]], dtype=torch.float64)
             norms[b] = (squared[:len(spans[i]), i].sqrt() * sizes.sqrt()).float()
@@ -357,15 +395,18 @@ def solution_steps(target, writer, problems: list, max_new_tokens: int = 40) -> 
     return [item for item in items if item]
 
 
-def step_norms(policy, items: list[Item], params: list[torch.nn.Parameter]) -> list[torch.Tensor]:
-    """Per item, [K] its steps' gradient norms under `policy` (step_grad_norms, exact). A group's samples often
-    repeat one another, and equal items have equal norms: each distinct item is measured once."""
+def step_norms(policy, items: list[Item], params: list[torch.nn.Parameter],
+               modules: list[torch.nn.Module] | None = None) -> list[torch.Tensor]:
+    """Per item, [K] its steps' gradient norms under `policy` (step_grad_norms over `params` and `modules`, as
+    ccm_scope gives them). A group's samples often repeat one another, and equal items have equal norms: each
+    distinct item is measured once."""
     if not items:
         return []
     keys = [(tuple(p), tuple(c), tuple(r)) for p, c, r in items]
     distinct = dict(zip(keys, items))
     input_ids, attention, steps = batch_inputs(list(distinct.values()), policy.tokenizer.pad_token_id)
-    flat = step_grad_norms(policy.model, input_ids.to(policy.device), attention.to(policy.device), steps, params)
+    flat = step_grad_norms(policy.model, input_ids.to(policy.device), attention.to(policy.device), steps, params,
+                           modules)
     norms = dict(zip(distinct, flat.split([len(s) for s in steps])))
     return [norms[k] for k in keys]
 

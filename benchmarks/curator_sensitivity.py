@@ -207,12 +207,12 @@ def reach_stability(args: Args, redraws: int) -> list[float]:
     rng, out = random.Random(seed), []
     for receiver in experiences:
         q = receiver.policy
-        params = reachability.parameter_subset(q.model, cfg.reach_subset)
+        params, modules = reachability.ccm_scope(q.model, cfg.ccm_estimate)
         offers = live_offers(it, receiver)
         norms = reachability.step_norms(q, [(q.encode_prompt(prompts[o.prompt_index]), o.tgt.ids, o.ranges)
-                                            for o in offers], params)
+                                            for o in offers], params, modules)
         pool = [torch.cat(reachability.step_norms(q, reachability.own_steps(
-            q, r, task.step_spans, cfg.calibration_rollouts), params))
+            q, r, task.step_spans, cfg.calibration_rollouts), params, modules))
             for r in [receiver.rollouts] + [sample(q) for _ in range(2 * cfg.reach_window - 1)]]
 
         def bands(window: list[torch.Tensor]) -> list[int]:

@@ -679,14 +679,35 @@ def test_the_reach_redraw_runs_on_the_tiny_pair(tmp_path, cache_dir, capsys):
     assert capsys.readouterr().out.count("redrawing half of the calibration sample") == 2
 
 
-def test_reach_subset_measures_each_subset_against_all(tmp_path, cache_dir):
+def test_reach_estimate_measures_each_estimate_against_exact(tmp_path, cache_dir):
     sys.path.insert(0, str(ROOT / "benchmarks"))
-    import reach_subset
-    out = reach_subset.measure(tiny_args(tmp_path, cache_dir), iterations=1, subsets=["all", "last:1"], repeats=1)
+    import reach_estimate
+    out = reach_estimate.measure(tiny_args(tmp_path, cache_dir), iterations=1, estimates=["exact", "last:0"],
+                                 repeats=1)
     for name in ("qwen", "llama"):
-        full, last = out["rows"][(name, "all")], out["rows"][(name, "last:1")]
-        assert len(full) == len(last) > 0 and [r[2] for r in full] == [r[2] for r in last]   # only CCM differs
-        assert out["seconds"][(name, "last:1")] > 0
-    assert reach_subset.spearman([1, 2, 2, 3], [10, 20, 20, 30]) == pytest.approx(1.0)     # ties share a rank
-    assert reach_subset.spearman([1, 2, 3], [3, 2, 1]) == pytest.approx(-1.0)
-    assert reach_subset.average_ranks([5.0, 1.0, 5.0]).tolist() == [1.5, 0.0, 1.5]
+        full, head = out["rows"][(name, "exact")], out["rows"][(name, "last:0")]
+        assert len(full) == len(head) > 0 and [r[2] for r in full] == [r[2] for r in head]   # only CCM differs
+        assert out["seconds"][(name, "last:0")] > 0
+        assert 0 < out["flops"][(name, "last:0")] < out["flops"][(name, "exact")]            # no backward through blocks
+        assert len(out["reach"][(name, "exact")]) == len(out["reach"][(name, "last:0")]) >= len(full)
+    assert reach_estimate.spearman([1, 2, 2, 3], [10, 20, 20, 30]) == pytest.approx(1.0)     # ties share a rank
+    assert reach_estimate.spearman([1, 2, 3], [3, 2, 1]) == pytest.approx(-1.0)
+    assert reach_estimate.average_ranks([5.0, 1.0, 5.0]).tolist() == [1.5, 0.0, 1.5]
+
+
+def test_reach_estimate_rule_takes_the_cheapest_that_agrees_for_every_receiver():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import reach_estimate
+
+    def table(agree: dict[str, tuple[float, float]], seconds: dict[str, float]) -> dict:
+        return {(name, e): {"band_agreement": a[i], "seconds": seconds[e]} for e, a in agree.items()
+                for i, name in enumerate(("qwen", "llama"))}
+    seconds = {"exact": 10.0, "last:0": 1.0, "last:1": 3.0, "last:2": 5.0}
+    # last:0 is cheapest but one receiver falls below 85%: the next cheapest that holds for both wins
+    chosen = reach_estimate.choose(table({"exact": (1, 1), "last:0": (0.95, 0.84), "last:1": (0.9, 0.86),
+                                          "last:2": (0.99, 0.99)}, seconds))
+    assert chosen == ("last:1", True)
+    # none holds for both: the best worst-receiver agreement, flagged as missing the criterion
+    chosen = reach_estimate.choose(table({"exact": (1, 1), "last:0": (0.99, 0.5), "last:1": (0.8, 0.7),
+                                          "last:2": (0.6, 0.9)}, seconds))
+    assert chosen == ("last:1", False)
