@@ -43,6 +43,12 @@ import tasks
 import tokalign
 
 
+def output_side(model: torch.nn.Module) -> tuple[torch.nn.ModuleList, torch.nn.Module, torch.nn.Module]:
+    """A causal LM's blocks, final norm and head, through a LoRA wrapper (peft) where there is one."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return base.model.layers, base.model.norm, base.lm_head
+
+
 def parameter_subset(model: torch.nn.Module, subset: str) -> list[torch.nn.Parameter]:
     """The parameters gradient norms are taken over: "all", "last:N" or "lora"."""
     if subset == "all":
@@ -54,10 +60,10 @@ def parameter_subset(model: torch.nn.Module, subset: str) -> list[torch.nn.Param
         return params
     if subset.startswith("last:"):
         n_blocks = int(subset.split(":", 1)[1])
-        layers = model.model.layers
+        layers, norm, head = output_side(model)
         if not 1 <= n_blocks <= len(layers):
             raise ValueError(f"subset {subset!r}: the model has {len(layers)} blocks")
-        modules = [*layers[-n_blocks:], model.model.norm, model.lm_head]
+        modules = [*layers[-n_blocks:], norm, head]
         seen, params = set(), []
         for module in modules:
             for p in module.parameters():
@@ -91,10 +97,10 @@ def ccm_scope(model: torch.nn.Module, estimate: str
     n_blocks = estimate_blocks(estimate)
     if n_blocks is None:
         return parameter_subset(model, "all"), None
-    layers = model.model.layers
+    layers, norm, head = output_side(model)
     if n_blocks > len(layers):
         raise ValueError(f"CCM estimate {estimate!r}: the model has {len(layers)} blocks")
-    tops = [*layers[len(layers) - n_blocks:], model.model.norm, model.lm_head]
+    tops = [*layers[len(layers) - n_blocks:], norm, head]
     modules = [m for top in tops for m in top.modules()]
     params = list({id(p): p for m in modules for p in m.parameters(recurse=False) if p.requires_grad}.values())
     if not params:

@@ -71,6 +71,58 @@ def test_rows_split_over_passes_give_the_same_norms():
                                    rtol=1e-5, atol=0)
 
 
+def untied_top(model: torch.nn.Module, n_blocks: int) -> tuple[torch.nn.Module, list[torch.nn.Parameter]]:
+    """A copy of `model` with its head given a matrix of its own, and the parameters of its last n blocks, final
+    norm and head: what a "last:N" estimate takes the gradient over, for the reference loop."""
+    import copy
+    untied = copy.deepcopy(model)
+    untied.lm_head.weight = torch.nn.Parameter(untied.lm_head.weight.detach().clone())
+    layers = untied.model.layers
+    tops = [*layers[len(layers) - n_blocks:], untied.model.norm, untied.lm_head]
+    return untied, [p for top in tops for p in top.parameters()]
+
+
+@pytest.mark.parametrize("family", ["qwen2", "llama"])
+@pytest.mark.parametrize("n_blocks", [0, 1, 3])
+def test_last_n_estimate_equals_one_backward_per_step_on_the_untied_head(family, n_blocks):
+    model = tiny.tiny_model(family, tiny.TinyShape(32, 3, 4, 0), vocab_size=50, seed=0).double()
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    inputs = reachability.batch_inputs(random_trajectories(50, torch.Generator().manual_seed(5)), pad_id=0)
+    params, modules = reachability.ccm_scope(model, f"last:{n_blocks}")
+    estimate = reachability.step_grad_norms(model, *inputs, params, modules)
+    untied, reference_params = untied_top(model, n_blocks)
+    reference = reachability.step_grad_norms_loop(untied, *inputs, reference_params)
+    torch.testing.assert_close(estimate, reference, rtol=1e-5, atol=0)
+    # fewer parameters, so never a larger norm than the exact one over the same (untied) model's parameters
+    everything = reachability.step_grad_norms_loop(untied, *inputs, reachability.parameter_subset(untied, "all"))
+    assert (estimate <= everything * (1 + 1e-6)).all() and (estimate > 0).all()
+
+
+def test_last_n_estimate_differentiates_nothing_below_its_blocks():
+    model = tiny.tiny_model("llama", tiny.TinyShape(32, 3, 4, 0), vocab_size=50, seed=0).double()
+    inputs = reachability.batch_inputs(random_trajectories(50, torch.Generator().manual_seed(6)), pad_id=0)
+    reached = []
+    for block in model.model.layers:       # a backward pre-hook fires only where the backward passes
+        block.register_full_backward_pre_hook(lambda module, grad, i=len(reached): reached.append(module))
+    for n_blocks in (0, 1, 2):
+        reached.clear()
+        reachability.step_grad_norms(model, *inputs, *reachability.ccm_scope(model, f"last:{n_blocks}"))
+        assert set(map(id, reached)) == set(map(id, model.model.layers[3 - n_blocks:]))
+
+
+def test_ccm_scope_refuses_what_it_cannot_measure():
+    model = tiny.tiny_model("llama", tiny.TinyShape(32, 2, 4, 0), 50, seed=0)
+    assert reachability.ccm_scope(model, "exact") == (reachability.parameter_subset(model, "all"), None)
+    for bad, message in [("last:3", "2 blocks"), ("last", "unknown"), ("last:-1", "unknown"), ("head", "unknown")]:
+        with pytest.raises(ValueError, match=message):
+            reachability.ccm_scope(model, bad)
+    adapted = lora.add_lora(tiny.tiny_model("llama", tiny.TinyShape(32, 2, 4, 0), 50, seed=0), 4, 8.0)
+    with pytest.raises(ValueError, match="under LoRA the head is frozen"):
+        reachability.ccm_scope(adapted, "last:0")
+    params, _ = reachability.ccm_scope(adapted, "last:1")
+    assert params and all("lora_" in name for name, p in adapted.named_parameters() if any(p is q for q in params))
+
+
 class Shift(torch.nn.Module):
     """y = x + w: a parameter whose per-row gradient the batched route does not derive."""
 
