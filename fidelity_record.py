@@ -127,6 +127,22 @@ def band_shares(records: list[dict]) -> dict[tuple[str, str], list[float]]:
     return out
 
 
+def direction_terms(records: list[dict]) -> dict[str, dict]:
+    """Per "source->receiver" direction, over its diagnosed offers: their count, each term's mean raw value (all in
+    [0, 1]; NaN where no offer has it, as under an ablation) and the share of offers each term dominates in D.
+    What H4 reads: which degradation dominates where."""
+    scored = [r for r in records if "D" in r]
+    out = {}
+    for src, rcv in sorted({(r["source"], r["receiver"]) for r in scored}):
+        mine = [r for r in scored if (r["source"], r["receiver"]) == (src, rcv)]
+        raw = {t: [r["terms"][t] for r in mine if r["terms"][t] is not None and not math.isnan(r["terms"][t])]
+               for t in TERMS}
+        out[f"{src}->{rcv}"] = {"diagnosed": len(mine),
+                                "terms": {t: sum(v) / len(v) if v else math.nan for t, v in raw.items()},
+                                "dominant": {t: sum(r["dominant"] == t for r in mine) / len(mine) for t in TERMS}}
+    return out
+
+
 def run_weights(config: dict) -> dict[str, float]:
     """A run's term weights, 0 for an ablated term, from its config.json."""
     lambdas = config.get("fidelity_lambdas", [1 / 3] * 3)

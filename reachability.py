@@ -8,8 +8,8 @@ and the CCM repair of §2.2 attenuates it: A_k <- A_k * R_k^beta.
 
 Decisions relied on (DESIGN.md §4.8):
   - L_k = mean teacher-forced NLL of step k's tokens under the target, given the whole prefix; its gradient norm
-    is taken over a declared parameter subset ("all", "last:N" = the last N blocks, final norm and head, or
-    "lora" = the adapters) and scaled by sqrt(|k|), as VIGOR does, so steps of different lengths compare.
+    is taken over every trainable parameter (the adapters under LoRA), or over a cheaper scope (`ccm_scope`), and
+    scaled by sqrt(|k|), as VIGOR does, so steps of different lengths compare.
   - Exact per-step norms need one vector-Jacobian product per step. In a causal model every step's loss depends
     on the parameters through all earlier positions, so a single backward of a masked or summed loss returns
     sum_k grad L_k, from which no ||grad L_k|| can be recovered. `step_grad_norms_loop` is the reference, one
@@ -50,7 +50,7 @@ def output_side(model: torch.nn.Module) -> tuple[torch.nn.ModuleList, torch.nn.M
 
 
 def parameter_subset(model: torch.nn.Module, subset: str) -> list[torch.nn.Parameter]:
-    """The parameters gradient norms are taken over: "all", "last:N" or "lora"."""
+    """The parameters gradient norms are taken over: "all" trainable ones, or the "lora" adapters."""
     if subset == "all":
         return [p for p in model.parameters() if p.requires_grad]
     if subset == "lora":
@@ -58,20 +58,7 @@ def parameter_subset(model: torch.nn.Module, subset: str) -> list[torch.nn.Param
         if not params:
             raise ValueError("subset 'lora' but the model has no trainable LoRA parameters")
         return params
-    if subset.startswith("last:"):
-        n_blocks = int(subset.split(":", 1)[1])
-        layers, norm, head = output_side(model)
-        if not 1 <= n_blocks <= len(layers):
-            raise ValueError(f"subset {subset!r}: the model has {len(layers)} blocks")
-        modules = [*layers[-n_blocks:], norm, head]
-        seen, params = set(), []
-        for module in modules:
-            for p in module.parameters():
-                if p.requires_grad and id(p) not in seen:
-                    seen.add(id(p))
-                    params.append(p)
-        return params
-    raise ValueError(f"unknown parameter subset {subset!r}: use 'all', 'last:N' or 'lora'")
+    raise ValueError(f"unknown parameter subset {subset!r}: use 'all' or 'lora' (fewer blocks: ccm_scope)")
 
 
 def estimate_blocks(estimate: str) -> int | None:
@@ -88,11 +75,12 @@ def ccm_scope(model: torch.nn.Module, estimate: str
     """The parameters a CCM estimate takes the gradient norm over, and the modules whose calls count (None: every
     module owning one of them).
 
-    "exact": every trainable parameter (the adapters under LoRA). "last:N", N >= 0: the final norm, the head and
-    the last N blocks, the head counted as the output layer alone: with a tied embedding only the head's call of
-    the shared matrix counts, so nothing below block L-N is differentiated (last:0 needs no backward through any
-    block). What it gives up: the gradient of every earlier block and of the lookup, where a step's dependence
-    on its prefix enters.
+    "exact": every trainable parameter (the adapters under LoRA). "last:N", N >= 0: every weight of the final
+    norm, the head and the last N blocks, trainable or frozen (under LoRA, the base weights beside the adapters),
+    the head counted as the output layer alone: with a tied embedding only the head's call of the shared matrix
+    counts, so nothing below block L-N is differentiated (last:0 needs no backward through any block). What it
+    gives up: the gradient of every earlier block and of the lookup, where a step's dependence on its prefix
+    enters.
     """
     n_blocks = estimate_blocks(estimate)
     if n_blocks is None:
@@ -102,11 +90,7 @@ def ccm_scope(model: torch.nn.Module, estimate: str
         raise ValueError(f"CCM estimate {estimate!r}: the model has {len(layers)} blocks")
     tops = [*layers[len(layers) - n_blocks:], norm, head]
     modules = [m for top in tops for m in top.modules()]
-    params = list({id(p): p for m in modules for p in m.parameters(recurse=False) if p.requires_grad}.values())
-    if not params:
-        raise ValueError(f"CCM estimate {estimate!r}: none of its parameters is trainable (under LoRA the head is "
-                         "frozen: use 'exact', the adapters, or 'last:N' with N >= 1)")
-    return params, modules
+    return list({id(p): p for m in modules for p in m.parameters(recurse=False)}.values()), modules
 
 
 def step_losses(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
@@ -235,6 +219,10 @@ def _rows_sq_norms(model: torch.nn.Module, input_ids: torch.Tensor, attention_ma
     finally:
         for handle in handles:
             handle.remove()
+    frozen = [type(c.module).__name__ for c in calls if not c.output.requires_grad]
+    if frozen:
+        raise ValueError(f"the outputs of {sorted(set(frozen))} do not depend on any trainable weight, so no gradient "
+                         "reaches them: measure fewer blocks (ccm_estimate 'last:N' with a smaller N) or 'exact'")
     depth = max(len(spans) for spans in steps)
     index = torch.tensor([j for spans in steps for j in range(len(spans))], device=losses.device)
     cotangents = torch.nn.functional.one_hot(index, depth).T.to(losses.dtype)                 # [J, K]
@@ -425,7 +413,7 @@ if __name__ == "__main__":
 
     cli = argparse.ArgumentParser(description="CCM demo on the tiny qwen-llama pair")
     cli.add_argument("--warmup-scale", type=float, default=1.0, help="the tiny policies' warm-up budget factor")
-    cli.add_argument("--subset", default="all", help="parameters: all, last:N or lora")
+    cli.add_argument("--ccm-estimate", default="exact", help="exact or last:N (ccm_scope)")
     args = cli.parse_args()
     cfg = arith.TaskConfig()
     pols = policies.load_policies("qwen-llama", "tiny", torch.device("cpu"), cfg, seed=1,
@@ -439,9 +427,9 @@ if __name__ == "__main__":
     weak, strong = sorted(pols, key=lambda p: accuracy[p.name])
     print(f"held-out accuracy: {accuracy}; target (weaker) = {weak.name}, source = {strong.name}")
 
-    params = parameter_subset(weak.model, args.subset)
+    scope = ccm_scope(weak.model, args.ccm_estimate)
     own = solution_steps(weak, weak, arith.generate_problems(32, "train", 5, cfg))
-    own_norms = step_grad_norms(weak.model, *batch_inputs(own, weak.tokenizer.pad_token_id), params)
+    own_norms = step_grad_norms(weak.model, *batch_inputs(own, weak.tokenizer.pad_token_id), *scope)
     calibration = calibrate(own_norms)
     print(f"calibration on {len(own_norms)} of {weak.name}'s own steps: zero point (median) g = "
           f"{calibration.zero:.2f}, 90% quantile = {torch.quantile(own_norms, 0.9):.2f}, "
@@ -449,7 +437,7 @@ if __name__ == "__main__":
     solutions = strong.rollout([arith.prompt_text(q) for q in heldout[:4]], 1, 40, greedy=True).texts
     for q, text, (prompt_ids, ids, ranges) in zip(heldout[:4], solutions, solution_steps(weak, strong, heldout[:4])):
         norms = step_grad_norms(weak.model, *batch_inputs([(prompt_ids, ids, ranges)], weak.tokenizer.pad_token_id),
-                                params)
+                                *scope)
         reach = reachability(norms, calibration)
         phantom = phantom_advantage(torch.ones_like(reach), reach)
         print(f"\n{q.question}\n{strong.name}'s solution, reward {arith.answer_reward(q, text):.0f}, under {weak.name}:")

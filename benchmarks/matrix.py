@@ -2,6 +2,7 @@
 
     python benchmarks/matrix.py --set pilot --jobs 2 --commit      # the pilot: 9 configurations x seeds 1001-1008
     python benchmarks/matrix.py --set smoke --jobs 2 --runs-dir /tmp/smoke-runs --out /tmp/smoke   # minutes
+    python benchmarks/matrix.py --blocks main estimate ablations hacpo h4 tbd --jobs 2 --commit   # the matrix
     python eval.py --matrix results/pilot                          # the analysis (matrix_analysis.py)
 
 Each (configuration, seed) trains as runs/SET-CONFIGURATION-sSEED (power.train_run: one thread, resumed where
@@ -36,6 +37,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import eval as evaluation  # noqa: E402
+import fidelity_record  # noqa: E402
 import power  # noqa: E402
 
 
@@ -51,27 +53,69 @@ class MatrixSet:
 
 
 PILOT_CONFIGURATIONS = {
-    "none": (),
-    "none-g16": ("--group-size", "16"),
+    "none": ("--share", "none"),
+    "none-g16": ("--share", "none", "--group-size", "16"),
     "prp": ("--share", "prp"),
     "xgrpo": ("--share", "xgrpo"),
     "sgt": ("--share", "sgt"),
     "hacpo": ("--share", "hacpo"),
     "graft": ("--share", "graft"),
-    "cross-fidelity": ("--share", "cross-fidelity"),
-    "cross-fidelity-random": ("--share", "cross-fidelity", "--admission", "random"),
+    "cross-fidelity": ("--share", "cross-fidelity", "--ccm-estimate", "exact"),
+    "cross-fidelity-random": ("--share", "cross-fidelity", "--ccm-estimate", "exact", "--admission", "random"),
 }
+"""the pilot's configurations, each naming its share and CCM estimate (the pilot ran them at train.py's defaults
+of 0ff2d38, none and exact: the same runs)"""
+CURATED = PILOT_CONFIGURATIONS["cross-fidelity"]
+MATRIX_CONFIGURATIONS = {
+    **PILOT_CONFIGURATIONS,
+    "cross-fidelity-last2": ("--share", "cross-fidelity", "--ccm-estimate", "last:2"),
+    "cross-fidelity-ablate-ccm": (*CURATED, "--ablate", "ccm"),
+    "cross-fidelity-ablate-rsd": (*CURATED, "--ablate", "rsd"),
+    "cross-fidelity-adaptive": (*CURATED, "--thresholds", "adaptive"),
+    "cross-fidelity-intrinsic": (*CURATED, "--process-signal", "intrinsic"),
+    "cross-fidelity-hidden": (*CURATED, "--tbd-measure", "hidden"),
+}
+"""the matrix's configurations on qwen-llama (results/preregistration-matrix.md)"""
+DESCRIPTIVE = {"cross-fidelity": CURATED, "cross-fidelity-hidden": MATRIX_CONFIGURATIONS["cross-fidelity-hidden"]}
+"""H4's runs on the other pairs and step formats: where each degradation dominates, by two TBD measures (one on
+the trio, whose runs cost the most)"""
+PROTOCOL = (*power.EVALUATION, "--minibatches", "2")
+"""the pilot's evaluation protocol and minibatch schedule, shared by every comparison set"""
 SETS = {
-    "pilot": MatrixSet(PILOT_CONFIGURATIONS, tuple(range(1001, 1009)), (*power.EVALUATION, "--minibatches", "2")),
+    "pilot": MatrixSet(PILOT_CONFIGURATIONS, tuple(range(1001, 1009)), PROTOCOL),
+    "matrix": MatrixSet(MATRIX_CONFIGURATIONS, tuple(range(1009, 1031)), PROTOCOL),
+    "matrix-trio-prose": MatrixSet({"cross-fidelity": CURATED, "cross-fidelity-ablate-tbd": (*CURATED, "--ablate", "tbd")},
+                                   (1009, 1010, 1011), (*PROTOCOL, "--pair", "trio", "--step-format", "prose")),
+    "matrix-h4-trio-line": MatrixSet({"cross-fidelity": CURATED}, (1009, 1010), (*PROTOCOL, "--pair", "trio")),
+    **{f"matrix-h4-{pair}-{form}": MatrixSet(DESCRIPTIVE, (1009, 1010),
+                                             (*PROTOCOL, "--pair", pair, "--step-format", form))
+       for pair, form in (("qwen-qwen", "line"), ("qwen-qwen", "prose"), ("qwen-llama", "prose"))},
     "smoke": MatrixSet({name: PILOT_CONFIGURATIONS[name] for name in ("none", "hacpo", "graft")}, (1, 2),
                        ("--eval-size", "16", "--eval-every", "1", "--eval-samples", "0", "--minibatches", "2",
                         "--prompts-per-iteration", "4", "--group-size", "4", "--max-new-tokens", "16",
                         "--warmup-scale", "0.05", "--train-size", "100"), iterations=2),
-    "speed-check": MatrixSet({"none": ()}, (700, 900, 901), (*power.EVALUATION, "--minibatches", "2")),
+    "speed-check": MatrixSet({"none": ("--share", "none")}, (700, 900, 901), (*power.EVALUATION, "--minibatches", "2")),
 }
-"""the named sets: the pre-registered pilot (results/preregistration.md); the check of a change that alters
-metrics, the pilot's protocol on three seeds no comparison uses, run at the commits before and after it
+"""the named sets: the pre-registered pilot (results/preregistration.md); the matrix's, each run as its
+registration's blocks say (results/preregistration-matrix.md); the check of a change that alters metrics, the
+pilot's protocol on three seeds no comparison uses, run at the commits before and after it
 (benchmarks/speed_check.py); and a smoke test of the runner"""
+
+BLOCKS = {
+    "main": [("matrix", tuple(PILOT_CONFIGURATIONS), range(1009, 1012))],
+    "estimate": [("matrix", ("cross-fidelity-last2",), range(1009, 1020)),
+                 ("matrix", ("cross-fidelity", "sgt"), range(1012, 1020))],
+    "ablations": [("matrix", ("cross-fidelity-ablate-ccm", "cross-fidelity-ablate-rsd", "cross-fidelity-adaptive",
+                              "cross-fidelity-intrinsic"), range(1009, 1015))],
+    "hacpo": [("matrix", ("hacpo",), range(1012, 1031)), ("matrix", ("sgt", "cross-fidelity"), range(1020, 1031))],
+    "h4": [("matrix", ("cross-fidelity-hidden",), range(1009, 1011)),
+           *((name, tuple(DESCRIPTIVE), range(1009, 1011)) for name in (
+               "matrix-h4-qwen-qwen-line", "matrix-h4-qwen-qwen-prose", "matrix-h4-qwen-llama-prose")),
+           ("matrix-h4-trio-line", ("cross-fidelity",), range(1009, 1011))],
+    "tbd": [("matrix-trio-prose", ("cross-fidelity", "cross-fidelity-ablate-tbd"), range(1009, 1012))],
+}
+"""the matrix's registered blocks in the order they run, each a list of (set, configurations, seeds): a
+(configuration, seed) two blocks share runs once"""
 
 
 GIT = threading.Lock()   # one git command at a time across the runner's threads
@@ -96,7 +140,8 @@ def summarize(run_dir: Path, configuration: str, seed: int, flags: list[str], sh
               ) -> dict:
     """What the analysis reads of one complete run: per policy its held-out greedy curve, its training reward
     per iteration and their variance (eval.reward_variance), its cost spent by each evaluation (wall time is the
-    run's), the mean per iteration of every sharing/ and fidelity/ metric (what crossed); and the run's totals."""
+    run's), the mean per iteration of every sharing/ and fidelity/ metric (what crossed); for a curated run, the
+    terms per source -> receiver (fidelity_record.direction_terms); and the run's totals."""
     records = evaluation.load_metrics(run_dir)
     names = list(dict.fromkeys(r["policy"] for r in records))
     policies = {}
@@ -116,8 +161,11 @@ def summarize(run_dir: Path, configuration: str, seed: int, flags: list[str], sh
                           "spent": {cost: [(i, spent[cost][i]) for i, _ in heldout] for cost in evaluation.COSTS},
                           "crossed": crossed}
     last = max(r["iteration"] for r in records)
+    fidelity = run_dir / "fidelity.jsonl"
+    directions = (fidelity_record.direction_terms([json.loads(line) for line in fidelity.read_text().splitlines()
+                                                   if line]) if fidelity.exists() else {})
     return {"configuration": configuration, "seed": seed, "flags": flags, "shared": shared, "commits": commits,
-            "iterations": last, "policies": policies,
+            "iterations": last, "policies": policies, "directions": directions,
             "iteration_s": evaluation.spent(records, names[0], "iteration_s")[last],
             **{cost: sum(evaluation.spent(records, n, cost)[last] for n in names)
                for cost in ("rollout_tokens", "update_tokens")}}
@@ -238,6 +286,8 @@ def main(argv: list[str] | None = None, train: Train = power.train_run, repo: Pa
          ) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--set", choices=sorted(SETS), default="pilot")
+    parser.add_argument("--blocks", nargs="+", choices=list(BLOCKS), default=None,
+                        help="run these registered blocks in order instead of --set (summaries in results/SET)")
     parser.add_argument("--configurations", nargs="+", default=None, help="a subset of the set's (default: all)")
     parser.add_argument("--seeds", type=int, nargs="+", default=None, help="default: the set's")
     parser.add_argument("--jobs", type=int, default=2, help="runs at a time, one thread each")
@@ -249,6 +299,13 @@ def main(argv: list[str] | None = None, train: Train = power.train_run, repo: Pa
     args = parser.parse_args(argv)
     if args.warm_up is not None:
         return fill_warm_up_cache(args.set, args.warm_up)
+    if args.blocks:
+        for block in args.blocks:
+            for set_name, configurations, seeds in BLOCKS[block]:
+                for line in run_set(set_name, list(configurations), list(seeds), args.jobs, args.runs_dir,
+                                    repo / "results" / set_name, args.commit, train, repo, warm):
+                    print(f"{block}: {line}", flush=True)
+        return None
     matrix = SETS[args.set]
     for line in run_set(args.set, args.configurations or list(matrix.configurations), args.seeds or list(matrix.seeds),
                         args.jobs, args.runs_dir, args.out or repo / "results" / args.set, args.commit, train, repo,

@@ -2,6 +2,7 @@
 
     python benchmarks/same_metrics.py --before 0ff2d38                      # the default flags below
     python benchmarks/same_metrics.py --before 0ff2d38 -- --share hacpo     # flags after -- override them
+    python benchmarks/same_metrics.py --before 7b89147 --after-flags="--ccm-estimate exact"   # here only
 
 A refactor must not move a number, and runs of the comparison made at two commits are paired only where the
 commits are declared metric-equivalent (results/pilot/equivalent-commits.txt), each declaration backed by such a
@@ -75,16 +76,17 @@ def train(repo: Path, flags: list[str], runs_dir: Path, cache_dir: Path) -> Path
     return runs_dir / name
 
 
-def compare(before: str, flags: list[str], repo: Path = ROOT) -> list[str]:
-    """Train `flags` at commit `before` (a temporary worktree) and at `repo`'s working tree; their differences."""
+def compare(before: str, flags: list[str], repo: Path = ROOT, after_flags: tuple[str, ...] = ()) -> list[str]:
+    """Train `flags` at commit `before` (a temporary worktree) and `flags` + `after_flags` at `repo`'s working tree;
+    their differences."""
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         earlier = tmp / "before"
         subprocess.run(["git", "-C", str(repo), "worktree", "add", "--detach", str(earlier), before], check=True,
                        capture_output=True)
         try:
-            runs = [train(r, flags, tmp / f"runs-{side}", tmp / f"cache-{side}") for r, side in ((earlier, "before"),
-                                                                                                 (repo, "after"))]
+            runs = [train(r, [*flags, *extra], tmp / f"runs-{side}", tmp / f"cache-{side}")
+                    for r, side, extra in ((earlier, "before", ()), (repo, "after", after_flags))]
         finally:
             subprocess.run(["git", "-C", str(repo), "worktree", "remove", "--force", str(earlier)], check=True)
         return differences(*runs)
@@ -93,9 +95,11 @@ def compare(before: str, flags: list[str], repo: Path = ROOT) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--before", required=True, help="the earlier commit")
+    parser.add_argument("--after-flags", default="", help="train.py flags for this side only, one string: a flag "
+                        "the earlier commit lacks, set to what that commit did (e.g. '--share none' after a new default)")
     parser.add_argument("flags", nargs="*", default=[], help="train.py flags after --, overriding the defaults")
     args = parser.parse_args(argv)
-    found = compare(args.before, [*DEFAULT_FLAGS, *args.flags])
+    found = compare(args.before, [*DEFAULT_FLAGS, *args.flags], after_flags=tuple(args.after_flags.split()))
     print("bit-identical" if not found else "different:\n  " + "\n  ".join(found))
     return 1 if found else 0
 

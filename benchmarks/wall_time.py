@@ -124,7 +124,8 @@ def main() -> None:
     cli = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     cli.add_argument("--seed", type=int, default=900)
     cli.add_argument("--iterations", type=int, default=100)
-    cli.add_argument("--configurations", nargs="+", default=list(CONFIGURATIONS), choices=CONFIGURATIONS)
+    cli.add_argument("--configurations", nargs="+", default=list(CONFIGURATIONS),
+                     help="of the matrix's (benchmarks/matrix.py MATRIX_CONFIGURATIONS); default: the pilot's seven")
     cli.add_argument("--before", help="a commit to time beside this one, side by side")
     cli.add_argument("--train-args", default="", help="train.py flags added to every run (both commits)")
     cli.add_argument("--out", type=Path, default=ROOT / "results")
@@ -136,8 +137,11 @@ def main() -> None:
         return
     # only here, never in a timed run, which must import its own commit's modules alone
     sys.path.insert(0, str(ROOT / "benchmarks"))
-    from matrix import PILOT_CONFIGURATIONS
+    from matrix import MATRIX_CONFIGURATIONS
     from power import EVALUATION
+    unknown = sorted(set(args.configurations) - set(MATRIX_CONFIGURATIONS))
+    if unknown:
+        raise SystemExit(f"unknown configurations {unknown}: choose from {sorted(MATRIX_CONFIGURATIONS)}")
     with tempfile.TemporaryDirectory(prefix="wall-time-") as tmp:
         work = Path(tmp)
         repos = {"after": ROOT}
@@ -150,7 +154,7 @@ def main() -> None:
             for name in args.configurations:
                 def side(label: str, name=name) -> dict[str, float]:
                     flags = ["--seed", str(args.seed), "--iterations", str(args.iterations), *EVALUATION,
-                             *PILOT_CONFIGURATIONS[name], *args.train_args.split(),
+                             *MATRIX_CONFIGURATIONS[name], *args.train_args.split(),
                              "--runs-dir", str(work / label / "runs"), "--cache-dir", str(work / label / "cache"),
                              "--name", name]
                     (work / label).mkdir(exist_ok=True)

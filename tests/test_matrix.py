@@ -507,6 +507,7 @@ def test_same_metrics_finds_a_commit_bit_identical_to_itself(tmp_path):
     flags = ["--share", "prp", "--iterations", "1", "--seed", "3", "--eval-size", "8", "--warmup-scale", "0.02",
              "--prompts-per-iteration", "2", "--group-size", "2", "--max-new-tokens", "8", "--train-size", "50"]
     assert same_metrics.compare("HEAD", flags, clone) == []
+    assert same_metrics.compare("HEAD", flags, clone, after_flags=("--lr", "3e-3")) != []   # this side's flags alone
 
 
 def test_ray_overhead_weighs_every_actor_call_of_an_iteration(cache_dir):
@@ -520,3 +521,43 @@ def test_ray_overhead_weighs_every_actor_call_of_an_iteration(cache_dir):
     assert calls == 10    # per actor: rollout, experience, accept_shared, receive, update
     methods = next(line for line in done.stdout.splitlines() if line.strip().startswith("prp:"))
     assert all(m in methods for m in ("rollout", "experience", "accept_shared", "receive", "update"))
+
+
+def test_every_registered_configuration_names_its_share_and_runs_on_fresh_seeds():
+    # the registration's rule: a change of train.py's defaults changes no registered run
+    spent = {*range(0, 14), 500, 501, 502, 700, 701, 702, 900, *range(1001, 1009)}
+    for name, s in matrix.SETS.items():
+        for configuration, flags in s.configurations.items():
+            assert "--share" in flags, (name, configuration)
+            if flags[flags.index("--share") + 1] == "cross-fidelity":
+                assert "--ccm-estimate" in flags, (name, configuration)
+    for block, segments in matrix.BLOCKS.items():
+        for set_name, configurations, seeds in segments:
+            assert set(configurations) <= set(matrix.SETS[set_name].configurations), block
+            assert set(seeds) <= set(matrix.SETS[set_name].seeds) and not set(seeds) & spent, block
+
+
+def test_the_blocks_run_in_the_registered_order_and_a_shared_run_runs_once(repo, tmp_path, monkeypatch):
+    monkeypatch.setitem(matrix.SETS, "t", matrix.MatrixSet({"a": ("--share", "prp"), "b": ("--share", "sgt")},
+                                                           (7, 8), ("--eval-every", "10"), iterations=10))
+    monkeypatch.setattr(matrix, "BLOCKS", {"first": [("t", ("a",), range(7, 9))],
+                                           "second": [("t", ("b", "a"), range(8, 9))]})
+    train = FakeTrain()
+    matrix.main(["--blocks", "second", "first", "--jobs", "1", "--runs-dir", str(tmp_path / "runs")], train, repo,
+                no_warm_up)
+    assert [name for name, _ in train.calls] == ["t-b-s8", "t-a-s8", "t-a-s7"]      # t-a-s8 not again in "first"
+    assert sorted(p.name for p in (repo / "results" / "t").iterdir()) == ["a-s7.json", "a-s8.json", "b-s8.json"]
+
+
+def test_direction_terms_by_hand():
+    import fidelity_record
+    nan = float("nan")
+    records = [{"source": "q", "receiver": "l", "D": 0.5, "dominant": "ccm", "terms": {"tbd": 0.0, "ccm": 0.6, "rsd": 0.2}},
+               {"source": "q", "receiver": "l", "D": 0.3, "dominant": "rsd", "terms": {"tbd": 0.1, "ccm": 0.2, "rsd": 0.4}},
+               {"source": "l", "receiver": "q", "D": 0.1, "dominant": "rsd", "terms": {"tbd": nan, "ccm": 0.0, "rsd": 0.3}},
+               {"source": "l", "receiver": "q", "level": "inert"}]                       # not diagnosed: left out
+    out = fidelity_record.direction_terms(records)
+    assert list(out) == ["l->q", "q->l"]
+    assert out["q->l"]["diagnosed"] == 2 and out["q->l"]["terms"] == pytest.approx({"tbd": 0.05, "ccm": 0.4, "rsd": 0.3})
+    assert out["q->l"]["dominant"] == {"tbd": 0.0, "ccm": 0.5, "rsd": 0.5}
+    assert math.isnan(out["l->q"]["terms"]["tbd"]) and out["l->q"]["terms"]["rsd"] == pytest.approx(0.3)

@@ -32,7 +32,7 @@ TASK = arith.TaskConfig(num_steps=1, max_operand=9)
 
 
 def tiny_args(tmp_path, cache_dir, **overrides) -> Args:
-    settings = dict(iterations=2, prompts_per_iteration=8, group_size=6, max_new_tokens=16, eval_size=8,
+    settings = dict(share="none", iterations=2, prompts_per_iteration=8, group_size=6, max_new_tokens=16, eval_size=8,
                     eval_every=1, train_size=200, num_steps=TASK.num_steps, max_operand=TASK.max_operand,
                     warmup_scale=0.15, temperature=1.0, lr=1e-4, runs_dir=str(tmp_path), cache_dir=cache_dir,
                     name="run")
