@@ -2,7 +2,7 @@
 
     python benchmarks/matrix.py --set pilot --jobs 2 --commit      # the pilot: 9 configurations x seeds 1001-1008
     python benchmarks/matrix.py --set smoke --jobs 2 --runs-dir /tmp/smoke-runs --out /tmp/smoke   # minutes
-    python benchmarks/matrix.py --blocks main estimate ablations hacpo h4 tbd --jobs 2 --commit   # the matrix
+    python benchmarks/matrix.py --blocks estimate ablations hacpo h4 tbd --jobs 2 --commit   # the matrix's blocks
     python eval.py --matrix results/pilot                          # the analysis (matrix_analysis.py)
 
 Each (configuration, seed) trains as runs/SET-CONFIGURATION-sSEED (power.train_run: one thread, resumed where
@@ -102,20 +102,18 @@ pilot's protocol on three seeds no comparison uses, run at the commits before an
 (benchmarks/speed_check.py); and a smoke test of the runner"""
 
 BLOCKS = {
-    "main": [("matrix", tuple(PILOT_CONFIGURATIONS), range(1009, 1012))],
-    "estimate": [("matrix", ("cross-fidelity-last2",), range(1009, 1020)),
-                 ("matrix", ("cross-fidelity", "sgt"), range(1012, 1020))],
+    "estimate": [("matrix", ("cross-fidelity-last2", "cross-fidelity", "sgt"), range(1009, 1020))],
     "ablations": [("matrix", ("cross-fidelity-ablate-ccm", "cross-fidelity-ablate-rsd", "cross-fidelity-adaptive",
                               "cross-fidelity-intrinsic"), range(1009, 1015))],
-    "hacpo": [("matrix", ("hacpo",), range(1012, 1031)), ("matrix", ("sgt", "cross-fidelity"), range(1020, 1031))],
+    "hacpo": [("matrix", ("hacpo",), range(1009, 1031)), ("matrix", ("sgt", "cross-fidelity"), range(1020, 1031))],
     "h4": [("matrix", ("cross-fidelity-hidden",), range(1009, 1011)),
            *((name, tuple(DESCRIPTIVE), range(1009, 1011)) for name in (
                "matrix-h4-qwen-qwen-line", "matrix-h4-qwen-qwen-prose", "matrix-h4-qwen-llama-prose")),
            ("matrix-h4-trio-line", ("cross-fidelity",), range(1009, 1011))],
     "tbd": [("matrix-trio-prose", ("cross-fidelity", "cross-fidelity-ablate-tbd"), range(1009, 1012))],
 }
-"""the matrix's registered blocks in the order they run, each a list of (set, configurations, seeds): a
-(configuration, seed) two blocks share runs once"""
+"""the matrix's blocks 2-6 in the order they run, each a list of (set, configurations, seeds): a (configuration,
+seed) two blocks share runs once. Block 1 runs the pilot's set at the pilot's commit (the registration)"""
 
 
 GIT = threading.Lock()   # one git command at a time across the runner's threads
