@@ -10,10 +10,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Literal
 
-import arith
+from testbed import arith
 import diagnosis
 import grpo
-import policies
+from testbed import policies
 import sharing
 
 

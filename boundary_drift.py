@@ -198,11 +198,11 @@ if __name__ == "__main__":
     # One solution under two real tokenizers: groups with their modes, steps, hotspots and the TBD measures.
     import argparse
 
-    import arith
+    from testbed import arith
 
-    import tiny
+    from testbed import tiny
     from tokalign import align, char_to_byte_spans, retokenize
-    from token_bytes import token_bytes_table
+    from testbed.token_bytes import token_bytes_table
 
     cli = argparse.ArgumentParser(description="TBD of one reference solution moved between two tokenizers")
     cli.add_argument("--step-format", choices=arith.STEP_FORMATS, default="line")

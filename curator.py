@@ -31,15 +31,15 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-import arith
+from testbed import arith
 import coevolution
 import diagnosis
 import fidelity_record
 import grpo
-import policies
+from testbed import policies
 import reward_drift
 import sharing
-import tasks
+from testbed import tasks
 import term_scales
 from term_scales import admission_band
 from diagnosis import TERMS, CuratorConfig, Offer, ReceiverSide

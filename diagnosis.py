@@ -34,11 +34,11 @@ from dataclasses import dataclass
 import torch
 
 import boundary_drift
-import policies
+from testbed import policies
 import reachability
 import reward_drift
 import sharing
-import tasks
+from testbed import tasks
 import tokalign
 import term_scales
 from term_scales import TERMS

@@ -27,12 +27,12 @@ from pathlib import Path
 
 import torch
 
-import arith
-import checkpoint
+from testbed import arith
+from testbed import checkpoint
 import fidelity_record
-import costs
-import policies
-import tasks
+from testbed import costs
+from testbed import policies
+from testbed import tasks
 
 
 def heldout_accuracy(policy, examples: list, max_new_tokens: int, task: tasks.Task | None = None,

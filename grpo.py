@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from sequences import (PromptGroups, cache_keyword, completion_logprobs, pack_sequences, prompt_groups,
+from testbed.sequences import (PromptGroups, cache_keyword, completion_logprobs, pack_sequences, prompt_groups,
                        token_logprobs_and_entropy)
 
 
@@ -233,9 +233,9 @@ if __name__ == "__main__":
     # advantages of a group sum to 0.
     import argparse
 
-    import arith
-    import policies
-    import tasks
+    from testbed import arith
+    from testbed import policies
+    from testbed import tasks
 
     cli = argparse.ArgumentParser(description="GRPO on the tiny qwen policy")
     cli.add_argument("--updates", type=int, default=5)

@@ -20,14 +20,14 @@ from typing import Iterator
 
 import torch
 
-import checkpoint
+from testbed import checkpoint
 import eval as evaluation
-import graft
+from baselines import graft
 import grpo
-import lora
-import policies
+from testbed import lora
+from testbed import policies
 import sharing
-import tasks
+from testbed import tasks
 from args import Args
 
 

@@ -37,9 +37,9 @@ from typing import NamedTuple
 
 import torch
 
-import arith
+from testbed import arith
 
-import tasks
+from testbed import tasks
 import tokalign
 
 
@@ -345,7 +345,7 @@ def batch_inputs(trajectories: list[tuple[list[int], list[int], list[tuple[int, 
     Returns input_ids [B, L], attention_mask [B, L] (right-padded, so positions are those of each sequence
     alone) and each trajectory's steps as positions in input_ids.
     """
-    from sequences import pack_sequences
+    from testbed.sequences import pack_sequences
     input_ids, attention, _ = pack_sequences([p for p, _, _ in trajectories], [c for _, c, _ in trajectories], pad_id)
     steps = [[(len(p) + a, len(p) + b) for a, b in ranges] for p, _, ranges in trajectories]
     return input_ids, attention, steps
@@ -409,7 +409,7 @@ if __name__ == "__main__":
     # A stronger tiny policy's solutions scored step by step under a weaker one: g_k, R_k and P_k.
     import argparse
 
-    import policies
+    from testbed import policies
 
     cli = argparse.ArgumentParser(description="CCM demo on the tiny qwen-llama pair")
     cli.add_argument("--warmup-scale", type=float, default=1.0, help="the tiny policies' warm-up budget factor")

@@ -31,10 +31,10 @@ from dataclasses import dataclass
 
 import torch
 
-import arith
+from testbed import arith
 
-import tasks
-import verifiers
+from testbed import tasks
+from testbed import verifiers
 
 
 @dataclass(frozen=True)
@@ -152,7 +152,7 @@ if __name__ == "__main__":
     # Two tiny policies' step statistics side by side, and the drift of a few shared trajectories.
     import argparse
 
-    import policies
+    from testbed import policies
 
     cli = argparse.ArgumentParser(description="RSD demo on the tiny qwen-llama pair")
     cli.add_argument("--warmup-scale", type=float, default=1.0)

@@ -36,9 +36,9 @@ from dataclasses import dataclass, field, replace
 import torch
 
 import grpo
-import hacpo
-import policies
-import sequences
+from baselines import hacpo
+from testbed import policies
+from testbed import sequences
 import tokalign
 
 LEVELS = ("prp", "xgrpo", "sgt")           # data, value, outcome: what the curator admits to

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
-from token_bytes import byte_offsets, encode_text
+from testbed.token_bytes import byte_offsets, encode_text
 
 
 @dataclass(frozen=True)

@@ -37,19 +37,19 @@ from pathlib import Path
 import tyro
 from tqdm import tqdm
 
-import checkpoint
+from testbed import checkpoint
 import coevolution
-import costs
+from testbed import costs
 import curator
-import data
+from testbed import data
 import eval as evaluation
 import grpo
-import hacpo
+from baselines import hacpo
 import learner
-import metrics_log
-import policies
+from testbed import metrics_log
+from testbed import policies
 import sharing
-import tasks
+from testbed import tasks
 from args import Args
 
 

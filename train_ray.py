@@ -30,14 +30,14 @@ import ray
 import torch
 from tqdm import tqdm
 
-import checkpoint
-import costs
+from testbed import checkpoint
+from testbed import costs
 import diagnosis
 import learner
-import metrics_log
-import policies
+from testbed import metrics_log
+from testbed import policies
 import sharing
-import tasks
+from testbed import tasks
 import train
 from args import Args
 

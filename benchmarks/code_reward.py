@@ -28,11 +28,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import memory_cgroup  # noqa: E402
-import sandbox  # noqa: E402
-import syscall_filter  # noqa: E402
-import tasks  # noqa: E402
-import verifiers  # noqa: E402
+from execution import memory_cgroup  # noqa: E402
+from execution import sandbox  # noqa: E402
+from execution import syscall_filter  # noqa: E402
+from testbed import tasks  # noqa: E402
+from testbed import verifiers  # noqa: E402
 
 OLD_COMMIT = "0afb74e"  # the last commit with the single-process runner (sandbox.run_program)
 

@@ -42,11 +42,11 @@ import curator  # noqa: E402
 import diagnosis  # noqa: E402
 import fidelity_record  # noqa: E402
 import grpo  # noqa: E402
-import policies  # noqa: E402
+from testbed import policies  # noqa: E402
 import reachability  # noqa: E402
 import reward_drift  # noqa: E402
 import sharing  # noqa: E402
-import tasks  # noqa: E402
+from testbed import tasks  # noqa: E402
 import term_scales  # noqa: E402
 import train  # noqa: E402
 from args import Args  # noqa: E402

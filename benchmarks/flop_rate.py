@@ -111,7 +111,7 @@ def main() -> None:
         wall_time.instrumented_run(Path(args.inner[0]), args.flags, Path(args.inner[1]), measure=counted)
         return
     from matrix import SETS
-    import policies
+    from testbed import policies
     width = max(spec.tiny.hidden for spec in policies.PRESETS["tiny"]["qwen-llama"])
     with tempfile.TemporaryDirectory(prefix="flop-rate-") as tmp:
         work = Path(tmp)

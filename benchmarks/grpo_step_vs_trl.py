@@ -28,12 +28,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import learner  # noqa: E402
 import eval as evaluation  # noqa: E402
-import arith  # noqa: E402
+from testbed import arith  # noqa: E402
 import grpo  # noqa: E402
-import costs  # noqa: E402
-import policies  # noqa: E402
+from testbed import costs  # noqa: E402
+from testbed import policies  # noqa: E402
 import sharing  # noqa: E402
-import tasks  # noqa: E402
+from testbed import tasks  # noqa: E402
 
 PROMPTS, GROUP, NEW_TOKENS, TEMPERATURE, LR = 8, 8, 40, 0.7, 3e-5
 

@@ -196,7 +196,7 @@ def fill_warm_up_cache(set_name: str, seed: int) -> None:
     import torch
     import tyro
 
-    import policies
+    from testbed import policies
     from train import Args
     torch.set_num_threads(1)
     args = tyro.cli(Args, args=[*SETS[set_name].shared, "--seed", str(seed)])

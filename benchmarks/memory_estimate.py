@@ -32,8 +32,8 @@ from torch.utils._pytree import tree_flatten  # noqa: E402
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM  # noqa: E402
 
 import grpo  # noqa: E402
-import costs  # noqa: E402
-import lora  # noqa: E402
+from testbed import costs  # noqa: E402
+from testbed import lora  # noqa: E402
 
 class LiveTensorBytes(TorchDispatchMode):
     """While on, the bytes of tensor storage that operators create and that are still alive, and their peak.

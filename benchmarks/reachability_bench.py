@@ -25,10 +25,10 @@ import torch  # noqa: E402
 
 from timing import best_of  # noqa: E402
 
-import arith  # noqa: E402
-import policies  # noqa: E402
+from testbed import arith  # noqa: E402
+from testbed import policies  # noqa: E402
 import reachability  # noqa: E402
-import tiny  # noqa: E402
+from testbed import tiny  # noqa: E402
 
 
 def main() -> None:

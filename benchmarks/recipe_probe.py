@@ -18,11 +18,11 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import checkpoint  # noqa: E402
+from testbed import checkpoint  # noqa: E402
 import eval as evaluation  # noqa: E402
-import arith  # noqa: E402
-import policies  # noqa: E402
-import tasks  # noqa: E402
+from testbed import arith  # noqa: E402
+from testbed import policies  # noqa: E402
+from testbed import tasks  # noqa: E402
 import train  # noqa: E402
 from args import Args  # noqa: E402
 

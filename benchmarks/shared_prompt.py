@@ -20,9 +20,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-import arith  # noqa: E402
-import policies  # noqa: E402
-import sequences  # noqa: E402
+from testbed import arith  # noqa: E402
+from testbed import policies  # noqa: E402
+from testbed import sequences  # noqa: E402
 
 
 def timed_gradient(model, groups: sequences.PromptGroups, cache: str | None, repeats: int

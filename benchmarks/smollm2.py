@@ -32,10 +32,10 @@ import torch  # noqa: E402
 
 import eval as evaluation  # noqa: E402
 import grpo  # noqa: E402
-import costs  # noqa: E402
-import lora  # noqa: E402
-import policies  # noqa: E402
-import tasks  # noqa: E402
+from testbed import costs  # noqa: E402
+from testbed import lora  # noqa: E402
+from testbed import policies  # noqa: E402
+from testbed import tasks  # noqa: E402
 from memory_estimate import measure_update  # noqa: E402
 
 GROUP, NEW_TOKENS = 4, 32

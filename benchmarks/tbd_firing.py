@@ -26,14 +26,14 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-import arith  # noqa: E402
+from testbed import arith  # noqa: E402
 import boundary_drift  # noqa: E402
 import diagnosis  # noqa: E402
 import grpo  # noqa: E402
-import policies  # noqa: E402
+from testbed import policies  # noqa: E402
 import reward_drift  # noqa: E402
 import sharing  # noqa: E402
-import tasks  # noqa: E402
+from testbed import tasks  # noqa: E402
 
 
 def offers_by_measure(experiences: list[sharing.Experience], task: tasks.Task, problems: list

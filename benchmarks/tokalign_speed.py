@@ -12,10 +12,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import arith  # noqa: E402
+from testbed import arith  # noqa: E402
 
-import tiny  # noqa: E402
-import token_bytes  # noqa: E402
+from testbed import tiny  # noqa: E402
+from testbed import token_bytes  # noqa: E402
 import tokalign  # noqa: E402
 from timing import best_of  # noqa: E402
 

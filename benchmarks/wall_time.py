@@ -35,7 +35,7 @@ CONFIGURATIONS = ("none", "none-g16", "prp", "xgrpo", "sgt", "hacpo", "cross-fid
 
 PHASES = {   # phase -> (module, qualified name) of the functions timed as it, where each commit has them
     "start-up": [("backends", "Team.start"), ("learner", "build")],
-    "warm-up": [("tiny", "warm_up_cached"), ("policies", "warm_up_cached")],
+    "warm-up": [("tiny", "warm_up_cached"), ("policies", "warm_up_cached"), ("testbed.policies", "warm_up_cached")],
     "rollouts": [("backends", "PolicyWorker.rollout"), ("learner", "rollout")],
     "rewards": [("backends", "PolicyWorker.score"), ("learner", "experience")],
     "exchange": [("backends", "PolicyWorker.deliver"), ("backends", "PolicyWorker.receive"), ("learner", "receive")],
@@ -45,7 +45,8 @@ PHASES = {   # phase -> (module, qualified name) of the functions timed as it, w
     "norms: from factors": [("reachability", "_weight_sq_norms"), ("reachability", "_scale_grads")],
     "updates": [("backends", "PolicyWorker.update"), ("learner", "update")],
     "evaluation": [("backends", "PolicyWorker.evaluate"), ("learner", "evaluate")],
-    "checkpoints": [("backends", "PolicyWorker.save"), ("learner", "save"), ("checkpoint", "commit_checkpoint")],
+    "checkpoints": [("backends", "PolicyWorker.save"), ("learner", "save"), ("checkpoint", "commit_checkpoint"),
+                    ("testbed.checkpoint", "commit_checkpoint")],
     "report": [("eval", "write_report")],
 }
 NESTED = {"warm-up": "start-up", "gradient norms": "curation", "norms: forward": "gradient norms",

@@ -12,8 +12,8 @@ torch.set_num_threads(int(os.environ.get("TEST_THREADS", "2")))   # TEST_THREADS
 @pytest.fixture(scope="session")
 def real():
     """family -> (its full packaged tokenizer, that tokenizer's token bytes)"""
-    import tiny
-    import token_bytes
+    from testbed import tiny
+    from testbed import token_bytes
     return {f: (tiny.full_tokenizer(f), token_bytes.token_bytes_table(tiny.full_tokenizer(f)))
             for f in ("qwen2", "llama", "mistral")}
 

@@ -12,10 +12,10 @@ import pyarrow
 import pyarrow.parquet
 import pytest
 
-import data as data_sources  # the module; `data` is the fixture of local copies below
-import arith
-import tasks
-import verifiers
+from testbed import data as data_sources  # the module; `data` is the fixture of local copies below
+from testbed import arith
+from testbed import tasks
+from testbed import verifiers
 
 # Three records of openai/gsm8k (main, train), verbatim.
 GSM8K = [

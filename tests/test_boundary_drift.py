@@ -4,9 +4,9 @@ hidden-state map against a known linear map."""
 import pytest
 import torch
 
-import arith
+from testbed import arith
 import boundary_drift
-import tiny
+from testbed import tiny
 import tokalign
 from test_tokalign import encode, encoding
 

@@ -8,13 +8,13 @@ from pathlib import Path
 import pytest
 import torch
 
-import checkpoint
+from testbed import checkpoint
 import eval as evaluation
 import grpo
-import costs
-import lora
+from testbed import costs
+from testbed import lora
 import reachability
-import tiny
+from testbed import tiny
 import train
 from test_train import tiny_args
 

@@ -13,19 +13,19 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import arith
+from testbed import arith
 import coevolution
 import curator
 import diagnosis
 import fidelity_record
 import grpo
-import policies
+from testbed import policies
 import reachability
 import reward_drift
 import sharing
-import tasks
+from testbed import tasks
 import term_scales
-import tiny
+from testbed import tiny
 import train
 from test_train import tiny_args
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-import policies
+from testbed import policies
 
 ROOT = Path(__file__).resolve().parents[1]
 

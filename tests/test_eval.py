@@ -75,9 +75,9 @@ def test_a_directory_without_metrics_is_refused(tmp_path):
 
 
 def test_sampled_accuracy_at_a_vanishing_temperature_is_greedy_accuracy(cache_dir):
-    import arith
-    import policies
-    import tasks
+    from testbed import arith
+    from testbed import policies
+    from testbed import tasks
     cfg = arith.TaskConfig(num_steps=1, max_operand=9)
     policy = policies.load_tiny_policy(policies.PRESETS["tiny"]["qwen-llama"][1], cfg, 0, cache_dir, 0.15)
     task = tasks.load_task("arith", 0, 0, 64, cfg)

@@ -8,8 +8,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import graft
-import hacpo
+from baselines import graft
+from baselines import hacpo
 import learner
 import sharing
 import train

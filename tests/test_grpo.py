@@ -6,8 +6,8 @@ import pytest
 import torch
 
 import grpo
-import sequences
-import tiny
+from testbed import sequences
+from testbed import tiny
 
 EPS = 1e-4
 

@@ -140,7 +140,7 @@ def test_a_run_waits_for_its_seeds_warm_up(repo, tmp_path, monkeypatch):
 def test_the_warm_up_job_fills_the_cache_a_run_then_reads(tmp_path, monkeypatch):
     import torch
 
-    import policies
+    from testbed import policies
     import train as training
     import tyro
     shared = ("--warmup-scale", "0.02", "--cache-dir", str(tmp_path / "cache"), "--eval-size", "8",

@@ -6,11 +6,11 @@ import pytest
 import torch
 from tokenizers import Tokenizer
 
-import arith
-import policies
-import sequences
-import tiny
-import token_bytes
+from testbed import arith
+from testbed import policies
+from testbed import sequences
+from testbed import tiny
+from testbed import token_bytes
 
 FAMILIES = ["qwen2", "llama", "mistral"]
 
@@ -204,7 +204,7 @@ def test_decode_matches_model_generate(random_policy, sampling):
 def test_a_hub_model_offline_fails_within_seconds_saying_what_is_missing(tmp_path, monkeypatch):
     import time
     from huggingface_hub import constants
-    import data
+    from testbed import data
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))
     monkeypatch.setattr(data, "hub_reachable", lambda endpoint, timeout_s=3.0: False)   # as offline
     spec, started = policies.PRESETS["small"]["qwen-llama"][0], time.perf_counter()

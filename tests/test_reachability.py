@@ -5,11 +5,11 @@ import math
 import pytest
 import torch
 
-import arith
-import lora
-import policies
+from testbed import arith
+from testbed import lora
+from testbed import policies
 import reachability
-import tiny
+from testbed import tiny
 
 TASK = arith.TaskConfig(num_steps=1, max_operand=9)  # the end-to-end tests' task: their warm-ups are shared
 

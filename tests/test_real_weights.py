@@ -10,17 +10,17 @@ import shutil
 import pytest
 import torch
 
-import arith
+from testbed import arith
 import learner
-import policies
+from testbed import policies
 import reachability
 import sharing
-import tasks
-import tiny
+from testbed import tasks
+from testbed import tiny
 import tokalign
 import train
 from args import Args
-from token_bytes import encode_text
+from testbed.token_bytes import encode_text
 
 TASK = arith.TaskConfig(num_steps=1, max_operand=9)   # test_train's task: the tiny Qwen warm-up is shared
 CPU = torch.device("cpu")
@@ -92,7 +92,7 @@ def solution_item(policy, problem) -> reachability.Item:
 def test_smol_step_grad_norms_on_its_30_layers_equal_one_backward_per_step(smol, lora_rank):
     model = smol.model
     if lora_rank:
-        import lora
+        from testbed import lora
         model = lora.add_lora(copy.deepcopy(model), lora_rank, 8.0)
         for name, p in model.named_parameters():   # peft starts B at 0; random adapters give every term a gradient
             if "lora_B" in name:

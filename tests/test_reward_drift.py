@@ -7,10 +7,10 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-import arith
+from testbed import arith
 import reward_drift
-import tasks
-import verifiers
+from testbed import tasks
+from testbed import verifiers
 
 
 def problem():

@@ -23,12 +23,12 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-import inside_sandbox
-import memory_cgroup
-import sandbox
-import syscall_filter
-import tasks
-import verifiers
+from execution import inside_sandbox
+from execution import memory_cgroup
+from execution import sandbox
+from execution import syscall_filter
+from testbed import tasks
+from testbed import verifiers
 
 SLACK_S = 4.0  # the machine is shared: start-up and teardown may be slow, but never by the program's doing
 LIMITS = [getattr(resource, name) for name in dir(resource) if name.startswith("RLIMIT_")]

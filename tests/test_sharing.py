@@ -9,13 +9,13 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import arith
+from testbed import arith
 import grpo
-import hacpo
-import policies
+from baselines import hacpo
+from testbed import policies
 import sharing
-import tiny
-import token_bytes
+from testbed import tiny
+from testbed import token_bytes
 import train
 from test_train import TASK, tiny_args
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-import arith
-import data
-import tasks
+from testbed import arith
+from testbed import data
+from testbed import tasks
 
 CFG = arith.TaskConfig(num_steps=2, max_operand=9, ops="+-")
 

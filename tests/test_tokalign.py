@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import token_bytes
+from testbed import token_bytes
 import tokalign
 
 FAMILIES = ["qwen2", "llama", "mistral"]

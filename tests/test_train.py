@@ -11,11 +11,11 @@ import pytest
 import torch
 import tyro
 
-import arith
-import checkpoint
+from testbed import arith
+from testbed import checkpoint
 import grpo
-import policies
-import tiny
+from testbed import policies
+from testbed import tiny
 import train
 from args import Args
 import train_ray
@@ -160,7 +160,7 @@ def test_tensorboard_events_hold_every_metric_line_under_its_name(tmp_path, cach
 
 
 def test_a_resumed_run_purges_the_tensorboard_events_after_its_checkpoint(tmp_path):
-    import metrics_log
+    from testbed import metrics_log
     log = metrics_log.MetricsLog(tmp_path, True, resumed_at=4)
     log.write({"iteration": 5, "policy": "qwen", "charts/x": 1.0})
     log.close()
@@ -205,9 +205,10 @@ def test_a_checkpoint_on_a_full_disk_says_so_and_an_unwritable_runs_folder_names
         checkpoint.open_run(tmp_path / "runs" / "run", {}, resume=False)
 
 
-def test_every_train_command_of_the_readme_parses(monkeypatch):
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    readme = readme.replace('$(python -c "import policies; print(policies.packaged_gguf())")',
+def test_every_train_command_of_the_readme_and_docs_parses(monkeypatch):
+    root = Path(__file__).resolve().parents[1]
+    readme = "\n".join(p.read_text() for p in [root / "README.md", *sorted((root / "docs").glob("*.md"))])
+    readme = readme.replace('$(python -c "from testbed import policies; print(policies.packaged_gguf())")',
                             str(policies.packaged_gguf()))
     blocks = "\n".join(re.findall(r"```bash\n(.*?)```", readme, re.S))
     commands = [(script, line.split("#")[0].split(f"python {script}", 1)[1]) for line in blocks.splitlines()

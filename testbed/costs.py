@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-import policies
+from testbed import policies
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ import random
 import re
 from dataclasses import dataclass
 
-from verifiers import line_spans
+from testbed.verifiers import line_spans
 
 NAMES = ("Ava", "Ben", "Mia", "Leo", "Zoe", "Sam", "Ivy", "Max")
 ITEMS = ("apples", "coins", "books", "cards", "shells", "stamps")

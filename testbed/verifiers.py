@@ -16,7 +16,7 @@ import threading
 from dataclasses import dataclass
 from fractions import Fraction
 
-import sandbox
+from execution import sandbox
 
 
 @dataclass(frozen=True)

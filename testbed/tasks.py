@@ -23,11 +23,11 @@ from typing import Any, Callable
 
 import torch
 
-import data
-import verifiers
-from arith import (TaskConfig, is_heldout, answer_reward, generate_problems, prompt_text, step_spans,
+from testbed import data
+from testbed import verifiers
+from testbed.arith import (TaskConfig, is_heldout, answer_reward, generate_problems, prompt_text, step_spans,
                    step_verdicts)
-from verifiers import Example, line_spans
+from testbed.verifiers import Example, line_spans
 
 # ---- one interface over every task ----------------------------------------------------------------------------
 

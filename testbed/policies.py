@@ -30,12 +30,12 @@ import torch.nn.functional as F
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from tqdm import tqdm
 
-import arith
-import data
-import lora
-import tiny
-from sequences import decode, logits_from, pack_sequences
-from token_bytes import byte_offsets, encode_text, token_bytes_table
+from testbed import arith
+from testbed import data
+from testbed import lora
+from testbed import tiny
+from testbed.sequences import decode, logits_from, pack_sequences
+from testbed.token_bytes import byte_offsets, encode_text, token_bytes_table
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-import policies
+from testbed import policies
 
 
 RESUMABLE = ("resume", "iterations", "backend", "devices", "ray_address", "cpus_per_policy", "gpus_per_policy")

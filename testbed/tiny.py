@@ -27,9 +27,9 @@ from tokenizers import Tokenizer
 from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, PreTrainedTokenizerFast,
                           Qwen2Config, Qwen2ForCausalLM)
 
-import arith
+from testbed import arith
 
-from token_bytes import is_byte_token
+from testbed.token_bytes import is_byte_token
 
 
 @dataclass(frozen=True)

@@ -33,10 +33,10 @@ import threading
 import time
 from typing import NamedTuple
 
-import inside_sandbox
-import memory_cgroup
-import syscall_filter
-from inside_sandbox import NOT_JUDGED, VERDICT, describe
+from execution import inside_sandbox
+from execution import memory_cgroup
+from execution import syscall_filter
+from execution.inside_sandbox import NOT_JUDGED, VERDICT, describe
 
 INSIDE = "/sandbox"                # where inside_sandbox.py appears inside a sandbox
 UID_BASE = 1_500_000_000           # as root, sandbox uids are UID_BASE + 0..UID_SLOTS-1: no real user's
