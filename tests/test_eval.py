@@ -1,6 +1,8 @@
 import json
+import types
 
 import pytest
+import torch
 
 import eval as evaluation
 
@@ -74,16 +76,39 @@ def test_a_directory_without_metrics_is_refused(tmp_path):
         evaluation.summarize(tmp_path, 0.5)
 
 
-def test_sampled_accuracy_at_a_vanishing_temperature_is_greedy_accuracy(cache_dir):
+class ScriptedPolicy:
+    """Answers a prompt's example right in its first `right` completions and wrong in the rest, where
+    `by_prompt[prompt] = (example, right)`; records each call."""
+
+    def __init__(self, by_prompt):
+        self.by_prompt = by_prompt
+        self.calls = []
+
+    def rollout(self, prompts, group_size, max_new_tokens, temperature=1.0, greedy=False, generator=None):
+        from testbed import arith
+        self.calls.append((len(prompts), group_size, temperature, greedy, generator))
+        group_size = 1 if greedy else group_size
+        texts = []
+        for prompt in prompts:
+            example, right = self.by_prompt[prompt]
+            texts += [arith.solution(example) if j < right else "no answer" for j in range(group_size)]
+        return types.SimpleNamespace(texts=texts)
+
+
+def test_sampled_accuracy_is_the_mean_reward_over_samples_and_greedy_takes_one_completion_each():
     from testbed import arith
-    from testbed import policies
     from testbed import tasks
-    cfg = arith.TaskConfig(num_steps=1, max_operand=9)
-    policy = policies.load_tiny_policy(policies.PRESETS["tiny"]["qwen-llama"][1], cfg, 0, cache_dir, 0.15)
-    task = tasks.load_task("arith", 0, 0, 64, cfg)
-    greedy = evaluation.heldout_accuracy(policy, task.heldout, 16, task)
-    sampled = evaluation.heldout_accuracy(policy, task.heldout, 16, task, temperature=1e-4, samples=3)
-    assert 0 < greedy < 1 and sampled == pytest.approx(greedy)
+    task = tasks.load_task("arith", 0, 0, 5, arith.TaskConfig(num_steps=1, max_operand=9))
+    examples = task.heldout[:5]
+    policy = ScriptedPolicy({task.prompt(e): (e, r) for e, r in zip(examples, [3, 0, 1, 2, 3])})
+    generator = torch.Generator().manual_seed(0)
+    sampled = evaluation.heldout_accuracy(policy, examples, 16, task, batch_size=2, temperature=0.7, samples=3,
+                                          generator=generator)
+    assert sampled == pytest.approx((3 + 0 + 1 + 2 + 3) / (3 * 5))
+    assert policy.calls == [(2, 3, 0.7, False, generator), (2, 3, 0.7, False, generator), (1, 3, 0.7, False, generator)]
+    policy.calls.clear()
+    greedy = evaluation.heldout_accuracy(policy, examples, 16, task, samples=3)   # samples mean nothing greedily
+    assert greedy == pytest.approx(4 / 5) and policy.calls == [(5, 1, 1.0, True, None)]
 
 
 def test_a_budget_says_when_a_run_ended_before_spending_it_or_had_no_evaluation_within_it(tmp_path):

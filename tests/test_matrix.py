@@ -507,7 +507,7 @@ def test_same_metrics_finds_a_commit_bit_identical_to_itself(tmp_path):
     flags = ["--share", "prp", "--iterations", "1", "--seed", "3", "--eval-size", "8", "--warmup-scale", "0.02",
              "--prompts-per-iteration", "2", "--group-size", "2", "--max-new-tokens", "8", "--train-size", "50"]
     assert same_metrics.compare("HEAD", flags, clone) == []
-    assert same_metrics.compare("HEAD", flags, clone, after_flags=("--lr", "3e-3")) != []   # this side's flags alone
+    assert same_metrics.compare("HEAD", flags, clone, after_flags=("--temperature", "1.3")) != []   # this side's flags alone
 
 
 def test_ray_overhead_weighs_every_actor_call_of_an_iteration(cache_dir):
