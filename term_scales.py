@@ -13,7 +13,7 @@ The thresholds are a stated rule on the same sample (`share_thresholds`): the qu
 and SGT a third each, computed for whatever weights a run uses, its ablations included, so an ablation is the
 curator minus one term rather than a shifted D that sends everything to one band (DESIGN.md §4.12, §4.15). The
 sample is the run's own: a scale fitted on another run does not transfer, because the admission a run makes
-shapes the policies and so the terms it records (README, "The curator on a fresh seed").
+shapes the policies and so the terms it records (docs/results.md, "The curator on a fresh seed").
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
-"""Probe a warm-up recipe for the default pair, the tool the default recipe was chosen with (README, "the default
-run"): held-out greedy pass@1, accuracy sampled at the training temperature, and the share of greedy completions
-that work every step, right after the warm-up and, with --iterations, after that many GRPO iterations of
-train.py.
+"""Probe a warm-up recipe for the default pair, the tool the default recipe was chosen with (docs/results.md,
+"Independent GRPO, default run"): held-out greedy pass@1, accuracy sampled at the training temperature, and the
+share of greedy completions that work every step, right after the warm-up and, with --iterations, after that
+many GRPO iterations of train.py.
 
     python benchmarks/recipe_probe.py --premature-share 0.7 --iterations 100 --lr 1e-4
     python benchmarks/recipe_probe.py --premature-share 0.0              # the old warm-up, probed only

@@ -1,5 +1,5 @@
-"""SmolLM2-135M-Instruct, the real model every install has (policies.packaged_gguf), measured on a CPU (README,
-"SmolLM2 on a CPU").
+"""SmolLM2-135M-Instruct, the real model every install has (policies.packaged_gguf), measured on a CPU (docs/real.md,
+"SmolLM2-135M-Instruct on a CPU").
 
   accuracy  zero-shot greedy pass@1 through its own chat template: on the arithmetic task's held-out problems as
             a run evaluates them (the reward wants a last line `Answer: N`; beside it, the share whose last number
@@ -8,7 +8,7 @@
   memory    costs.estimate of one GRPO update of one micro-batch (a group of GROUP sequences) against its
             measured peak (memory_estimate.measure_update: every tensor storage alive at once), full fine-tuning
             and LoRA, float32, at the small shape's sequence lengths
-  speed     perf/iteration_s of the README's SmolLM2 run (RUN: SmolLM2 in the llama seat beside the tiny Qwen
+  speed     perf/iteration_s of docs/real.md's SmolLM2 run (RUN: SmolLM2 in the llama seat beside the tiny Qwen
             policy, cross-fidelity, LoRA, 4 prompts x 4 completions of up to 32 tokens), other flags after --
 
     python benchmarks/smollm2.py accuracy [--eval-size 500] [--humaneval 164] [--max-new-tokens 40]
@@ -89,7 +89,7 @@ def update_memory(policy: policies.Policy, lora_rank: int, prompt_len: int, n: i
 
 RUN = ("--share cross-fidelity --lora-rank 8 --prompts-per-iteration 4 --group-size 4 --max-new-tokens 32 "
        "--eval-size 20 --iterations 3")
-"""the README's SmolLM2 run (with --model-paths llama=<the packaged file>), which `speed` times"""
+"""docs/real.md's SmolLM2 run (with --model-paths llama=<the packaged file>), which `speed` times"""
 
 
 def iteration_seconds(flags: list[str], runs_dir: str) -> list[float]:

@@ -155,7 +155,7 @@ def decode(model: torch.nn.Module, prompts: list[list[int]], pad_id: int, eos_id
     What generate spends around the model is gone: no logits processors or stopping criteria per token, no
     logits of the prompt, and finished rows leave the batch (their KV cache rows with them) once a quarter of
     the rows still computed has finished; and generate would hold every step's logits over the vocabulary
-    ([N, T, V] floats) to give the behaviour log-probs (README "Speed" times both).
+    ([N, T, V] floats) to give the behaviour log-probs (docs/speed.md, "Speed", times both).
     The log-probs are those of the sampling distribution, logits / temperature (top-p not folded in; greedy: 1).
     Draws come from `generator` (on the model's device), else from torch's global generator.
     """
