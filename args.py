@@ -10,11 +10,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Literal
 
-from testbed import arith
 import diagnosis
 import grpo
-from testbed import policies
 import sharing
+from testbed import arith, policies
 
 
 @dataclass

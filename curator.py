@@ -31,19 +31,17 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from testbed import arith
 import coevolution
 import diagnosis
 import fidelity_record
 import grpo
-from testbed import policies
 import reward_drift
 import sharing
-from testbed import tasks
 import term_scales
-from term_scales import admission_band
 from diagnosis import TERMS, CuratorConfig, Offer, ReceiverSide
 from sharing import LEVELS
+from term_scales import admission_band
+from testbed import arith, policies, tasks
 
 # ---------------------------------------------------------------------------------------------------------------
 # Scoring and admission

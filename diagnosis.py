@@ -34,14 +34,13 @@ from dataclasses import dataclass
 import torch
 
 import boundary_drift
-from testbed import policies
 import reachability
 import reward_drift
 import sharing
-from testbed import tasks
-import tokalign
 import term_scales
+import tokalign
 from term_scales import TERMS
+from testbed import policies, tasks
 
 ADMISSIONS = ("diagnosis", "random")
 CALIBRATIONS = ("window", "none")

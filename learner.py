@@ -20,15 +20,12 @@ from typing import Iterator
 
 import torch
 
-from testbed import checkpoint
 import eval as evaluation
-from baselines import graft
 import grpo
-from testbed import lora
-from testbed import policies
 import sharing
-from testbed import tasks
 from args import Args
+from baselines import graft
+from testbed import checkpoint, lora, policies, tasks
 
 
 @dataclass

@@ -39,8 +39,8 @@ import torch
 
 from testbed import arith
 
-from testbed import tasks
 import tokalign
+from testbed import tasks
 
 
 def output_side(model: torch.nn.Module) -> tuple[torch.nn.ModuleList, torch.nn.Module, torch.nn.Module]:

@@ -33,8 +33,7 @@ import torch
 
 from testbed import arith
 
-from testbed import tasks
-from testbed import verifiers
+from testbed import tasks, verifiers
 
 
 @dataclass(frozen=True)

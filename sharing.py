@@ -36,10 +36,9 @@ from dataclasses import dataclass, field, replace
 import torch
 
 import grpo
-from baselines import hacpo
-from testbed import policies
-from testbed import sequences
 import tokalign
+from baselines import hacpo
+from testbed import policies, sequences
 
 LEVELS = ("prp", "xgrpo", "sgt")           # data, value, outcome: what the curator admits to
 MODES = ("none", *LEVELS, "hacpo")

@@ -37,20 +37,15 @@ from pathlib import Path
 import tyro
 from tqdm import tqdm
 
-from testbed import checkpoint
 import coevolution
-from testbed import costs
 import curator
-from testbed import data
 import eval as evaluation
 import grpo
-from baselines import hacpo
 import learner
-from testbed import metrics_log
-from testbed import policies
 import sharing
-from testbed import tasks
 from args import Args
+from baselines import hacpo
+from testbed import checkpoint, costs, data, metrics_log, policies, tasks
 
 
 def prompt_sampler(seed: int, iteration: int) -> random.Random:

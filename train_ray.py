@@ -30,16 +30,12 @@ import ray
 import torch
 from tqdm import tqdm
 
-from testbed import checkpoint
-from testbed import costs
 import diagnosis
 import learner
-from testbed import metrics_log
-from testbed import policies
 import sharing
-from testbed import tasks
 import train
 from args import Args
+from testbed import checkpoint, costs, metrics_log, policies, tasks
 
 REPO = str(Path(__file__).resolve().parent)
 

@@ -33,9 +33,7 @@ import threading
 import time
 from typing import NamedTuple
 
-from execution import inside_sandbox
-from execution import memory_cgroup
-from execution import syscall_filter
+from execution import inside_sandbox, memory_cgroup, syscall_filter
 from execution.inside_sandbox import NOT_JUDGED, VERDICT, describe
 
 INSIDE = "/sandbox"                # where inside_sandbox.py appears inside a sandbox

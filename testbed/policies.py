@@ -30,10 +30,7 @@ import torch.nn.functional as F
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from tqdm import tqdm
 
-from testbed import arith
-from testbed import data
-from testbed import lora
-from testbed import tiny
+from testbed import arith, data, lora, tiny
 from testbed.sequences import decode, logits_from, pack_sequences
 from testbed.token_bytes import byte_offsets, encode_text, token_bytes_table
 

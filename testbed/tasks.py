@@ -23,8 +23,7 @@ from typing import Any, Callable
 
 import torch
 
-from testbed import data
-from testbed import verifiers
+from testbed import data, verifiers
 from testbed.arith import (TaskConfig, is_heldout, answer_reward, generate_problems, prompt_text, step_spans,
                    step_verdicts)
 from testbed.verifiers import Example, line_spans

@@ -9,6 +9,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 torch.set_num_threads(int(os.environ.get("TEST_THREADS", "2")))   # TEST_THREADS=1: check a seeded test at one thread
 
 
+def pytest_configure(config):
+    config.addinivalue_line("markers", "slow: a long end-to-end run (real weights, Ray, full training, a benchmark "
+                                       "command); the README's second tier, `python -m pytest -q -m slow tests`")
+
+
 @pytest.fixture(scope="session")
 def real():
     """family -> (its full packaged tokenizer, that tokenizer's token bytes)"""

@@ -13,9 +13,7 @@ import pyarrow.parquet
 import pytest
 
 from testbed import data as data_sources  # the module; `data` is the fixture of local copies below
-from testbed import arith
-from testbed import tasks
-from testbed import verifiers
+from testbed import arith, tasks, verifiers
 
 # Three records of openai/gsm8k (main, train), verbatim.
 GSM8K = [

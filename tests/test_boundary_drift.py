@@ -4,10 +4,9 @@ hidden-state map against a known linear map."""
 import pytest
 import torch
 
-from testbed import arith
 import boundary_drift
-from testbed import tiny
 import tokalign
+from testbed import arith, tiny
 from test_tokalign import encode, encoding
 
 

@@ -8,14 +8,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from testbed import checkpoint
 import eval as evaluation
 import grpo
-from testbed import costs
-from testbed import lora
 import reachability
-from testbed import tiny
 import train
+from testbed import checkpoint, costs, lora, tiny
 from test_train import tiny_args
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
@@ -91,6 +88,7 @@ def test_the_estimate_matches_measured_parameters_gradients_optimizer_state_and_
     assert est.bytes["kv_cache"] == measured
 
 
+@pytest.mark.slow
 def test_a_lora_run_saves_adapters_only_and_its_checkpoint_rebuilds_the_trained_policies(tmp_path, cache_dir):
     run_dir = train.main(tiny_args(tmp_path, cache_dir, lora_rank=4, beta=0.1, iterations=1, temperature=0.7))
     state = torch.load(run_dir / "checkpoints" / "iter-000001" / "qwen.pt")["model"]

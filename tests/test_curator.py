@@ -13,20 +13,17 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from testbed import arith
 import coevolution
 import curator
 import diagnosis
 import fidelity_record
 import grpo
-from testbed import policies
 import reachability
 import reward_drift
 import sharing
-from testbed import tasks
 import term_scales
-from testbed import tiny
 import train
+from testbed import arith, policies, tasks, tiny
 from test_train import tiny_args
 
 EPS = 1e-4  # grpo.group_advantages' default
@@ -319,7 +316,8 @@ def fidelity_records(run_dir):
     return [json.loads(line) for line in (run_dir / "fidelity.jsonl").read_text().splitlines()]
 
 
-@pytest.mark.parametrize("pair, admission", [("qwen-llama", "diagnosis"), ("trio", "diagnosis"),
+@pytest.mark.parametrize("pair, admission", [("qwen-llama", "diagnosis"),
+                                             pytest.param("trio", "diagnosis", marks=pytest.mark.slow),
                                              ("qwen-llama", "random")])
 def test_a_cross_fidelity_run_logs_decisions_that_follow_its_own_rules(tmp_path, cache_dir, pair, admission):
     # what holds on every path, whichever levels a seeded run happens to use on this machine

@@ -43,6 +43,7 @@ def test_cpu_attention_is_counted_as_its_matrix_products():
     assert totals["backward"] == 5 * product               # scores again, and the gradients of P, V, Q and K
 
 
+@pytest.mark.slow
 def test_the_command_counts_and_times_the_training_phases(tmp_path, cache_dir):
     train_args = (f"--share cross-fidelity --warmup-scale 0.15 --prompts-per-iteration 8 --group-size 6 "
                   f"--max-new-tokens 16 --eval-size 8 --train-size 200 --cache-dir {cache_dir}")
@@ -62,6 +63,7 @@ def test_the_command_counts_and_times_the_training_phases(tmp_path, cache_dir):
     assert all(f"| {part} |" in done.stdout for part in ("norms: forward", "norms: backward and glue"))
 
 
+@pytest.mark.slow
 def test_the_shared_prompt_command_runs():
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "shared_prompt.py"), "--warmup-scale", "0.02",
                            "--prompts", "2", "--group-size", "3", "--repeats", "1"], capture_output=True, text=True)
@@ -101,6 +103,7 @@ def test_t_quantiles_are_the_tables():
         assert speed_check.t975(df) == pytest.approx(table, abs=2e-3)
 
 
+@pytest.mark.slow
 def test_the_default_run_check_runs_twice_into_one_folder(tmp_path):
     command = [sys.executable, str(ROOT / "benchmarks" / "default_run.py"), "--seeds", "1", "--threads", "1",
                "--jobs", "1", "--eval-size", "4", "--runs-dir", str(tmp_path), "--train-args",

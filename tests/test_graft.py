@@ -8,11 +8,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from baselines import graft
-from baselines import hacpo
 import learner
 import sharing
 import train
+from baselines import graft, hacpo
 from test_sharing import (EPS, PROMPTS, TEXTS, experience, naive_logprobs, random_binary_rewards,  # noqa: F401
                           untrained)
 from test_train import tiny_args

@@ -6,8 +6,7 @@ import pytest
 import torch
 
 import grpo
-from testbed import sequences
-from testbed import tiny
+from testbed import sequences, tiny
 
 EPS = 1e-4
 

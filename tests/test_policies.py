@@ -6,11 +6,7 @@ import pytest
 import torch
 from tokenizers import Tokenizer
 
-from testbed import arith
-from testbed import policies
-from testbed import sequences
-from testbed import tiny
-from testbed import token_bytes
+from testbed import arith, policies, sequences, tiny, token_bytes
 
 FAMILIES = ["qwen2", "llama", "mistral"]
 

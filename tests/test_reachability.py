@@ -5,11 +5,8 @@ import math
 import pytest
 import torch
 
-from testbed import arith
-from testbed import lora
-from testbed import policies
 import reachability
-from testbed import tiny
+from testbed import arith, lora, policies, tiny
 
 TASK = arith.TaskConfig(num_steps=1, max_operand=9)  # the end-to-end tests' task: their warm-ups are shared
 

@@ -10,17 +10,16 @@ import shutil
 import pytest
 import torch
 
-from testbed import arith
 import learner
-from testbed import policies
 import reachability
 import sharing
-from testbed import tasks
-from testbed import tiny
 import tokalign
 import train
 from args import Args
+from testbed import arith, policies, tasks, tiny
 from testbed.token_bytes import encode_text
+
+pytestmark = pytest.mark.slow   # every test here loads SmolLM2-135M's real weights
 
 TASK = arith.TaskConfig(num_steps=1, max_operand=9)   # test_train's task: the tiny Qwen warm-up is shared
 CPU = torch.device("cpu")

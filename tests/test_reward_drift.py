@@ -7,10 +7,8 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from testbed import arith
 import reward_drift
-from testbed import tasks
-from testbed import verifiers
+from testbed import arith, tasks, verifiers
 
 
 def problem():

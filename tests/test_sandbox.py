@@ -23,12 +23,8 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from execution import inside_sandbox
-from execution import memory_cgroup
-from execution import sandbox
-from execution import syscall_filter
-from testbed import tasks
-from testbed import verifiers
+from execution import inside_sandbox, memory_cgroup, sandbox, syscall_filter
+from testbed import tasks, verifiers
 
 SLACK_S = 4.0  # the machine is shared: start-up and teardown may be slow, but never by the program's doing
 LIMITS = [getattr(resource, name) for name in dir(resource) if name.startswith("RLIMIT_")]

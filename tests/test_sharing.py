@@ -9,14 +9,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from testbed import arith
 import grpo
-from baselines import hacpo
-from testbed import policies
 import sharing
-from testbed import tiny
-from testbed import token_bytes
 import train
+from baselines import hacpo
+from testbed import arith, policies, tiny, token_bytes
 from test_train import TASK, tiny_args
 
 EPS = 1e-4  # grpo.group_advantages' default

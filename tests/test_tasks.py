@@ -7,9 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from testbed import arith
-from testbed import data
-from testbed import tasks
+from testbed import arith, data, tasks
 
 CFG = arith.TaskConfig(num_steps=2, max_operand=9, ops="+-")
 

@@ -7,8 +7,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from testbed import token_bytes
 import tokalign
+from testbed import token_bytes
 
 FAMILIES = ["qwen2", "llama", "mistral"]
 

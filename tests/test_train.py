@@ -11,14 +11,11 @@ import pytest
 import torch
 import tyro
 
-from testbed import arith
-from testbed import checkpoint
 import grpo
-from testbed import policies
-from testbed import tiny
 import train
-from args import Args
 import train_ray
+from args import Args
+from testbed import arith, checkpoint, policies, tiny
 
 TRAIN_KEYS = {"iteration", "policy", "time_s", "losses/policy_loss", "losses/clip_ratio", "losses/kl",
               "losses/entropy", "losses/grad_norm", "charts/completion_len", "charts/reward_mean",
@@ -65,6 +62,7 @@ def test_two_iterations_change_every_policy_and_log_the_documented_metrics(tmp_p
     assert all(spec.name in report for spec in specs) and (run_dir / "curves.png").stat().st_size > 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("setting", [{}, dict(share="prp", lora_rank=4, beta=0.1)], ids=["full", "prp-lora-kl"])
 def test_a_killed_run_resumes_and_a_shorter_one_extends_to_where_an_uninterrupted_one_ends(tmp_path, cache_dir, monkeypatch, setting,
                                                                                          capsys):

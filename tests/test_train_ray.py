@@ -16,6 +16,8 @@ import train
 import train_ray
 from test_train import records, tiny_args
 
+pytestmark = pytest.mark.slow   # every test here trains end to end
+
 
 @pytest.fixture(scope="module")
 def local_ray():
