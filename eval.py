@@ -16,6 +16,7 @@ policy's rollout and update tokens, so runs can be compared at an equal budget o
     python eval.py runs/A --task gsm8k --data-dir data/gsm8k   # transfer: the last checkpoint on another task
     python eval.py runs/A runs/B --budget update_tokens=2e6     # accuracy once each run has spent the budget
     python eval.py --matrix results/pilot                      # the comparison (benchmarks/matrix_analysis.py)
+    python eval.py --matrix results/pilot results/matrix-main  # its seeds pooled with the matrix's main block
 """
 
 from __future__ import annotations
@@ -27,12 +28,8 @@ from pathlib import Path
 
 import torch
 
-from testbed import arith
-from testbed import checkpoint
 import fidelity_record
-from testbed import costs
-from testbed import policies
-from testbed import tasks
+from testbed import arith, checkpoint, costs, policies, tasks
 
 
 def heldout_accuracy(policy, examples: list, max_new_tokens: int, task: tasks.Task | None = None,
@@ -290,8 +287,9 @@ def evaluate_run(run_dir: Path, task_name: str, eval_size: int, data_dir: str | 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("runs", nargs="*", type=Path, help="run directories (runs/NAME)")
-    parser.add_argument("--matrix", type=Path, default=None, help="a folder of run summaries (benchmarks/matrix.py): "
-                        "the comparison's analysis, written there (benchmarks/matrix_analysis.py)")
+    parser.add_argument("--matrix", type=Path, nargs="+", default=None, help="folders of run summaries "
+                        "(benchmarks/matrix.py): the comparison's analysis of them pooled, written in the last "
+                        "(benchmarks/matrix_analysis.py)")
     parser.add_argument("--target", type=float, default=0.9, help="accuracy that counts as converged")
     parser.add_argument("--out", type=Path, default=None, help="where a comparison goes (default: runs/compare)")
     parser.add_argument("--task", choices=tasks.TASK_NAMES, default=None,

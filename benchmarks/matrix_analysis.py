@@ -1,6 +1,7 @@
 """The comparison's analysis from the run summaries alone (benchmarks/matrix.py writes them; issue 32).
 
     python eval.py --matrix results/pilot     # analysis.md, analysis.json, curves.png and plane.png in the folder
+    python eval.py --matrix results/pilot results/matrix-main     # pooled seeds, written in the last folder
 
 Primary metric: per policy, the area under the held-out greedy curve over iterations 0..I, in points (0-100;
 eval.area_under). Per configuration, its mean and SD over seeds. Per contrast A - B and policy, the differences seed
@@ -25,6 +26,9 @@ computable where a run's reward variance is 0.
 
 Runs are paired only within one class of metric-equivalent commits: each summary lists the commits its sittings
 trained at, and FOLDER/equivalent-commits.txt declares classes (a line of commit hashes, a comment after #).
+Several folders pool their summaries (one registration's runs of new seeds beside an earlier one's, as the matrix
+registration pools its main block with the pilot): each run once over all of them, one class of commits over all
+of them by the declarations of any, the analysis written in the last.
 """
 
 from __future__ import annotations
@@ -80,10 +84,10 @@ class AnalysisConfig:
 # Summaries and their commits
 # ---------------------------------------------------------------------------------------------------------------
 
-def equivalence_classes(path: Path) -> dict[str, int]:
-    """commit -> class number, one class per line of `path` (hashes separated by spaces, # comments), lines
-    that share a commit merged; a commit in no line is a class of its own."""
-    lines = [line.split("#")[0].split() for line in path.read_text().splitlines()] if path.exists() else []
+def equivalence_classes(paths: list[Path]) -> dict[str, int]:
+    """commit -> class number, one class per line of the files at `paths` that exist (hashes separated by spaces,
+    # comments), lines that share a commit merged; a commit in no line is a class of its own."""
+    lines = [line.split("#")[0].split() for path in paths if path.exists() for line in path.read_text().splitlines()]
     classes: list[set[str]] = []
     for commits in filter(None, lines):
         merged = set(commits)
@@ -94,11 +98,13 @@ def equivalence_classes(path: Path) -> dict[str, int]:
     return {commit: k for k, members in enumerate(classes) for commit in members}
 
 
-def load(folder: Path) -> list[dict]:
-    """Every summary of the folder, refused where two are of one (configuration, seed), where their shared flags
+def load(*folders: Path) -> list[dict]:
+    """Every summary of the folders, refused where two are of one (configuration, seed), where their shared flags
     or evaluation iterations differ, where a held-out accuracy is not finite, or where their commits span more than
     one class of metric-equivalent commits."""
-    summaries = [json.loads(p.read_text()) for p in sorted(Path(folder).glob("*.json")) if p.name != "analysis.json"]
+    folder = " + ".join(str(f) for f in folders)
+    summaries = [json.loads(p.read_text()) for f in folders for p in sorted(Path(f).glob("*.json"))
+                 if p.name != "analysis.json"]
     if not summaries:
         raise FileNotFoundError(f"no run summaries in {folder}")
     runs = [(s["configuration"], s["seed"]) for s in summaries]
@@ -116,7 +122,7 @@ def load(folder: Path) -> list[dict]:
                      if not all(math.isfinite(a) for _, a in m["heldout"])})
     if broken:
         raise ValueError(f"{folder}: non-finite held-out accuracy in {broken}; rerun those runs")
-    classes = equivalence_classes(Path(folder) / EQUIVALENCE_FILE)
+    classes = equivalence_classes([Path(f) / EQUIVALENCE_FILE for f in folders])
     spanned = {classes.get(c, c) for s in summaries for c in s["commits"]}
     if len(spanned) > 1:
         commits = sorted({c for s in summaries for c in s["commits"]})
@@ -410,13 +416,15 @@ def markdown(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def report(folder: Path, cfg: AnalysisConfig = AnalysisConfig()) -> str:
-    """The analysis of FOLDER's summaries: analysis.md, analysis.json and the two plots written there."""
+def report(folders: list[Path], cfg: AnalysisConfig = AnalysisConfig()) -> str:
+    """The analysis of the folders' summaries pooled: analysis.md, analysis.json and the two plots written in the
+    last folder."""
     import matrix_plots      # it reads this module's constants
-    summaries = load(folder)
+    summaries = load(*folders)
     result = analyze(summaries, cfg)
     text = markdown(result)
-    (Path(folder) / "analysis.md").write_text(text)
-    (Path(folder) / "analysis.json").write_text(json.dumps(result, indent=1))
-    matrix_plots.plot(summaries, result, Path(folder))
+    out = Path(folders[-1])
+    (out / "analysis.md").write_text(text)
+    (out / "analysis.json").write_text(json.dumps(result, indent=1))
+    matrix_plots.plot(summaries, result, out)
     return text

@@ -137,6 +137,7 @@ def test_a_run_waits_for_its_seeds_warm_up(repo, tmp_path, monkeypatch):
     assert sorted(events) == [("run", "t-a-s1"), ("run", "t-a-s2"), ("warm", 1), ("warm", 2)]
 
 
+@pytest.mark.slow
 def test_the_warm_up_job_fills_the_cache_a_run_then_reads(tmp_path, monkeypatch):
     import torch
 
@@ -397,6 +398,23 @@ def test_runs_at_commits_not_declared_equivalent_are_not_paired(tmp_path):
         analysis.load(tmp_path)
 
 
+def test_folders_pool_their_runs_once_each_and_any_folders_declaration_of_equivalent_commits_holds(tmp_path):
+    write_summaries(tmp_path / "pilot", [summary("sgt", 1, 40.0, ["c1"]), summary("cross-fidelity", 1, 42.0, ["c1"])])
+    write_summaries(tmp_path / "new", [summary("sgt", 2, 41.0, ["c2"]), summary("cross-fidelity", 2, 41.0, ["c2"])])
+    with pytest.raises(ValueError, match="not declared metric-equivalent"):
+        analysis.load(tmp_path / "pilot", tmp_path / "new")
+    (tmp_path / "new" / analysis.EQUIVALENCE_FILE).write_text("c1 c2\n")
+    pooled = analysis.load(tmp_path / "pilot", tmp_path / "new")
+    assert sorted((s["configuration"], s["seed"]) for s in pooled) == [("cross-fidelity", 1), ("cross-fidelity", 2),
+                                                                      ("sgt", 1), ("sgt", 2)]
+    [row] = [r for r in analysis.analyze(pooled)["contrasts"]["auc"]
+             if r["contrast"] == "cross-fidelity - sgt" and r["policy"] == "p"]
+    assert row["differences"] == pytest.approx({1: 2.0, 2: 0.0})          # one seed from each folder
+    write_summaries(tmp_path / "again", [summary("sgt", 1, 40.0, ["c1"])])
+    with pytest.raises(ValueError, match=r"more than one summary of \[\('sgt', 1\)\]"):
+        analysis.load(tmp_path / "pilot", tmp_path / "again")
+
+
 def test_eval_matrix_writes_the_analysis_from_summaries_alone(tmp_path):
     cf = [40.0, 43.0, 41.0, 46.0]
     runs = [summary("cross-fidelity", s, v) for s, v in zip(range(1001, 1005), cf)]
@@ -451,6 +469,7 @@ def test_the_matrix_command_line_runs_the_set_it_names(repo, tmp_path):
     assert git_log(repo)[0].split(maxsplit=1)[1] == "pilot: graft seed 1001"
 
 
+@pytest.mark.slow
 def test_wall_time_times_every_phase_of_a_run_and_they_add_up(tmp_path, cache_dir):
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import wall_time
@@ -499,6 +518,7 @@ def test_same_metrics_ignores_the_clock_and_names_any_other_difference(tmp_path)
         same_metrics.differences(tmp_path / "x", tmp_path / "y")
 
 
+@pytest.mark.slow
 def test_same_metrics_finds_a_commit_bit_identical_to_itself(tmp_path):
     # the README's command on a clone of this repository, the same commit on both sides, a tiny seeded run
     import same_metrics
@@ -510,6 +530,7 @@ def test_same_metrics_finds_a_commit_bit_identical_to_itself(tmp_path):
     assert same_metrics.compare("HEAD", flags, clone, after_flags=("--temperature", "1.3")) != []   # this side's flags alone
 
 
+@pytest.mark.slow
 def test_ray_overhead_weighs_every_actor_call_of_an_iteration(cache_dir):
     # the README's command at a short length: three runs (train.py, train_ray.py, train_ray.py weighed) of prp
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "ray_overhead.py"), "--shares", "prp",
