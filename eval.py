@@ -17,6 +17,7 @@ policy's rollout and update tokens, so runs can be compared at an equal budget o
     python eval.py runs/A runs/B --budget update_tokens=2e6     # accuracy once each run has spent the budget
     python eval.py --matrix results/pilot                      # the comparison (benchmarks/matrix_analysis.py)
     python eval.py --matrix results/pilot results/matrix-main  # its seeds pooled with the matrix's main block
+    python eval.py --blocks results                            # the matrix's blocks 2-6 (benchmarks/matrix_blocks.py)
 """
 
 from __future__ import annotations
@@ -290,6 +291,9 @@ if __name__ == "__main__":
     parser.add_argument("--matrix", type=Path, nargs="+", default=None, help="folders of run summaries "
                         "(benchmarks/matrix.py): the comparison's analysis of them pooled, written in the last "
                         "(benchmarks/matrix_analysis.py)")
+    parser.add_argument("--blocks", type=Path, default=None, help="the folder holding the matrix's set folders "
+                        "(results): blocks 2-6, H4 and H5 by the registration's rules, written in its matrix/ "
+                        "(benchmarks/matrix_blocks.py)")
     parser.add_argument("--target", type=float, default=0.9, help="accuracy that counts as converged")
     parser.add_argument("--out", type=Path, default=None, help="where a comparison goes (default: runs/compare)")
     parser.add_argument("--task", choices=tasks.TASK_NAMES, default=None,
@@ -300,14 +304,15 @@ if __name__ == "__main__":
     parser.add_argument("--budget", default=None, help=f"COST=VALUE, COST one of {', '.join(COSTS)}: each run's "
                         "held-out accuracy at its last evaluation within that budget")
     cli = parser.parse_args()
-    if cli.matrix:
+    if cli.matrix or cli.blocks:
         import sys
         sys.path.insert(0, str(Path(__file__).resolve().parent / "benchmarks"))
         import matrix_analysis
-        print(matrix_analysis.report(cli.matrix))
+        import matrix_blocks
+        print(matrix_analysis.report(cli.matrix) if cli.matrix else matrix_blocks.report(cli.blocks))
         raise SystemExit
     if not cli.runs:
-        parser.error("give run directories, or --matrix FOLDER")
+        parser.error("give run directories, --matrix FOLDER or --blocks FOLDER")
     if cli.budget:
         try:
             cost, budget = parse_budget(cli.budget)

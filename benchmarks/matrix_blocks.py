@@ -1,0 +1,230 @@
+"""The matrix's blocks 2-6, H4 and H5 from the run summaries alone, called by the rules of
+results/preregistration-matrix.md (issue 42). Block 1, the pilot's comparison at 11 seeds, is matrix_analysis's
+(`python eval.py --matrix results/pilot results/matrix-main`).
+
+    python eval.py --blocks results        # blocks.md and blocks.json in results/matrix
+
+Each family is a list of contrasts A - B, per policy, on the family's registered seeds: the paired differences
+seed by seed, their mean, a 95% percentile bootstrap interval and a bootstrap p-value (matrix_analysis), Holm over
+the family, a hypothesis with fewer than two paired seeds kept in it at p = 1. Each contrast is called by its
+registered rule (CALLS). H4: per cell (pair, step format, TBD measure) and direction source->receiver, each term's
+mean raw value over the direction's diagnosed offers (fidelity_record.direction_terms), averaged over seeds; the
+dominant term is the largest. H5: per policy, the fixed levels and adaptive cross-fidelity in the plane of what
+crossed per iteration against training reward variance, called where all of them ran at one class of commits.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import matrix_analysis as ma
+
+SMALLEST = 2.0
+"""the registration's smallest difference that matters, in points"""
+FAMILIES = {
+    "estimate": ("matrix", range(1009, 1020), (("cross-fidelity-last2", "cross-fidelity", "estimate"),
+                                               ("cross-fidelity-last2", "sgt", "gain"))),
+    "ablations": ("matrix", range(1009, 1015), (("cross-fidelity", "cross-fidelity-ablate-ccm", "component"),
+                                                ("cross-fidelity", "cross-fidelity-ablate-rsd", "component"),
+                                                ("cross-fidelity-adaptive", "cross-fidelity", "component"),
+                                                ("cross-fidelity", "cross-fidelity-intrinsic", "component"))),
+    "hacpo": ("matrix", range(1009, 1031), (("hacpo", "sgt", "lead"), ("cross-fidelity", "hacpo", "lead"))),
+    "tbd": ("matrix-trio-prose", range(1009, 1012), (("cross-fidelity", "cross-fidelity-ablate-tbd", "component"),)),
+}
+"""block -> (the set its runs are in, its registered seeds, its contrasts (A, B, how each is called))"""
+H4_CELLS = (
+    ("qwen-llama", "line", "credit", "matrix", "cross-fidelity"),
+    ("qwen-llama", "line", "hidden", "matrix", "cross-fidelity-hidden"),
+    *((pair, form, measure, f"matrix-h4-{pair}-{form}", name)
+      for pair, form in (("qwen-qwen", "line"), ("qwen-qwen", "prose"), ("qwen-llama", "prose"))
+      for measure, name in (("credit", "cross-fidelity"), ("hidden", "cross-fidelity-hidden"))),
+    ("trio", "line", "credit", "matrix-h4-trio-line", "cross-fidelity"),
+    ("trio", "prose", "credit", "matrix-trio-prose", "cross-fidelity"),
+)
+"""H4's cells: (pair, step format, TBD measure, the set its runs are in, the configuration)"""
+H4_SEEDS = range(1009, 1011)
+H4_CLAIMS = (("same family mainly CCM", ("qwen-qwen",), "ccm"), ("cross family mainly TBD", ("qwen-llama", "trio"),
+                                                                 "tbd"))
+"""the proposal's H4 in two parts: (claim, the pairs it is read on, the term it says dominates)"""
+H5_LEVELS = ("prp", "xgrpo", "sgt")
+H5_ADAPTIVE = "cross-fidelity-adaptive"
+H5_SEEDS = range(1009, 1015)
+
+
+def call(rule: str, row: dict) -> str:
+    """A contrast's verdict by its registered rule, from its mean, 95% interval and Holm's decision."""
+    low, high = row["interval"]
+    up, down = row["holm_rejected"] and row["mean"] > 0, row["holm_rejected"] and row["mean"] < 0
+    if rule == "estimate":
+        return "costs no accuracy" if low > -SMALLEST else "costs accuracy" if down else "not resolved"
+    if rule == "gain":
+        supported, refuted = up, high < SMALLEST
+        return ("supported, by less than 2 points" if supported and refuted else "supported" if supported else
+                "refuted" if refuted else "not resolved")
+    if rule == "component":
+        small = -SMALLEST < low and high < SMALLEST
+        return ("matters, by less than 2 points" if up and small else "matters" if up else "hurts" if down else
+                "matters by less than 2 points" if small else "not resolved")
+    if rule == "lead":
+        return "supported" if up else "reversed" if down else "not resolved"
+    raise ValueError(f"no rule {rule!r}")
+
+
+def family(runs: list[dict], seeds: range, contrasts: tuple, cfg: ma.AnalysisConfig) -> tuple[list[dict], list[str]]:
+    """A family's contrast rows on its seeds, Holm within it and each called; and the hypotheses it could not
+    pair on two seeds."""
+    by_config: dict[str, dict[int, dict]] = {}
+    for s in runs:
+        if s["seed"] in seeds:
+            by_config.setdefault(s["configuration"], {})[s["seed"]] = s
+    policies = list(runs[0]["policies"]) if runs else []
+    rows, missing = [], []
+    for a, b, rule in contrasts:
+        for policy in policies:
+            differences = (ma.paired_differences(by_config[a], by_config[b], policy, "auc")
+                           if a in by_config and b in by_config else {})
+            if len(differences) < 2:
+                missing.append(f"{a} - {b} ({policy})")
+                continue
+            rows.append({**ma.contrast_row(a, b, policy, differences, cfg), "rule": rule, "of": len(seeds)})
+    adjusted, _, rejected = ma.holm([r["p"] for r in rows] + [1.0] * len(missing), cfg.alpha)
+    for row, p, reject in zip(rows, adjusted, rejected):
+        row.update(holm_p=p, holm_rejected=reject)
+        row["verdict"] = call(row["rule"], row)
+    return rows, missing
+
+
+def h4(sets: dict[str, list[dict]]) -> dict:
+    """H4's table (cell, direction -> mean raw term over seeds) and each claim's call."""
+    table = []
+    for pair, form, measure, set_name, name in H4_CELLS:
+        runs = [s for s in sets.get(set_name, []) if s["configuration"] == name and s["seed"] in H4_SEEDS]
+        for direction in sorted({d for s in runs for d in s.get("directions", {})}):
+            per_seed = [s["directions"][direction]["terms"] for s in runs if direction in s.get("directions", {})]
+            terms = {t: sum(p[t] for p in per_seed) / len(per_seed) for t in per_seed[0]}
+            finite = {t: v for t, v in terms.items() if math.isfinite(v)}
+            table.append({"pair": pair, "form": form, "measure": measure, "direction": direction,
+                          "seeds": len(per_seed), "terms": terms,
+                          "dominant": max(finite, key=finite.get) if finite else None})
+    claims = []
+    for claim, pairs, term in H4_CLAIMS:
+        cells = [r for r in table if r["pair"] in pairs]
+        share = sum(r["dominant"] == term for r in cells) / len(cells) if cells else math.nan
+        verdict = ("not run" if not cells else "supported" if share == 1 else "refuted" if share <= 0.5 else
+                   "mixed")
+        claims.append({"claim": claim, "directions": len(cells), "share": share, "verdict": verdict})
+    return {"table": table, "claims": claims}
+
+
+def plane_point(run: dict, policy: str) -> tuple[float, float]:
+    """(peer experience received per iteration, training reward variance) of one run's policy"""
+    mine = run["policies"][policy]
+    return mine["crossed"].get("sharing/received", 0.0), mine["reward_variance"]
+
+
+def dominates(x: dict[int, dict], y: dict[int, dict], policy: str, cfg: ma.AnalysisConfig) -> bool:
+    """Whether runs x (seed -> summary) dominate runs y in the plane: more received per iteration and less reward
+    variance, each paired difference's 95% interval excluding 0, over the seeds both ran (two at least)."""
+    seeds = sorted(set(x) & set(y))
+    if len(seeds) < 2:
+        return False
+
+    def interval(k: int) -> tuple[float, float]:
+        values = [plane_point(x[s], policy)[k] - plane_point(y[s], policy)[k] for s in seeds]
+        return ma.percentile_interval(ma.bootstrap_means(values, cfg.resamples, cfg.bootstrap_seed), 1 - cfg.alpha)
+    return interval(0)[0] > 0 and interval(1)[1] < 0
+
+
+def h5(runs: list[dict], cfg: ma.AnalysisConfig) -> list[dict]:
+    """H5 per policy: supported where adaptive cross-fidelity is dominated by none of the fixed levels and
+    dominates one, refuted where one dominates it, otherwise not resolved; not computable where a level did not
+    run on two of the seeds at this class of commits."""
+    by_config: dict[str, dict[int, dict]] = {}
+    for s in runs:
+        if s["seed"] in H5_SEEDS:
+            by_config.setdefault(s["configuration"], {})[s["seed"]] = s
+    absent = [c for c in (H5_ADAPTIVE, *H5_LEVELS) if len(by_config.get(c, {})) < 2]
+    out = []
+    for policy in (list(runs[0]["policies"]) if runs else []):
+        if absent:
+            out.append({"policy": policy, "verdict": f"not computable: {', '.join(absent)} did not run on two of "
+                                                     f"seeds {H5_SEEDS.start}-{H5_SEEDS.stop - 1} at this commit"})
+            continue
+        adaptive = by_config[H5_ADAPTIVE]
+        beaten = [c for c in H5_LEVELS if dominates(by_config[c], adaptive, policy, cfg)]
+        beats = [c for c in H5_LEVELS if dominates(adaptive, by_config[c], policy, cfg)]
+        verdict = (f"refuted (dominated by {', '.join(beaten)})" if beaten else
+                   f"supported (dominates {', '.join(beats)})" if beats else "not resolved")
+        out.append({"policy": policy, "verdict": verdict})
+    return out
+
+
+def load_sets(root: Path) -> dict[str, list[dict]]:
+    """set -> its summaries, for each set folder of the matrix under `root` that holds any (matrix_analysis.load
+    checks each), refused where the folders' commits span more than one class of metric-equivalent commits (the
+    declarations of every folder read together)."""
+    folders = [f for f in sorted(Path(root).glob("matrix*")) if f.is_dir() and f.name != "matrix-main"
+               and any(p.name != "analysis.json" for p in f.glob("*.json"))]
+    if not folders:
+        raise FileNotFoundError(f"no matrix summaries under {root} (results/matrix, results/matrix-*)")
+    sets = {f.name: ma.load(f) for f in folders}
+    classes = ma.equivalence_classes([f / ma.EQUIVALENCE_FILE for f in folders])
+    commits = sorted({c for runs in sets.values() for s in runs for c in s["commits"]})
+    if len({classes.get(c, c) for c in commits}) > 1:
+        raise ValueError(f"the matrix's sets ran at commits {commits}, not declared metric-equivalent in "
+                         f"{ma.EQUIVALENCE_FILE}; rerun them at one commit or declare them there")
+    return sets
+
+
+def analyze(sets: dict[str, list[dict]], cfg: ma.AnalysisConfig = ma.AnalysisConfig()) -> dict:
+    families = {}
+    for block, (set_name, seeds, contrasts) in FAMILIES.items():
+        rows, missing = family(sets.get(set_name, []), seeds, contrasts, cfg)
+        families[block] = {"set": set_name, "seeds": [seeds.start, seeds.stop - 1], "rows": rows, "missing": missing}
+    return {"config": ma.asdict(cfg), "families": families, "h4": h4(sets), "h5": h5(sets.get("matrix", []), cfg)}
+
+
+def markdown(result: dict) -> str:
+    lines = ["# The matrix, blocks 2-6: the analysis of its run summaries\n",
+             "Primary metric: area under the held-out greedy curve, points; paired differences seed by seed, "
+             "Holm within each family (results/preregistration-matrix.md).\n"]
+    for block, f in result["families"].items():
+        lines += [f"## {block} (set {f['set']}, seeds {f['seeds'][0]}-{f['seeds'][1]})\n",
+                  "| contrast | policy | seeds | per-seed difference | mean | 95% interval | p | Holm p | verdict |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+        for r in f["rows"]:
+            per_seed = " ".join(f"{d:+.2f}" for d in r["differences"].values())
+            lines.append(f"| {r['contrast']} | {r['policy']} | {len(r['differences'])} of {r['of']} | {per_seed} "
+                         f"| {r['mean']:+.2f} | [{r['interval'][0]:+.2f}, {r['interval'][1]:+.2f}] | {r['p']:.4f} "
+                         f"| {r['holm_p']:.4f} | {r['verdict']} |")
+        if f["missing"]:
+            lines.append("\nNot run on two seeds yet, so in Holm's family at p = 1: " + ", ".join(f["missing"]) + ".")
+        if not f["rows"] and not f["missing"]:
+            lines.append("\nNo run of this set yet.")
+        lines.append("")
+    lines += ["## H4: mean raw term per direction (over its diagnosed offers, then seeds)\n",
+              "| pair | steps | TBD measure | direction | seeds | TBD | CCM | RSD | dominant |", "|---" * 9 + "|"]
+    for r in result["h4"]["table"]:
+        terms = " | ".join(f"{r['terms'].get(t, math.nan):.4f}" for t in ("tbd", "ccm", "rsd"))
+        lines.append(f"| {r['pair']} | {r['form']} | {r['measure']} | {r['direction']} | {r['seeds']} | {terms} "
+                     f"| {r['dominant']} |")
+    lines.append("")
+    for c in result["h4"]["claims"]:
+        lines.append(f"- {c['claim']}: {c['verdict']} ({c['share']:.0%} of {c['directions']} directions)"
+                     if c["directions"] else f"- {c['claim']}: {c['verdict']}")
+    lines += ["", "## H5: the stability-support plane\n"]
+    lines += [f"- {h['policy']}: {h['verdict']}" for h in result["h5"]]
+    return "\n".join(lines) + "\n"
+
+
+def report(root: Path, cfg: ma.AnalysisConfig = ma.AnalysisConfig()) -> str:
+    """The blocks' analysis of the summaries under `root`: blocks.md and blocks.json written in root/matrix."""
+    import json
+    result = analyze(load_sets(root), cfg)
+    text = markdown(result)
+    out = Path(root) / "matrix"
+    out.mkdir(exist_ok=True)
+    (out / "blocks.md").write_text(text)
+    (out / "blocks.json").write_text(json.dumps(result, indent=1))
+    return text
