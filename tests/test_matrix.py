@@ -410,6 +410,11 @@ def test_folders_pool_their_runs_once_each_and_any_folders_declaration_of_equiva
     [row] = [r for r in analysis.analyze(pooled)["contrasts"]["auc"]
              if r["contrast"] == "cross-fidelity - sgt" and r["policy"] == "p"]
     assert row["differences"] == pytest.approx({1: 2.0, 2: 0.0})          # one seed from each folder
+    done = subprocess.run([sys.executable, str(ROOT / "eval.py"), "--matrix", str(tmp_path / "pilot"),
+                           str(tmp_path / "new")], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert "| cross-fidelity - sgt | p | +2.00 +0.00 | +1.00 |" in done.stdout
+    assert (tmp_path / "new" / "analysis.md").exists() and not (tmp_path / "pilot" / "analysis.md").exists()
     write_summaries(tmp_path / "again", [summary("sgt", 1, 40.0, ["c1"])])
     with pytest.raises(ValueError, match=r"more than one summary of \[\('sgt', 1\)\]"):
         analysis.load(tmp_path / "pilot", tmp_path / "again")
