@@ -177,11 +177,25 @@ def load_sets(root: Path) -> dict[str, list[dict]]:
     return sets
 
 
+def training_seconds(runs: list[dict], seeds: range, contrasts: tuple) -> dict[str, tuple[float, float]]:
+    """Each configuration of a family that ran: its training seconds (the run's wall time of its iterations),
+    mean and SD over the family's seeds, what the registration sets beside the contrasts untested."""
+    names = dict.fromkeys(name for a, b, _ in contrasts for name in (a, b))
+    out = {}
+    for name in names:
+        seconds = [s["iteration_s"] for s in runs if s["configuration"] == name and s["seed"] in seeds]
+        if seconds:
+            out[name] = ma.mean_sd(seconds)
+    return out
+
+
 def analyze(sets: dict[str, list[dict]], cfg: ma.AnalysisConfig = ma.AnalysisConfig()) -> dict:
     families = {}
     for block, (set_name, seeds, contrasts) in FAMILIES.items():
-        rows, missing = family(sets.get(set_name, []), seeds, contrasts, cfg)
-        families[block] = {"set": set_name, "seeds": [seeds.start, seeds.stop - 1], "rows": rows, "missing": missing}
+        runs = sets.get(set_name, [])
+        rows, missing = family(runs, seeds, contrasts, cfg)
+        families[block] = {"set": set_name, "seeds": [seeds.start, seeds.stop - 1], "rows": rows, "missing": missing,
+                           "seconds": training_seconds(runs, seeds, contrasts)}
     return {"config": ma.asdict(cfg), "families": families, "h4": h4(sets), "h5": h5(sets.get("matrix", []), cfg)}
 
 
@@ -202,6 +216,10 @@ def markdown(result: dict) -> str:
             lines.append("\nNot run on two seeds yet, so in Holm's family at p = 1: " + ", ".join(f["missing"]) + ".")
         if not f["rows"] and not f["missing"]:
             lines.append("\nNo run of this set yet.")
+        if f["seconds"]:
+            lines.append("\nTraining seconds, mean ± SD over seeds (not tested): " + ", ".join(
+                f"{name} {m:.0f} ± {sd:.0f}" if math.isfinite(sd) else f"{name} {m:.0f}"
+                for name, (m, sd) in f["seconds"].items()) + ".")
         lines.append("")
     lines += ["## H4: mean raw term per direction (over its diagnosed offers, then seeds)\n",
               "| pair | steps | TBD measure | direction | seeds | TBD | CCM | RSD | dominant |", "|---" * 9 + "|"]

@@ -112,9 +112,13 @@ def test_h5_calls_adaptive_curation_by_dominance_in_the_plane_and_says_when_a_le
 
 
 def test_eval_blocks_writes_every_family_from_the_set_folders_and_refuses_commits_not_declared_equivalent(tmp_path):
-    write_summaries(tmp_path / "matrix", [summary(name, s, auc) for s in (1009, 1010, 1011)
-                                          for name, auc in (("hacpo", 42.0 + s - 1009), ("sgt", 40.0))])
-    write_summaries(tmp_path / "matrix-trio-prose", [summary("cross-fidelity", s, 40.0, ["c2"]) for s in (1009, 1010)])
+    runs = [summary(name, s, auc) for s in (1009, 1010, 1011) for name, auc in (("hacpo", 42.0 + s - 1009),
+                                                                                ("sgt", 40.0))]
+    for r in runs:
+        r["iteration_s"] = 500.0 + r["seed"] - 1009 if r["configuration"] == "hacpo" else 400.0
+    write_summaries(tmp_path / "matrix", runs)
+    trio = [{**summary("cross-fidelity", s, 40.0, ["c2"]), "iteration_s": 900.0} for s in (1009, 1010)]
+    write_summaries(tmp_path / "matrix-trio-prose", trio)
     write_summaries(tmp_path / "matrix-main", [summary("sgt", 1009, 10.0, ["c0"])])    # block 1's: not read here
     command = [sys.executable, str(ROOT / "eval.py"), "--blocks", str(tmp_path)]
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
@@ -128,4 +132,5 @@ def test_eval_blocks_writes_every_family_from_the_set_folders_and_refuses_commit
     assert result["families"]["hacpo"]["missing"] == ["cross-fidelity - hacpo (p)", "cross-fidelity - hacpo (q)"]
     assert result["families"]["estimate"]["rows"] == [] and len(result["families"]["estimate"]["missing"]) == 4
     assert "| hacpo - sgt | p | 3 of 22 | +2.00 +3.00 +4.00 | +3.00 |" in done.stdout
+    assert "Training seconds, mean ± SD over seeds (not tested): hacpo 501 ± 1, sgt 400 ± 0." in done.stdout
     assert (tmp_path / "matrix" / "blocks.md").read_text() == done.stdout.rstrip("\n") + "\n"
