@@ -11,7 +11,7 @@ Each offer's TBD term (the mean over its steps, boundary_drift.py) is computed b
 hidden (one map per source -> receiver pair, fitted on that iteration's offers, as in training) and jaccard. The
 hidden measure is positive on every trajectory by construction (its zero point is the median 1:1 group), so its
 mean, not how often it is non-zero, is what compares.
-Writes results/tbd-firing.json and .md.
+Writes results/tbd-firing.json and .md (--out: another stem).
 """
 
 from __future__ import annotations
@@ -67,6 +67,7 @@ def main() -> None:
     cli.add_argument("--warmup-scale", type=float, default=0.3)
     cli.add_argument("--prompts", type=int, default=16)
     cli.add_argument("--seed", type=int, default=1)
+    cli.add_argument("--out", type=Path, default=ROOT / "results" / "tbd-firing", help="the files' stem")
     args = cli.parse_args()
     results, example = [], None
     for step_format in args.formats:
@@ -102,9 +103,10 @@ def main() -> None:
                   f"{example['receiver']}, TBD credit {example['credit']:.3f}, hidden {example['hidden']:.3f}, "
                   f"jaccard {example['jaccard']:.3f}; step boundaries straddled on one side only: "
                   f"{example['hotspots']}):", "", "    " + repr(example["text"])]
-    out = ROOT / "results" / "tbd-firing"
-    out.parent.mkdir(exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps({"args": vars(args), "rows": results, "example": example}, indent=1))
+    out = args.out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    measured = {k: v for k, v in vars(args).items() if k != "out"}
+    out.with_suffix(".json").write_text(json.dumps({"args": measured, "rows": results, "example": example}, indent=1))
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
