@@ -24,7 +24,7 @@ import eval as evaluation
 import grpo
 import sharing
 from args import Args
-from baselines import graft
+from baselines import graft, hacpo
 from testbed import checkpoint, lora, policies, tasks
 
 
@@ -80,12 +80,14 @@ def experience(learner: Learner, args: Args, task: tasks.Task, problems: list, p
 
 def receive(own: sharing.Experience, peers: list[sharing.Experience], cfg: sharing.ShareConfig,
             capability: dict[str, float] | None) -> sharing.Received:
-    """Phase 3 at a fixed level (or GRAFT): what this policy trains on, given its peers' experience.
+    """Phase 3 at a fixed level or a baseline: what this policy trains on, given its peers' experience.
     `capability`: HACPO's capabilities of this iteration (hacpo.Capabilities), else None."""
     name = own.policy.name
+    if cfg.mode == "hacpo":
+        return hacpo.exchange([own, *peers], cfg, capability, name)[name]
     if cfg.mode == "graft":
         return graft.exchange([own, *peers], cfg, name)[name]
-    return sharing.exchange([own, *peers], cfg, name, capability)[name]
+    return sharing.exchange([own, *peers], cfg, name)[name]
 
 
 def training_batch(policy: policies.Policy, rollouts: policies.Rollouts, received: sharing.Received

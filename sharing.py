@@ -1,4 +1,5 @@
-"""Mutual RL's three sharing levels between heterogeneous policies, PRP, XGRPO and SGT, and the HACPO baseline.
+"""Mutual RL's three sharing levels between heterogeneous policies, PRP, XGRPO and SGT, and the crossing the
+baselines build on.
 
 DESIGN.md §1 (the three levels, the baselines the proposal compares against and the levels its curator admits
 trajectories to) and §4.5 (their definitions, since the Mutual RL paper body is not public):
@@ -19,10 +20,8 @@ trajectories to) and §4.5 (their definitions, since the Mutual RL paper body is
          had as members of the receiver's group (the pooled group of its failures and the rescued successes,
          so the rarer the rescue the larger the credit). Nothing else crosses.
 
-  HACPO  (arXiv 2603.02604), a baseline beside the three: peer rewards join a baseline rescaled by the
-         policies' capabilities, and every peer rollout that carries a gradient crosses as in PRP with the
-         weight s^(1+alpha) (hacpo.py's equations; `hacpo_exchange` applies them).
-  GRAFT  (arXiv 2609.37868), built on this module's crossing, is graft.py's, with its own exchange.
+  HACPO  (arXiv 2603.02604) and GRAFT (arXiv 2609.37868), the baselines beside the three, are built on this
+         module's crossing with exchanges of their own (baselines/hacpo.py, baselines/graft.py).
 
 `exchange` applies one level to an iteration's experience of every policy and returns, per receiver, the
 advantages of its own rollouts and the peer trajectories it takes in, with metrics under `sharing/`.
@@ -37,11 +36,10 @@ import torch
 
 import grpo
 import tokalign
-from baselines import hacpo
 from testbed import policies, sequences
 
 LEVELS = ("prp", "xgrpo", "sgt")           # data, value, outcome: what the curator admits to
-MODES = ("none", *LEVELS, "hacpo")
+MODES = ("none", *LEVELS)
 
 
 @dataclass
@@ -239,22 +237,15 @@ def crossing_metrics(crossings: list[Crossing], cap: float, picked: int | None =
 # One exchange between all policies
 # ---------------------------------------------------------------------------------------------------------------
 
-def exchange(experiences: list[Experience], cfg: ShareConfig, receiver_name: str | None = None,
-             capability: dict[str, float] | None = None) -> dict[str, Received]:
+def exchange(experiences: list[Experience], cfg: ShareConfig, receiver_name: str | None = None
+             ) -> dict[str, Received]:
     """Apply the sharing level cfg.mode to one iteration: every policy receives from every other one, or only
     `receiver_name` does, which is how a policy computes its part where it is (learner.receive): a receiver needs only
-    its own model, for its log-probs of what crosses.
-
-    `capability`: each policy's HACPO capability this iteration (hacpo.Capabilities, kept by the trainer across
-    iterations); only --share hacpo uses it, and it needs one.
+    its own model, for its log-probs of what crosses. HACPO's and GRAFT's exchanges are their modules' own.
     """
     if cfg.mode not in MODES:
-        raise ValueError(f"unknown sharing mode {cfg.mode!r}: use one of {MODES}")
-    if cfg.mode == "hacpo":
-        if capability is None:
-            raise ValueError("--share hacpo needs the policies' capabilities of this iteration (hacpo.Capabilities, "
-                             "kept across iterations)")
-        return hacpo_exchange(experiences, cfg, capability, receiver_name)
+        raise ValueError(f"unknown sharing mode {cfg.mode!r}: use one of {MODES} (hacpo.exchange, graft.exchange "
+                         "for the baselines)")
     out = {}
     for receiver in experiences:
         if receiver_name is not None and receiver.policy.name != receiver_name:
@@ -278,18 +269,6 @@ def exchange(experiences: list[Experience], cfg: ShareConfig, receiver_name: str
     return out
 
 
-def sequence_log_ratios(offered: list[tuple[Experience, Crossing]]) -> torch.Tensor:
-    """[S] log s of each (source, crossing) offered: the receiver's and the source's mean token log-probs of the
-    text, each over its own tokens (hacpo.sequence_log_ratio; HACPO's eq. 11, GRAFT's compatibility)."""
-    return torch.tensor([hacpo.sequence_log_ratio(c.logprobs, source.rollouts.logprobs[c.index]).item()
-                         for source, c in offered], dtype=torch.float64)
-
-
-def accepted_share(weights: torch.Tensor, offered: int) -> float:
-    """The share of the `offered` peer samples that train the receiver, those with a weight [S] above 0."""
-    return (weights > 0).sum().item() / offered if offered else 0.0
-
-
 def prp_picks(peers: list[Experience]) -> list[list[tuple[int, float]]]:
     """Per peer, (flat index, advantage) of every rollout with a non-zero advantage in its own group."""
     return [[(i, a) for i, a in enumerate(peer.advantages.flatten().tolist()) if a != 0] for peer in peers]
@@ -308,54 +287,4 @@ def sgt_picks(own: torch.Tensor, peers: list[Experience], cfg: ShareConfig) -> l
         credit = rescue_advantages(own[b], rewards, cfg.scale_by_std)                           # [S]
         for (k, j), a in zip(members, credit.tolist()):
             out[k].append((b * peers[k].rollouts.group_size + j, a))
-    return out
-
-
-def hacpo_exchange(experiences: list[Experience], cfg: ShareConfig, capability: dict[str, float],
-                   receiver_name: str | None = None) -> dict[str, Received]:
-    """HACPO (hacpo.py) on one iteration, given each policy's capability: per receiver k (only `receiver_name`,
-    if given), the advantages of its own rollouts against its capability-aware baseline, and every peer rollout
-    that carries a gradient, retokenized by cross, with advantage w(j,k) A (eq. 10) and weight s^(1+alpha)
-    (eq. 11-13)."""
-    missing = [e.policy.name for e in experiences if e.policy.name not in capability]
-    if missing:
-        raise KeyError(f"no capability given for {missing}")
-    capability = torch.tensor([capability[e.policy.name] for e in experiences], dtype=torch.float64)  # [n]
-    ratios = hacpo.capability_ratios(capability, cfg.hacpo_capability_bound)                    # [n, n]
-    rewards = torch.cat([e.rewards for e in experiences], dim=1)                                # [B, M]
-    source = torch.cat([torch.full((e.rewards.shape[1],), j) for j, e in enumerate(experiences)])  # [M]
-    out = {}
-    for k, receiver in enumerate(experiences):
-        if receiver_name is not None and receiver.policy.name != receiver_name:
-            continue
-        advantages = hacpo.capability_advantages(rewards, ratios[k, source].float(), source == k,
-                                                 cfg.scale_by_std)                               # [B, M]
-        offered = []
-        for j, peer in enumerate(experiences):
-            if j != k:
-                credit = (ratios[j, k] * advantages[:, source == j]).flatten().tolist()         # [B*G_j]
-                picks = [(i, a) for i, a in enumerate(credit) if a != 0]
-                offered += [(peer, c) for c in cross(peer, picks, receiver.policy, cfg)]
-        log_ratio = sequence_log_ratios(offered)                                                 # [S]
-        sent = hacpo.cross_weights(log_ratio, cfg.hacpo_alpha, cfg.hacpo_delta) > 0               # [S]
-        # the samples sent fill the iteration's last optimizer steps, whose clip ranges are tighter (eq. 14)
-        own = advantages[:, source == k]                                                         # [B, G]
-        steps = grpo.row_steps(own.numel() + int(sent.sum()), cfg.minibatches)[own.numel():]
-        weights = hacpo.cross_weights(log_ratio[sent], cfg.hacpo_alpha, cfg.hacpo_delta, torch.tensor(steps),
-                                      cfg.hacpo_delta_step)                                       # [S']
-        crossings = [replace(c, weights=torch.full_like(c.weights, w))
-                     for (_, c), w in zip([o for o, s in zip(offered, sent.tolist()) if s], weights.tolist())]
-        peers = [j for j in range(len(experiences)) if j != k]
-        metrics = {**{name: v for name, v in crossing_metrics(crossings, cfg.ratio_cap).items()
-                      if "truncated" not in name},   # the ratio cap is PRP's; HACPO clips the sequence ratio
-                   "sharing/capability": capability[k].item(),
-                   "sharing/capability_ratio": ratios[peers, k].mean().item(),
-                   "sharing/baseline_shift": (own - receiver.advantages).abs().mean().item(),
-                   "sharing/offered": float(len(offered)),
-                   "sharing/accepted": accepted_share(weights, len(offered))}
-        if offered:
-            metrics["sharing/sequence_log_ratio_mean"] = log_ratio.mean().item()
-            metrics["sharing/clipped_high"] = (log_ratio > 0).double().mean().item()
-            metrics["sharing/clipped_low"] = (log_ratio.exp() < 1 - cfg.hacpo_delta).double().mean().item()
-        out[receiver.policy.name] = Received(own, crossings, metrics)
     return out

@@ -33,6 +33,7 @@ from dataclasses import replace
 import torch
 
 import sharing
+from baselines import hacpo
 
 
 def replaced_prompts(own: torch.Tensor, peer: torch.Tensor, success: float = 1.0) -> torch.Tensor:
@@ -64,7 +65,7 @@ def replacing_groups(receiver: sharing.Experience, peers: list[sharing.Experienc
         crossed = sharing.cross(peer, picks, receiver.policy, cfg)
         for b in prompts:
             group = [(peer, c) for c in crossed if c.index // size == b]
-            score = sharing.sequence_log_ratios(group).mean().item() if group else None
+            score = hacpo.sequence_log_ratios(group).mean().item() if group else None
             if group and (b not in best or score > best[b][0]):
                 best[b] = (score, group)
     return [pair for b in sorted(best) for pair in best[b][1]]
@@ -79,7 +80,7 @@ def exchange(experiences: list[sharing.Experience], cfg: sharing.ShareConfig, re
         if receiver_name is not None and receiver.policy.name != receiver_name:
             continue
         offered = replacing_groups(receiver, [e for e in experiences if e is not receiver], cfg)
-        log_s = sharing.sequence_log_ratios(offered)                                              # [S]
+        log_s = hacpo.sequence_log_ratios(offered)                                              # [S]
         weights = compatibility_weights(log_s, cfg.graft_delta)                                   # [S]
         accepted = [(peer, replace(c, weights=torch.full_like(c.weights, w)))
                     for (peer, c), w in zip(offered, weights.tolist()) if w > 0]
@@ -90,7 +91,7 @@ def exchange(experiences: list[sharing.Experience], cfg: sharing.ShareConfig, re
         metrics = {**{name: v for name, v in sharing.crossing_metrics(crossings, cfg.ratio_cap).items()
                       if "truncated" not in name},   # the ratio cap is PRP's; GRAFT weighs by s
                    "sharing/offered": float(len(offered)),
-                   "sharing/accepted": sharing.accepted_share(weights, len(offered)),
+                   "sharing/accepted": hacpo.accepted_share(weights, len(offered)),
                    "sharing/replaced_groups": float((~kept).all(dim=1).sum().item())}
         if offered:
             metrics["sharing/sequence_log_ratio_mean"] = log_s.mean().item()

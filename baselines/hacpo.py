@@ -31,9 +31,12 @@ The choices where the paper is silent, ambiguous or contradicts itself: DESIGN.m
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
+
+import grpo
+import sharing
 
 CAPABILITY_FLOOR = 1e-8   # a policy that never succeeded in the window still has a finite ratio to another one
 
@@ -43,7 +46,7 @@ class Capabilities:
     """Each policy's capability P (eq. 9): its mean reward per iteration over its last `window` iterations.
 
     The state HACPO keeps across iterations: the trainer adds every policy's rewards each iteration and hands
-    the capabilities to the exchange (sharing.exchange); the checkpoint saves it.
+    the capabilities to the exchange (`exchange`); the checkpoint saves it.
     """
 
     window: int
@@ -139,3 +142,70 @@ def cross_weights(log_ratio: torch.Tensor, alpha: float, delta: float, step: tor
     lower = torch.tensor([clip_lower(delta, int(m), delta_step) for m in steps.tolist()], dtype=log_ratio.dtype)
     inside = (log_ratio <= 0) & (log_ratio.exp() >= lower)                                        # [S]
     return torch.where(inside, torch.exp((1 + alpha) * log_ratio.clamp(max=0)), torch.zeros_like(log_ratio))
+
+
+def sequence_log_ratios(offered: list[tuple[sharing.Experience, sharing.Crossing]]) -> torch.Tensor:
+    """[S] log s of each (source, crossing) offered: the receiver's and the source's mean token log-probs of the
+    text, each over its own tokens (sequence_log_ratio; HACPO's eq. 11, GRAFT's compatibility)."""
+    return torch.tensor([sequence_log_ratio(c.logprobs, source.rollouts.logprobs[c.index]).item()
+                         for source, c in offered], dtype=torch.float64)
+
+
+def accepted_share(weights: torch.Tensor, offered: int) -> float:
+    """The share of the `offered` peer samples that train the receiver, those with a weight [S] above 0."""
+    return (weights > 0).sum().item() / offered if offered else 0.0
+
+
+
+def exchange(experiences: list[sharing.Experience], cfg: sharing.ShareConfig, capability: dict[str, float] | None,
+             receiver_name: str | None = None) -> dict[str, sharing.Received]:
+    """HACPO on one iteration, given each policy's capability: per receiver k (only `receiver_name`,
+    if given), the advantages of its own rollouts against its capability-aware baseline, and every peer rollout
+    that carries a gradient, retokenized by cross, with advantage w(j,k) A (eq. 10) and weight s^(1+alpha)
+    (eq. 11-13). `capability`: each policy's capability this iteration (Capabilities, kept by the trainer across
+    iterations)."""
+    if capability is None:
+        raise ValueError("--share hacpo needs the policies' capabilities of this iteration (hacpo.Capabilities, "
+                         "kept across iterations)")
+    missing = [e.policy.name for e in experiences if e.policy.name not in capability]
+    if missing:
+        raise KeyError(f"no capability given for {missing}")
+    capability = torch.tensor([capability[e.policy.name] for e in experiences], dtype=torch.float64)  # [n]
+    ratios = capability_ratios(capability, cfg.hacpo_capability_bound)                    # [n, n]
+    rewards = torch.cat([e.rewards for e in experiences], dim=1)                                # [B, M]
+    source = torch.cat([torch.full((e.rewards.shape[1],), j) for j, e in enumerate(experiences)])  # [M]
+    out = {}
+    for k, receiver in enumerate(experiences):
+        if receiver_name is not None and receiver.policy.name != receiver_name:
+            continue
+        advantages = capability_advantages(rewards, ratios[k, source].float(), source == k,
+                                                 cfg.scale_by_std)                               # [B, M]
+        offered = []
+        for j, peer in enumerate(experiences):
+            if j != k:
+                credit = (ratios[j, k] * advantages[:, source == j]).flatten().tolist()         # [B*G_j]
+                picks = [(i, a) for i, a in enumerate(credit) if a != 0]
+                offered += [(peer, c) for c in sharing.cross(peer, picks, receiver.policy, cfg)]
+        log_ratio = sequence_log_ratios(offered)                                                 # [S]
+        sent = cross_weights(log_ratio, cfg.hacpo_alpha, cfg.hacpo_delta) > 0               # [S]
+        # the samples sent fill the iteration's last optimizer steps, whose clip ranges are tighter (eq. 14)
+        own = advantages[:, source == k]                                                         # [B, G]
+        steps = grpo.row_steps(own.numel() + int(sent.sum()), cfg.minibatches)[own.numel():]
+        weights = cross_weights(log_ratio[sent], cfg.hacpo_alpha, cfg.hacpo_delta, torch.tensor(steps),
+                                      cfg.hacpo_delta_step)                                       # [S']
+        crossings = [replace(c, weights=torch.full_like(c.weights, w))
+                     for (_, c), w in zip([o for o, s in zip(offered, sent.tolist()) if s], weights.tolist())]
+        peers = [j for j in range(len(experiences)) if j != k]
+        metrics = {**{name: v for name, v in sharing.crossing_metrics(crossings, cfg.ratio_cap).items()
+                      if "truncated" not in name},   # the ratio cap is PRP's; HACPO clips the sequence ratio
+                   "sharing/capability": capability[k].item(),
+                   "sharing/capability_ratio": ratios[peers, k].mean().item(),
+                   "sharing/baseline_shift": (own - receiver.advantages).abs().mean().item(),
+                   "sharing/offered": float(len(offered)),
+                   "sharing/accepted": accepted_share(weights, len(offered))}
+        if offered:
+            metrics["sharing/sequence_log_ratio_mean"] = log_ratio.mean().item()
+            metrics["sharing/clipped_high"] = (log_ratio > 0).double().mean().item()
+            metrics["sharing/clipped_low"] = (log_ratio.exp() < 1 - cfg.hacpo_delta).double().mean().item()
+        out[receiver.policy.name] = sharing.Received(own, crossings, metrics)
+    return out

@@ -110,7 +110,7 @@ def test_hacpo_clips_each_peer_sample_at_the_bound_of_the_step_it_trains_in(untr
     def crossed(minibatches):
         cfg = sharing.ShareConfig("hacpo", temperature=0.7, hacpo_alpha=1.0, hacpo_delta=0.2,
                                   hacpo_delta_step=0.025, minibatches=minibatches)
-        mine = sharing.exchange([receiver, peer], cfg, "llama", capability)["llama"]
+        mine = hacpo.exchange([receiver, peer], cfg, capability, "llama")["llama"]
         return [(c.index, round(c.weights[0].item(), 3)) for c in mine.crossings], mine.metrics["sharing/accepted"]
     # one step: both at the bound 0.8, weights s^2
     assert crossed(1) == ([(0, 0.81), (3, 0.656)], 0.5)

@@ -402,14 +402,14 @@ def test_hacpo_sends_the_peer_rollouts_inside_the_clip_range_with_hand_computed_
                               for ids, logp, s in zip(peer.rollouts.completion_ids, target, wanted)]
     cfg = sharing.ShareConfig("hacpo", temperature=0.7, hacpo_alpha=1.0, hacpo_delta=0.2)
     with pytest.raises(ValueError, match="capabilities"):
-        sharing.exchange([receiver, peer], cfg)
+        hacpo.exchange([receiver, peer], cfg, None)
     with pytest.raises(KeyError, match="qwen2"):
-        sharing.exchange([receiver, peer], cfg, capability={"llama": 0.25})
+        hacpo.exchange([receiver, peer], cfg, {"llama": 0.25})
     capabilities = hacpo.Capabilities(window=5)
     assert capabilities.update({e.policy.name: e.rewards for e in (receiver, peer)}) == pytest.approx(
         {"llama": 0.25, "qwen2": 0.5})
-    received = sharing.exchange([receiver, peer], cfg, capability={"llama": 0.25, "qwen2": 0.5})
-    assert sharing.exchange([receiver, peer], cfg, "llama", {"llama": 0.25, "qwen2": 0.5}).keys() == {"llama"}
+    received = hacpo.exchange([receiver, peer], cfg, {"llama": 0.25, "qwen2": 0.5})
+    assert hacpo.exchange([receiver, peer], cfg, {"llama": 0.25, "qwen2": 0.5}, "llama").keys() == {"llama"}
     # llama's baseline counts qwen's rewards at half weight. Prompt 0 pools [0, 0 | 1, 0]: baseline 1/8, std
     # sqrt(3)/4; prompt 1 pools [1, 0 | 1, 0]: baseline 3/8, std 1/2. A qwen rollout's advantage is doubled (eq. 10)
     s3, s2 = math.sqrt(3) / 4 + EPS, 0.5 + EPS
