@@ -318,7 +318,8 @@ def phantom_advantage(advantages: torch.Tensor, reach: torch.Tensor) -> torch.Te
 
 
 def ccm_hotspots(phantom: torch.Tensor, threshold: float) -> list[int]:
-    """Steps whose phantom advantage exceeds `threshold`: high credit on a step out of the target's reach."""
+    """Steps whose out-of-reach value exceeds `threshold`: the phantom advantage (credit on a step the target
+    cannot reach), or 1 - R_k, its share per unit of credit, as the fidelity record flags them."""
     return (phantom > threshold).nonzero().flatten().tolist()
 
 
