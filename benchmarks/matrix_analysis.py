@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -98,13 +99,17 @@ def equivalence_classes(paths: list[Path]) -> dict[str, int]:
     return {commit: k for k, members in enumerate(classes) for commit in members}
 
 
-def load(*folders: Path) -> list[dict]:
+def is_summary(path: Path) -> bool:
+    """A run's summary is named CONFIGURATION-sSEED.json (matrix.py); the analyses written beside them are not."""
+    return re.fullmatch(r".+-s\d+\.json", Path(path).name) is not None
+
+
+def load(*folders: Path, declarations: list[Path] | None = None) -> list[dict]:
     """Every summary of the folders, refused where two are of one (configuration, seed), where their shared flags
     or evaluation iterations differ, where a held-out accuracy is not finite, or where their commits span more than
-    one class of metric-equivalent commits."""
+    one class of metric-equivalent commits, as the folders' own declarations (or `declarations`) say."""
     folder = " + ".join(str(f) for f in folders)
-    summaries = [json.loads(p.read_text()) for f in folders for p in sorted(Path(f).glob("*.json"))
-                 if p.name != "analysis.json"]
+    summaries = [json.loads(p.read_text()) for f in folders for p in sorted(Path(f).glob("*.json")) if is_summary(p)]
     if not summaries:
         raise FileNotFoundError(f"no run summaries in {folder}")
     runs = [(s["configuration"], s["seed"]) for s in summaries]
@@ -122,7 +127,7 @@ def load(*folders: Path) -> list[dict]:
                      if not all(math.isfinite(a) for _, a in m["heldout"])})
     if broken:
         raise ValueError(f"{folder}: non-finite held-out accuracy in {broken}; rerun those runs")
-    classes = equivalence_classes([Path(f) / EQUIVALENCE_FILE for f in folders])
+    classes = equivalence_classes(declarations or [Path(f) / EQUIVALENCE_FILE for f in folders])
     spanned = {classes.get(c, c) for s in summaries for c in s["commits"]}
     if len(spanned) > 1:
         commits = sorted({c for s in summaries for c in s["commits"]})

@@ -6,11 +6,13 @@ results/preregistration-matrix.md (issue 42). Block 1, the pilot's comparison at
 
 Each family is a list of contrasts A - B, per policy, on the family's registered seeds: the paired differences
 seed by seed, their mean, a 95% percentile bootstrap interval and a bootstrap p-value (matrix_analysis), Holm over
-the family, a hypothesis with fewer than two paired seeds kept in it at p = 1. Each contrast is called by its
-registered rule (CALLS). H4: per cell (pair, step format, TBD measure) and direction source->receiver, each term's
-mean raw value over the direction's diagnosed offers (fidelity_record.direction_terms), averaged over seeds; the
-dominant term is the largest. H5: per policy, the fixed levels and adaptive cross-fidelity in the plane of what
-crossed per iteration against training reward variance, called where all of them ran at one class of commits.
+the family. Each contrast is called by its registered rule (`call`). H4: per cell (pair, step format, TBD measure)
+and direction source->receiver, each term's mean raw value over the direction's diagnosed offers
+(fidelity_record.direction_terms), averaged over the seeds that measured it; the dominant term is the largest. H5:
+per policy, the fixed levels and adaptive cross-fidelity in the plane of what crossed per iteration against
+training reward variance (results/preregistration-h5.md). Each of them is computed only once all its registered
+runs are in, at one class of commits: the registration calls a block when it is complete and has nobody look at
+its outcomes before, so until then the report gives counts of runs, never an outcome.
 """
 
 from __future__ import annotations
@@ -53,60 +55,85 @@ H5_SEEDS = range(1009, 1015)
 
 
 def call(rule: str, row: dict) -> str:
-    """A contrast's verdict by its registered rule, from its mean, 95% interval and Holm's decision."""
+    """A contrast's verdict by its registered rule, from its mean, 95% interval and Holm's decision. Where Holm's
+    call and the interval's margin both hold, both are said: "(Holm), by less than 2 points"."""
     low, high = row["interval"]
     up, down = row["holm_rejected"] and row["mean"] > 0, row["holm_rejected"] and row["mean"] < 0
+    both = "(Holm), by less than 2 points"
     if rule == "estimate":
-        return "costs no accuracy" if low > -SMALLEST else "costs accuracy" if down else "not resolved"
+        within = low > -SMALLEST
+        return (f"costs accuracy {both}" if down and within else "costs accuracy" if down else
+                "costs no accuracy" if within else "not resolved")
     if rule == "gain":
         supported, refuted = up, high < SMALLEST
-        return ("supported, by less than 2 points" if supported and refuted else "supported" if supported else
+        return (f"supported {both}" if supported and refuted else "supported" if supported else
                 "refuted" if refuted else "not resolved")
     if rule == "component":
         small = -SMALLEST < low and high < SMALLEST
-        return ("matters, by less than 2 points" if up and small else "matters" if up else "hurts" if down else
-                "matters by less than 2 points" if small else "not resolved")
+        return (f"matters {both}" if up and small else "matters" if up else f"hurts {both}" if down and small else
+                "hurts" if down else "matters by less than 2 points" if small else "not resolved")
     if rule == "lead":
         return "supported" if up else "reversed" if down else "not resolved"
     raise ValueError(f"no rule {rule!r}")
 
 
-def family(runs: list[dict], seeds: range, contrasts: tuple, cfg: ma.AnalysisConfig) -> tuple[list[dict], list[str]]:
-    """A family's contrast rows on its seeds, Holm within it and each called; and the hypotheses it could not
-    pair on two seeds."""
+def family(runs: list[dict], seeds: range, contrasts: tuple, cfg: ma.AnalysisConfig) -> dict:
+    """A family on its registered seeds: "paired", each hypothesis' count of paired seeds; and "rows", its
+    contrasts with Holm within the family (each with its interval at the level Holm tests it at) and each called,
+    only once every hypothesis is paired on every seed. The registration calls a block when it is complete and
+    has nobody look at its outcomes before, so an incomplete family shows its counts alone."""
     by_config: dict[str, dict[int, dict]] = {}
     for s in runs:
         if s["seed"] in seeds:
             by_config.setdefault(s["configuration"], {})[s["seed"]] = s
     policies = list(runs[0]["policies"]) if runs else []
-    rows, missing = [], []
-    for a, b, rule in contrasts:
-        for policy in policies:
-            differences = (ma.paired_differences(by_config[a], by_config[b], policy, "auc")
-                           if a in by_config and b in by_config else {})
-            if len(differences) < 2:
-                missing.append(f"{a} - {b} ({policy})")
-                continue
-            rows.append({**ma.contrast_row(a, b, policy, differences, cfg), "rule": rule, "of": len(seeds)})
-    adjusted, _, rejected = ma.holm([r["p"] for r in rows] + [1.0] * len(missing), cfg.alpha)
-    for row, p, reject in zip(rows, adjusted, rejected):
-        row.update(holm_p=p, holm_rejected=reject)
+    paired = {(a, b, rule, policy): (ma.paired_differences(by_config[a], by_config[b], policy, "auc")
+                                     if a in by_config and b in by_config else {})
+              for a, b, rule in contrasts for policy in policies}
+    counts = {f"{a} - {b} ({policy})": len(d) for (a, b, _, policy), d in paired.items()}
+    if not paired or min(counts.values()) < len(seeds):
+        return {"paired": counts, "rows": []}
+    rows = [{**ma.contrast_row(a, b, policy, d, cfg), "rule": rule} for (a, b, rule, policy), d in paired.items()]
+    adjusted, levels, rejected = ma.holm([r["p"] for r in rows], cfg.alpha)
+    for row, p, level, reject in zip(rows, adjusted, levels, rejected):
+        means = ma.bootstrap_means(list(row["differences"].values()), cfg.resamples, cfg.bootstrap_seed)
+        row.update(holm_p=p, holm_interval=ma.percentile_interval(means, 1 - level), holm_rejected=reject)
         row["verdict"] = call(row["rule"], row)
-    return rows, missing
+    return {"paired": counts, "rows": rows}
+
+
+def seed_mean(values: list[float]) -> float:
+    """The mean over the seeds where a term was measured (a seed with no diagnosed offer of it gives NaN)."""
+    finite = [v for v in values if math.isfinite(v)]
+    return sum(finite) / len(finite) if finite else math.nan
+
+
+def dominant(terms: dict[str, float]) -> str | None:
+    """The term with the largest mean raw value; a tie names every term at the top, so no single one dominates."""
+    finite = {t: v for t, v in terms.items() if math.isfinite(v)}
+    if not finite:
+        return None
+    top = [t for t, v in finite.items() if v == max(finite.values())]
+    return top[0] if len(top) == 1 else "tie: " + ", ".join(top)
 
 
 def h4(sets: dict[str, list[dict]]) -> dict:
-    """H4's table (cell, direction -> mean raw term over seeds) and each claim's call."""
+    """H4's table (cell, direction -> mean raw term over seeds) and each claim's call, once every cell ran on
+    every H4 seed ("cells": each cell's seeds so far)."""
+    ran = {cell: sorted(s["seed"] for s in sets.get(cell[3], []) if s["configuration"] == cell[4]
+                        and s["seed"] in H4_SEEDS) for cell in H4_CELLS}
+    cells = {" ".join(cell[:3]): seeds for cell, seeds in ran.items()}
+    if any(len(seeds) < len(H4_SEEDS) for seeds in ran.values()):
+        return {"cells": cells, "table": [], "claims": [{"claim": claim, "directions": 0, "share": math.nan,
+                                                         "verdict": "incomplete"} for claim, _, _ in H4_CLAIMS]}
     table = []
     for pair, form, measure, set_name, name in H4_CELLS:
-        runs = [s for s in sets.get(set_name, []) if s["configuration"] == name and s["seed"] in H4_SEEDS]
+        runs = [s for s in sets[set_name] if s["configuration"] == name and s["seed"] in H4_SEEDS]
         for direction in sorted({d for s in runs for d in s.get("directions", {})}):
             per_seed = [s["directions"][direction]["terms"] for s in runs if direction in s.get("directions", {})]
-            terms = {t: sum(p[t] for p in per_seed) / len(per_seed) for t in per_seed[0]}
-            finite = {t: v for t, v in terms.items() if math.isfinite(v)}
+            terms = {t: seed_mean([p[t] for p in per_seed]) for t in per_seed[0]}
             table.append({"pair": pair, "form": form, "measure": measure, "direction": direction,
-                          "seeds": len(per_seed), "terms": terms,
-                          "dominant": max(finite, key=finite.get) if finite else None})
+                          "seeds": len(per_seed), "terms": terms, "dominant": dominant(terms)})
     claims = []
     for claim, pairs, term in H4_CLAIMS:
         cells = [r for r in table if r["pair"] in pairs]
@@ -114,7 +141,7 @@ def h4(sets: dict[str, list[dict]]) -> dict:
         verdict = ("not run" if not cells else "supported" if share == 1 else "refuted" if share <= 0.5 else
                    "mixed")
         claims.append({"claim": claim, "directions": len(cells), "share": share, "verdict": verdict})
-    return {"table": table, "claims": claims}
+    return {"cells": cells, "table": table, "claims": claims}
 
 
 def plane_point(run: dict, policy: str) -> tuple[float, float]:
@@ -130,34 +157,45 @@ def dominates(x: dict[int, dict], y: dict[int, dict], policy: str, cfg: ma.Analy
     if len(seeds) < 2:
         return False
 
-    def interval(k: int) -> tuple[float, float]:
-        values = [plane_point(x[s], policy)[k] - plane_point(y[s], policy)[k] for s in seeds]
-        return ma.percentile_interval(ma.bootstrap_means(values, cfg.resamples, cfg.bootstrap_seed), 1 - cfg.alpha)
-    return interval(0)[0] > 0 and interval(1)[1] < 0
+    def gap(k: int) -> tuple[float, float, float]:
+        return interval([plane_point(x[s], policy)[k] - plane_point(y[s], policy)[k] for s in seeds], cfg)
+    return gap(0)[1] > 0 and gap(1)[2] < 0
 
 
 def h5(runs: list[dict], cfg: ma.AnalysisConfig) -> list[dict]:
-    """H5 per policy: supported where adaptive cross-fidelity is dominated by none of the fixed levels and
-    dominates one, refuted where one dominates it, otherwise not resolved; not computable where a level did not
-    run on two of the seeds at this class of commits."""
+    """H5 per policy, once adaptive cross-fidelity and every fixed level ran on every H5 seed at this class of
+    commits: each configuration's point (mean received per iteration and reward variance over the seeds, each with
+    its 95% bootstrap interval) and the call: supported where adaptive cross-fidelity is dominated by none of the
+    fixed levels and dominates one, refuted where one dominates it, otherwise not resolved."""
     by_config: dict[str, dict[int, dict]] = {}
     for s in runs:
         if s["seed"] in H5_SEEDS:
             by_config.setdefault(s["configuration"], {})[s["seed"]] = s
-    absent = [c for c in (H5_ADAPTIVE, *H5_LEVELS) if len(by_config.get(c, {})) < 2]
+    ran = {c: len(by_config.get(c, {})) for c in (H5_ADAPTIVE, *H5_LEVELS)}
+    short = {c: n for c, n in ran.items() if n < len(H5_SEEDS)}
     out = []
     for policy in (list(runs[0]["policies"]) if runs else []):
-        if absent:
-            out.append({"policy": policy, "verdict": f"not computable: {', '.join(absent)} did not run on two of "
-                                                     f"seeds {H5_SEEDS.start}-{H5_SEEDS.stop - 1} at this commit"})
+        if short:
+            out.append({"policy": policy, "points": [], "verdict": "incomplete: " + ", ".join(
+                f"{c} on {n} of {len(H5_SEEDS)} seeds" for c, n in short.items())})
             continue
+        points = [{"configuration": c, **{axis: interval([plane_point(s, policy)[k] for s in by_config[c].values()],
+                                                          cfg)
+                                          for k, axis in enumerate(("received", "variance"))}}
+                  for c in (*H5_LEVELS, H5_ADAPTIVE)]
         adaptive = by_config[H5_ADAPTIVE]
         beaten = [c for c in H5_LEVELS if dominates(by_config[c], adaptive, policy, cfg)]
         beats = [c for c in H5_LEVELS if dominates(adaptive, by_config[c], policy, cfg)]
         verdict = (f"refuted (dominated by {', '.join(beaten)})" if beaten else
                    f"supported (dominates {', '.join(beats)})" if beats else "not resolved")
-        out.append({"policy": policy, "verdict": verdict})
+        out.append({"policy": policy, "points": points, "verdict": verdict})
     return out
+
+
+def interval(values: list[float], cfg: ma.AnalysisConfig) -> tuple[float, float, float]:
+    """(mean, low, high): the values' mean and its 95% percentile bootstrap interval over seeds"""
+    means = ma.bootstrap_means(values, cfg.resamples, cfg.bootstrap_seed)
+    return (sum(values) / len(values), *ma.percentile_interval(means, 1 - cfg.alpha))
 
 
 def load_sets(root: Path) -> dict[str, list[dict]]:
@@ -165,11 +203,12 @@ def load_sets(root: Path) -> dict[str, list[dict]]:
     checks each), refused where the folders' commits span more than one class of metric-equivalent commits (the
     declarations of every folder read together)."""
     folders = [f for f in sorted(Path(root).glob("matrix*")) if f.is_dir() and f.name != "matrix-main"
-               and any(p.name != "analysis.json" for p in f.glob("*.json"))]
+               and any(ma.is_summary(p) for p in f.glob("*.json"))]
     if not folders:
         raise FileNotFoundError(f"no matrix summaries under {root} (results/matrix, results/matrix-*)")
-    sets = {f.name: ma.load(f) for f in folders}
-    classes = ma.equivalence_classes([f / ma.EQUIVALENCE_FILE for f in folders])
+    declarations = [f / ma.EQUIVALENCE_FILE for f in folders]
+    sets = {f.name: ma.load(f, declarations=declarations) for f in folders}
+    classes = ma.equivalence_classes(declarations)
     commits = sorted({c for runs in sets.values() for s in runs for c in s["commits"]})
     if len({classes.get(c, c) for c in commits}) > 1:
         raise ValueError(f"the matrix's sets ran at commits {commits}, not declared metric-equivalent in "
@@ -193,9 +232,8 @@ def analyze(sets: dict[str, list[dict]], cfg: ma.AnalysisConfig = ma.AnalysisCon
     families = {}
     for block, (set_name, seeds, contrasts) in FAMILIES.items():
         runs = sets.get(set_name, [])
-        rows, missing = family(runs, seeds, contrasts, cfg)
-        families[block] = {"set": set_name, "seeds": [seeds.start, seeds.stop - 1], "rows": rows, "missing": missing,
-                           "seconds": training_seconds(runs, seeds, contrasts)}
+        families[block] = {"set": set_name, "seeds": [seeds.start, seeds.stop - 1],
+                           **family(runs, seeds, contrasts, cfg), "seconds": training_seconds(runs, seeds, contrasts)}
     return {"config": ma.asdict(cfg), "families": families, "h4": h4(sets), "h5": h5(sets.get("matrix", []), cfg)}
 
 
@@ -204,25 +242,35 @@ def markdown(result: dict) -> str:
              "Primary metric: area under the held-out greedy curve, points; paired differences seed by seed, "
              "Holm within each family (results/preregistration-matrix.md).\n"]
     for block, f in result["families"].items():
-        lines += [f"## {block} (set {f['set']}, seeds {f['seeds'][0]}-{f['seeds'][1]})\n",
-                  "| contrast | policy | seeds | per-seed difference | mean | 95% interval | p | Holm p | verdict |",
-                  "|---|---|---|---|---|---|---|---|---|"]
+        seeds = f["seeds"][1] - f["seeds"][0] + 1
+        lines.append(f"## {block} (set {f['set']}, seeds {f['seeds'][0]}-{f['seeds'][1]})\n")
+        if f["rows"]:
+            lines += ["| contrast | policy | per-seed difference | mean | 95% interval | p | Holm p "
+                      "| interval at Holm's level | verdict |", "|---" * 9 + "|"]
         for r in f["rows"]:
             per_seed = " ".join(f"{d:+.2f}" for d in r["differences"].values())
-            lines.append(f"| {r['contrast']} | {r['policy']} | {len(r['differences'])} of {r['of']} | {per_seed} "
-                         f"| {r['mean']:+.2f} | [{r['interval'][0]:+.2f}, {r['interval'][1]:+.2f}] | {r['p']:.4f} "
-                         f"| {r['holm_p']:.4f} | {r['verdict']} |")
-        if f["missing"]:
-            lines.append("\nNot run on two seeds yet, so in Holm's family at p = 1: " + ", ".join(f["missing"]) + ".")
-        if not f["rows"] and not f["missing"]:
-            lines.append("\nNo run of this set yet.")
+            (low, high), (h_low, h_high) = r["interval"], r["holm_interval"]
+            lines.append(f"| {r['contrast']} | {r['policy']} | {per_seed} | {r['mean']:+.2f} | [{low:+.2f}, "
+                         f"{high:+.2f}] | {r['p']:.4f} | {r['holm_p']:.4f} | [{h_low:+.2f}, {h_high:+.2f}] "
+                         f"| {r['verdict']} |")
+        if not f["paired"]:
+            lines.append("No run of this set yet.")
+        elif not f["rows"]:
+            lines.append(f"Incomplete, so not called and no outcome shown (a block is called once every hypothesis "
+                         f"is paired on all {seeds} seeds); seeds paired so far: "
+                         + ", ".join(f"{h} {n}" for h, n in f["paired"].items()) + ".")
         if f["seconds"]:
             lines.append("\nTraining seconds, mean ± SD over seeds (not tested): " + ", ".join(
                 f"{name} {m:.0f} ± {sd:.0f}" if math.isfinite(sd) else f"{name} {m:.0f}"
                 for name, (m, sd) in f["seconds"].items()) + ".")
         lines.append("")
-    lines += ["## H4: mean raw term per direction (over its diagnosed offers, then seeds)\n",
-              "| pair | steps | TBD measure | direction | seeds | TBD | CCM | RSD | dominant |", "|---" * 9 + "|"]
+    lines += ["## H4: mean raw term per direction (over its diagnosed offers, then seeds)\n"]
+    if not result["h4"]["table"]:
+        lines.append(f"Incomplete, so not called and no term shown (every cell on seeds {H4_SEEDS.start}-"
+                     f"{H4_SEEDS.stop - 1}); seeds so far: "
+                     + ", ".join(f"{cell} {len(s)}" for cell, s in result["h4"]["cells"].items()) + ".")
+    else:
+        lines += ["| pair | steps | TBD measure | direction | seeds | TBD | CCM | RSD | dominant |", "|---" * 9 + "|"]
     for r in result["h4"]["table"]:
         terms = " | ".join(f"{r['terms'].get(t, math.nan):.4f}" for t in ("tbd", "ccm", "rsd"))
         lines.append(f"| {r['pair']} | {r['form']} | {r['measure']} | {r['direction']} | {r['seeds']} | {terms} "
@@ -232,7 +280,11 @@ def markdown(result: dict) -> str:
         lines.append(f"- {c['claim']}: {c['verdict']} ({c['share']:.0%} of {c['directions']} directions)"
                      if c["directions"] else f"- {c['claim']}: {c['verdict']}")
     lines += ["", "## H5: the stability-support plane\n"]
-    lines += [f"- {h['policy']}: {h['verdict']}" for h in result["h5"]]
+    for h in result["h5"]:
+        lines.append(f"- {h['policy']}: {h['verdict']}")
+        lines += [f"  - {p['configuration']}: received {p['received'][0]:.2f} [{p['received'][1]:.2f}, "
+                  f"{p['received'][2]:.2f}] an iteration, reward variance {p['variance'][0]:.4f} "
+                  f"[{p['variance'][1]:.4f}, {p['variance'][2]:.4f}]" for p in h["points"]]
     return "\n".join(lines) + "\n"
 
 

@@ -393,7 +393,7 @@ def test_runs_at_commits_not_declared_equivalent_are_not_paired(tmp_path):
         analysis.load(tmp_path)
     (tmp_path / analysis.EQUIVALENCE_FILE).write_text("c2 c3  # a README change\nc1 c3\n")   # merged by c3
     assert len(analysis.load(tmp_path)) == 2
-    (tmp_path / "copy.json").write_text(json.dumps(summary("sgt", 1, 40.0)))
+    (tmp_path / "sgt-rerun-s1.json").write_text(json.dumps(summary("sgt", 1, 40.0)))
     with pytest.raises(ValueError, match="more than one summary"):
         analysis.load(tmp_path)
 

@@ -22,14 +22,16 @@ def row(mean, low, high, rejected):
 @pytest.mark.parametrize("rule, r, verdict", [
     ("estimate", row(-0.5, -1.9, 0.9, False), "costs no accuracy"),
     ("estimate", row(-3.0, -5.0, -1.0, True), "costs accuracy"),
+    ("estimate", row(-1.0, -1.1, -0.9, True), "costs accuracy (Holm), by less than 2 points"),
     ("estimate", row(-1.0, -2.5, 0.5, False), "not resolved"),
     ("gain", row(3.0, 1.0, 5.0, True), "supported"),
     ("gain", row(0.5, -1.0, 1.9, False), "refuted"),
-    ("gain", row(1.0, 0.5, 1.5, True), "supported, by less than 2 points"),
+    ("gain", row(1.0, 0.5, 1.5, True), "supported (Holm), by less than 2 points"),
     ("gain", row(1.0, -1.0, 3.0, False), "not resolved"),
     ("component", row(4.0, 2.5, 6.0, True), "matters"),
-    ("component", row(1.0, 0.5, 1.5, True), "matters, by less than 2 points"),
+    ("component", row(1.0, 0.5, 1.5, True), "matters (Holm), by less than 2 points"),
     ("component", row(-4.0, -6.0, -2.5, True), "hurts"),
+    ("component", row(-1.0, -1.5, -0.5, True), "hurts (Holm), by less than 2 points"),
     ("component", row(0.1, -1.5, 1.5, False), "matters by less than 2 points"),
     ("component", row(0.1, -2.5, 2.5, False), "not resolved"),
     ("lead", row(2.0, 1.0, 3.0, True), "supported"),
@@ -40,53 +42,116 @@ def test_each_registered_rule_calls_its_boundary_cases(rule, r, verdict):
     assert mb.call(rule, r) == verdict
 
 
-def test_a_family_reads_its_registered_seeds_alone_and_keeps_what_did_not_run_in_holm_at_p_1():
+def test_the_families_are_the_registrations():
+    # transcribed from results/preregistration-matrix.md, blocks 2, 3, 4 and 6: (set, seeds, contrasts A - B)
+    registered = {
+        "estimate": ("matrix", range(1009, 1020), {("cross-fidelity-last2", "cross-fidelity"),
+                                                   ("cross-fidelity-last2", "sgt")}),
+        "ablations": ("matrix", range(1009, 1015), {("cross-fidelity", "cross-fidelity-ablate-ccm"),
+                                                    ("cross-fidelity", "cross-fidelity-ablate-rsd"),
+                                                    ("cross-fidelity-adaptive", "cross-fidelity"),
+                                                    ("cross-fidelity", "cross-fidelity-intrinsic")}),
+        "hacpo": ("matrix", range(1009, 1031), {("hacpo", "sgt"), ("cross-fidelity", "hacpo")}),
+        "tbd": ("matrix-trio-prose", range(1009, 1012), {("cross-fidelity", "cross-fidelity-ablate-tbd")}),
+    }
+    assert {k: (s, seeds, {(a, b) for a, b, _ in c}) for k, (s, seeds, c) in mb.FAMILIES.items()} == registered
+    assert len(mb.H4_CELLS) == 10 and list(mb.H4_SEEDS) == [1009, 1010] and list(mb.H5_SEEDS) == list(range(1009, 1015))
+
+
+def estimate_runs(gaps, seeds, sgt=38.0):
+    """The estimate block's runs: last2 = exact + the seed's gap, sgt flat at `sgt` points (p; q at half)"""
+    return [run for s in seeds for run in (summary("cross-fidelity", s, 40.0),
+                                           summary("cross-fidelity-last2", s, 40.0 + gaps.get(s, 0.0)),
+                                           summary("sgt", s, sgt))]
+
+
+def test_a_family_is_called_on_its_registered_seeds_with_holm_over_all_four_hypotheses():
     cfg = ma.AnalysisConfig(resamples=2000)
-    # last2 - exact: +1, +2, +3 on 1009-1011, and a seed outside the estimate block's 1009-1019 that must not count
-    gaps = {1009: 1.0, 1010: 2.0, 1011: 3.0, 1025: -50.0}
-    runs = [summary("cross-fidelity", s, 40.0) for s in gaps] + [summary("cross-fidelity-last2", s, 40.0 + g)
-                                                                  for s, g in gaps.items()]
     seeds, contrasts = mb.FAMILIES["estimate"][1:]
-    rows, missing = mb.family(runs, seeds, contrasts, cfg)
-    assert [(r["contrast"], r["policy"]) for r in rows] == [("cross-fidelity-last2 - cross-fidelity", "p"),
-                                                            ("cross-fidelity-last2 - cross-fidelity", "q")]
-    assert rows[0]["differences"] == pytest.approx({1009: 1.0, 1010: 2.0, 1011: 3.0})
-    assert rows[1]["mean"] == pytest.approx(1.0)             # q's curve is half of p's
-    assert missing == ["cross-fidelity-last2 - sgt (p)", "cross-fidelity-last2 - sgt (q)"]
-    # every difference positive: p = 0 for both, so Holm rejects both in a family of 4; both intervals above -2
-    assert all(r["p"] == 0 and r["holm_rejected"] and r["verdict"] == "costs no accuracy" for r in rows)
-    assert rows[0]["of"] == 11
+    # last2 - exact: +1 on six seeds, -1 on five; and a seed outside the estimate block's 1009-1019 that must not count
+    gaps = {s: 1.0 if s % 2 else -1.0 for s in seeds} | {1025: -50.0}
+    out = mb.family(estimate_runs(gaps, [*seeds, 1025]), seeds, contrasts, cfg)
+    rows = {(r["contrast"], r["policy"]): r for r in out["rows"]}
+    exact = rows["cross-fidelity-last2 - cross-fidelity", "p"]
+    assert exact["differences"] == pytest.approx({s: gaps[s] for s in seeds})
+    assert exact["mean"] == pytest.approx(1 / 11)
+    assert rows["cross-fidelity-last2 - cross-fidelity", "q"]["mean"] == pytest.approx(1 / 22)  # q's curve is half
+    # last2 - sgt: +2 + gap on p, every seed positive: p = 0, Holm rejects it at alpha / 4, the family's smallest
+    gain = rows["cross-fidelity-last2 - sgt", "p"]
+    assert gain["p"] == 0 and gain["holm_rejected"]
+    # the largest p of four is tested at alpha itself, the next at alpha / 2: Holm's adjusted p by hand
+    ps = sorted(r["p"] for r in out["rows"])
+    assert [r["holm_p"] for r in sorted(out["rows"], key=lambda r: r["p"])] == pytest.approx(
+        [min(1, max((4 - k) * p for k, p in enumerate(ps[:i + 1]))) for i in range(4)])
+    assert out["paired"] == {f"{h} ({pol})": 11 for h in ("cross-fidelity-last2 - cross-fidelity",
+                                                          "cross-fidelity-last2 - sgt") for pol in ("p", "q")}
+
+
+def test_an_incomplete_family_gives_its_counts_and_no_outcome():
+    cfg = ma.AnalysisConfig(resamples=200)
+    seeds, contrasts = mb.FAMILIES["estimate"][1:]
+    runs = [r for r in estimate_runs({}, seeds) if not (r["seed"] == 1019 and r["configuration"] == "sgt")]
+    out = mb.family(runs, seeds, contrasts, cfg)
+    assert out["rows"] == []
+    assert out["paired"]["cross-fidelity-last2 - sgt (p)"] == 10
+    assert out["paired"]["cross-fidelity-last2 - cross-fidelity (q)"] == 11
+    assert mb.family([], seeds, contrasts, cfg) == {"paired": {}, "rows": []}
 
 
 def directions(terms_by_direction):
     return {d: {"diagnosed": 10, "terms": t, "dominant": {}} for d, t in terms_by_direction.items()}
 
 
-def test_h4_averages_each_direction_over_seeds_and_calls_each_claim_by_the_share_it_dominates():
-    qq = {"qwen-a->qwen-b": {"tbd": 0.01, "ccm": 0.30, "rsd": 0.20}, "qwen-b->qwen-a": {"tbd": 0.0, "ccm": 0.1,
-                                                                                     "rsd": 0.2}}
-    ql = {"qwen->llama": {"tbd": 0.5, "ccm": 0.2, "rsd": 0.1}, "llama->qwen": {"tbd": 0.4, "ccm": 0.6,
-                                                                                "rsd": math.nan}}
+def h4_sets(table_for, seeds=(1009, 1010, 1011)):
+    """Every H4 cell's runs on `seeds` (1011 is not one of H4's), each direction's terms table_for(pair)[d] times
+    the seed's scale (1, 3, 100)"""
     sets = {}
-    for set_name, name, table in (("matrix-h4-qwen-qwen-line", "cross-fidelity", qq), ("matrix", "cross-fidelity", ql)):
-        runs = []
-        for seed, scale in ((1009, 1.0), (1010, 3.0), (1011, 100.0)):      # 1011 is not one of H4's seeds
+    for pair, form, measure, set_name, name in mb.H4_CELLS:
+        for seed in seeds:
             s = summary(name, seed, 40.0)
-            s["directions"] = directions({d: {t: v * scale for t, v in terms.items()} for d, terms in table.items()})
-            runs.append(s)
-        sets[set_name] = runs
+            scale = {1009: 1.0, 1010: 3.0, 1011: 100.0}[seed]
+            s["directions"] = directions({d: {k: v * scale for k, v in terms.items()}
+                                          for d, terms in table_for(pair).items()})
+            sets.setdefault(set_name, []).append(s)
+    return sets
+
+
+QQ = {"qwen-a->qwen-b": {"tbd": 0.01, "ccm": 0.30, "rsd": 0.20}, "qwen-b->qwen-a": {"tbd": 0.0, "ccm": 0.1, "rsd": 0.2}}
+CROSS = {"qwen->llama": {"tbd": 0.5, "ccm": 0.2, "rsd": 0.1}, "llama->qwen": {"tbd": 0.4, "ccm": 0.6, "rsd": math.nan}}
+
+
+def test_h4_averages_each_direction_over_seeds_and_calls_each_claim_by_the_share_it_dominates():
+    sets = h4_sets(lambda pair: QQ if pair == "qwen-qwen" else CROSS)
     result = mb.h4(sets)
-    by = {(r["pair"], r["measure"], r["direction"]): r for r in result["table"]}
-    assert by["qwen-qwen", "credit", "qwen-a->qwen-b"]["terms"]["ccm"] == pytest.approx(0.30 * 2)   # (1 + 3) / 2
-    assert by["qwen-qwen", "credit", "qwen-a->qwen-b"]["dominant"] == "ccm"
-    assert by["qwen-qwen", "credit", "qwen-b->qwen-a"]["dominant"] == "rsd"
-    assert by["qwen-llama", "credit", "llama->qwen"]["dominant"] == "ccm"      # a NaN term never dominates
-    assert len(result["table"]) == 4                                          # cells that did not run are absent
+    assert len(result["table"]) == 20                                       # 10 cells x 2 directions
+    by = {(r["pair"], r["form"], r["measure"], r["direction"]): r for r in result["table"]}
+    ab = by["qwen-qwen", "line", "credit", "qwen-a->qwen-b"]
+    assert ab["terms"]["ccm"] == pytest.approx(0.30 * 2) and ab["seeds"] == 2   # (1 + 3) / 2; 1011 not read
+    assert ab["dominant"] == "ccm" and by["qwen-qwen", "prose", "hidden", "qwen-b->qwen-a"]["dominant"] == "rsd"
+    assert by["trio", "prose", "credit", "llama->qwen"]["dominant"] == "ccm"    # a NaN term never dominates
     claims = {c["claim"]: c for c in result["claims"]}
     assert claims["same family mainly CCM"]["verdict"] == "refuted" and claims["same family mainly CCM"]["share"] == 0.5
-    assert claims["cross family mainly TBD"]["verdict"] == "refuted"
-    sets["matrix"][0]["directions"]["llama->qwen"]["terms"]["tbd"] = 5.0     # TBD now dominates both: seed mean 3.1
-    assert {c["claim"]: c["verdict"] for c in mb.h4(sets)["claims"]}["cross family mainly TBD"] == "supported"
+    assert claims["cross family mainly TBD"]["verdict"] == "refuted" and claims["cross family mainly TBD"]["directions"] == 12
+    # TBD measured on one seed only (NaN on the other) is that seed's value, and dominates
+    for s in sets["matrix"]:
+        s["directions"]["llama->qwen"]["terms"]["tbd"] = math.nan if s["seed"] == 1009 else 5.0
+    row = next(r for r in mb.h4(sets)["table"] if r["pair"] == "qwen-llama" and r["measure"] == "credit"
+               and r["form"] == "line" and r["direction"] == "llama->qwen")
+    assert row["terms"]["tbd"] == pytest.approx(5.0) and row["dominant"] == "tbd"
+    # TBD now dominates qwen->llama in all six cross-family cells and llama->qwen in the two of set matrix: 8 of 12
+    assert {c["claim"]: c["verdict"] for c in mb.h4(sets)["claims"]}["cross family mainly TBD"] == "mixed"
+
+
+def test_h4_names_a_tie_and_waits_for_every_cell_on_both_seeds():
+    tie = {"qwen-a->qwen-b": {"tbd": 0.0, "ccm": 0.2, "rsd": 0.2}, "qwen-b->qwen-a": {"tbd": 0.0, "ccm": 0.3, "rsd": 0.1}}
+    sets = h4_sets(lambda pair: tie if pair == "qwen-qwen" else CROSS)
+    result = mb.h4(sets)
+    assert {r["dominant"] for r in result["table"] if r["direction"] == "qwen-a->qwen-b"} == {"tie: ccm, rsd"}
+    assert {c["claim"]: c["share"] for c in result["claims"]}["same family mainly CCM"] == 0.5
+    sets["matrix-h4-trio-line"] = [s for s in sets["matrix-h4-trio-line"] if s["seed"] != 1010]
+    result = mb.h4(sets)
+    assert result["table"] == [] and {c["verdict"] for c in result["claims"]} == {"incomplete"}
+    assert result["cells"]["trio line credit"] == [1009] and result["cells"]["qwen-qwen line hidden"] == [1009, 1010]
 
 
 def plane_run(name, seed, received, variance):
@@ -96,41 +161,54 @@ def plane_run(name, seed, received, variance):
     return s
 
 
-def test_h5_calls_adaptive_curation_by_dominance_in_the_plane_and_says_when_a_level_is_missing():
+def test_h5_calls_adaptive_curation_by_dominance_in_the_plane_once_every_level_ran_on_every_seed():
     cfg = ma.AnalysisConfig(resamples=2000)
-    seeds = (1009, 1010, 1011)
+    seeds = range(1009, 1015)
     base = [plane_run(name, s, received, variance) for s in seeds
             for name, received, variance in (("prp", 2.0 + s % 2, 0.030), ("xgrpo", 5.0 + s % 2, 0.030))]
-    assert mb.h5(base, cfg)[0]["verdict"].startswith("not computable: cross-fidelity-adaptive, sgt did not run")
     sgt = [plane_run("sgt", s, 9.0 + s % 2, 0.025 + 0.001 * (s % 2)) for s in seeds]
+    assert mb.h5(base + sgt, cfg)[0] == {"policy": "p", "points": [], "verdict":
+                                         "incomplete: cross-fidelity-adaptive on 0 of 6 seeds"}
     # adaptive receives more than prp with less variance, seed by seed: it dominates prp, and no level dominates it
     adaptive = [plane_run(mb.H5_ADAPTIVE, s, 4.0 + s % 2, 0.022 + 0.001 * (s % 3)) for s in seeds]
-    assert [h["verdict"] for h in mb.h5(base + sgt + adaptive, cfg)] == ["supported (dominates prp)"] * 2
+    assert mb.h5(base + sgt + adaptive[1:], cfg)[0]["verdict"].startswith("incomplete: cross-fidelity-adaptive on 5")
+    [p, q] = mb.h5(base + sgt + adaptive, cfg)
+    assert p["verdict"] == q["verdict"] == "supported (dominates prp)"
+    point = {x["configuration"]: x for x in p["points"]}["prp"]
+    assert point["received"][0] == pytest.approx(2.5) and point["received"][1] <= 2.5 <= point["received"][2]
+    assert point["variance"] == pytest.approx((0.030, 0.030, 0.030))
     # one that receives less than xgrpo and sgt, each seed, with more variance than both is dominated by both
     worse = [plane_run(mb.H5_ADAPTIVE, s, 3.0 + s % 2, 0.032 + 0.001 * (s % 3)) for s in seeds]
     assert mb.h5(base + sgt + worse, cfg)[0]["verdict"] == "refuted (dominated by xgrpo, sgt)"
 
 
-def test_eval_blocks_writes_every_family_from_the_set_folders_and_refuses_commits_not_declared_equivalent(tmp_path):
+def test_eval_blocks_calls_a_complete_block_hides_an_incomplete_one_and_reads_every_folders_declarations(tmp_path):
     runs = [summary(name, s, auc) for s in (1009, 1010, 1011) for name, auc in (("hacpo", 42.0 + s - 1009),
                                                                                 ("sgt", 40.0))]
     for r in runs:
         r["iteration_s"] = 500.0 + r["seed"] - 1009 if r["configuration"] == "hacpo" else 400.0
     write_summaries(tmp_path / "matrix", runs)
-    trio = [{**summary("cross-fidelity", s, 40.0, ["c2"]), "iteration_s": 900.0} for s in (1009, 1010)]
+    # block 6 complete, its runs at two commits that only results/matrix's declaration makes one class
+    trio = [{**summary(name, s, auc + (s - 1009) * (name == "cross-fidelity"), [commit]), "iteration_s": 900.0}
+            for s, commit in ((1009, "c1"), (1010, "c2"), (1011, "c2"))
+            for name, auc in (("cross-fidelity", 41.0), ("cross-fidelity-ablate-tbd", 40.0))]
     write_summaries(tmp_path / "matrix-trio-prose", trio)
     write_summaries(tmp_path / "matrix-main", [summary("sgt", 1009, 10.0, ["c0"])])    # block 1's: not read here
     command = [sys.executable, str(ROOT / "eval.py"), "--blocks", str(tmp_path)]
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
     assert done.returncode != 0 and "not declared metric-equivalent" in done.stderr
     (tmp_path / "matrix" / ma.EQUIVALENCE_FILE).write_text("c1 c2  # checked by same_metrics\n")
-    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
+    for _ in range(2):                                  # a second analysis does not take the first's output for a run
+        done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
     result = json.loads((tmp_path / "matrix" / "blocks.json").read_text())
-    [lead] = [r for r in result["families"]["hacpo"]["rows"] if r["policy"] == "p"]
-    assert lead["contrast"] == "hacpo - sgt" and lead["differences"] == {"1009": 2.0, "1010": 3.0, "1011": 4.0}
-    assert result["families"]["hacpo"]["missing"] == ["cross-fidelity - hacpo (p)", "cross-fidelity - hacpo (q)"]
-    assert result["families"]["estimate"]["rows"] == [] and len(result["families"]["estimate"]["missing"]) == 4
-    assert "| hacpo - sgt | p | 3 of 22 | +2.00 +3.00 +4.00 | +3.00 |" in done.stdout
+    [tbd] = [r for r in result["families"]["tbd"]["rows"] if r["policy"] == "p"]
+    assert tbd["contrast"] == "cross-fidelity - cross-fidelity-ablate-tbd"
+    assert tbd["differences"] == {"1009": 1.0, "1010": 2.0, "1011": 3.0} and tbd["verdict"]
+    hacpo = result["families"]["hacpo"]
+    assert hacpo["rows"] == [] and hacpo["paired"]["hacpo - sgt (p)"] == 3
+    assert hacpo["paired"]["cross-fidelity - hacpo (q)"] == 0
+    assert "hacpo - sgt (p) 3, hacpo - sgt (q) 3, cross-fidelity - hacpo (p) 0" in done.stdout
+    assert "+2.00" not in done.stdout.split("## hacpo")[1].split("##")[0]          # no outcome of an open block
     assert "Training seconds, mean ± SD over seeds (not tested): hacpo 501 ± 1, sgt 400 ± 0." in done.stdout
     assert (tmp_path / "matrix" / "blocks.md").read_text() == done.stdout.rstrip("\n") + "\n"
