@@ -2,7 +2,7 @@
 results/preregistration-matrix.md (issue 42). Block 1, the pilot's comparison at 11 seeds, is matrix_analysis's
 (`python eval.py --matrix results/pilot results/matrix-main`).
 
-    python eval.py --blocks results        # blocks.md and blocks.json in results/matrix
+    python eval.py --blocks results        # blocks.md, blocks.json (h5-plane.png) in results/matrix
 
 Each family is a list of contrasts A - B, per policy, on the family's registered seeds: the paired differences
 seed by seed, their mean, a 95% percentile bootstrap interval and a bootstrap p-value (matrix_analysis), Holm over
@@ -21,6 +21,7 @@ import math
 from pathlib import Path
 
 import matrix_analysis as ma
+import matrix_plots
 
 SMALLEST = 2.0
 """the registration's smallest difference that matters, in points"""
@@ -289,7 +290,8 @@ def markdown(result: dict) -> str:
 
 
 def report(root: Path, cfg: ma.AnalysisConfig = ma.AnalysisConfig()) -> str:
-    """The blocks' analysis of the summaries under `root`: blocks.md and blocks.json written in root/matrix."""
+    """The blocks' analysis of the summaries under `root`: blocks.md, blocks.json and, once H5 is computed,
+    h5-plane.png written in root/matrix."""
     import json
     result = analyze(load_sets(root), cfg)
     text = markdown(result)
@@ -297,4 +299,6 @@ def report(root: Path, cfg: ma.AnalysisConfig = ma.AnalysisConfig()) -> str:
     out.mkdir(exist_ok=True)
     (out / "blocks.md").write_text(text)
     (out / "blocks.json").write_text(json.dumps(result, indent=1))
+    if any(h["points"] for h in result["h5"]):
+        matrix_plots.h5_plane(result["h5"], out / "h5-plane.png")
     return text

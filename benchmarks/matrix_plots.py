@@ -6,6 +6,8 @@ and its paired difference from independent GRPO (`none`) seed by seed, mean with
 random numbers, so the differences show what the top row's bands hide.
 plane.png: the stability-support plane, what crossed per iteration against the receiver's training reward variance,
 one point per configuration (its policies and seeds averaged).
+h5-plane.png (the matrix's H5, matrix_blocks.py): the same plane per policy, each configuration's point with its
+95% bootstrap intervals over seeds on both axes.
 """
 
 from __future__ import annotations
@@ -73,4 +75,24 @@ def plot(summaries: list[dict], result: dict, folder: Path) -> None:
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(folder / "plane.png", dpi=110)
+    plt.close(fig)
+
+
+def h5_plane(h5: list[dict], path: Path) -> None:
+    """H5's plane per policy: each configuration at (received, variance), with its intervals as error bars."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, len(h5), figsize=(6 * len(h5), 4.5), squeeze=False)
+    for ax, policy in zip(axes[0], h5):
+        for point in policy["points"]:
+            (x, x_low, x_high), (y, y_low, y_high) = point["received"], point["variance"]
+            ax.errorbar([x], [y], xerr=[[x - x_low], [x_high - x]], yerr=[[y - y_low], [y_high - y]], fmt="o",
+                        capsize=3, label=point["configuration"])
+        ax.set(xlabel="crossed per iteration (sharing/received: trajectories; rewards for xgrpo)",
+               ylabel="training reward variance", title=f"{policy['policy']}: {policy['verdict']}")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -182,6 +182,18 @@ def test_h5_calls_adaptive_curation_by_dominance_in_the_plane_once_every_level_r
     assert mb.h5(base + sgt + worse, cfg)[0]["verdict"] == "refuted (dominated by xgrpo, sgt)"
 
 
+def test_a_computed_h5_is_reported_with_its_points_and_drawn(tmp_path):
+    seeds = range(1009, 1015)
+    runs = [plane_run(name, s, received + s % 2, 0.03 - 0.001 * (s % 2)) for s in seeds
+            for name, received in (("prp", 2.0), ("xgrpo", 5.0), ("sgt", 9.0), (mb.H5_ADAPTIVE, 4.0))]
+    for r in runs:
+        r["iteration_s"] = 400.0
+    write_summaries(tmp_path / "matrix", runs)
+    text = mb.report(tmp_path, ma.AnalysisConfig(resamples=500))
+    assert "  - prp: received 2.50 [" in text and "reward variance 0.0295 [" in text
+    assert (tmp_path / "matrix" / "h5-plane.png").stat().st_size > 0
+
+
 def test_eval_blocks_calls_a_complete_block_hides_an_incomplete_one_and_reads_every_folders_declarations(tmp_path):
     runs = [summary(name, s, auc) for s in (1009, 1010, 1011) for name, auc in (("hacpo", 42.0 + s - 1009),
                                                                                 ("sgt", 40.0))]
