@@ -137,11 +137,11 @@ def h4(sets: dict[str, list[dict]]) -> dict:
                           "seeds": len(per_seed), "terms": terms, "dominant": dominant(terms)})
     claims = []
     for claim, pairs, term in H4_CLAIMS:
-        cells = [r for r in table if r["pair"] in pairs]
-        share = sum(r["dominant"] == term for r in cells) / len(cells) if cells else math.nan
-        verdict = ("not run" if not cells else "supported" if share == 1 else "refuted" if share <= 0.5 else
+        directions = [r for r in table if r["pair"] in pairs]
+        share = sum(r["dominant"] == term for r in directions) / len(directions) if directions else math.nan
+        verdict = ("not run" if not directions else "supported" if share == 1 else "refuted" if share <= 0.5 else
                    "mixed")
-        claims.append({"claim": claim, "directions": len(cells), "share": share, "verdict": verdict})
+        claims.append({"claim": claim, "directions": len(directions), "share": share, "verdict": verdict})
     return {"cells": cells, "table": table, "claims": claims}
 
 

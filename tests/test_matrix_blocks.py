@@ -124,6 +124,7 @@ def test_h4_averages_each_direction_over_seeds_and_calls_each_claim_by_the_share
     sets = h4_sets(lambda pair: QQ if pair == "qwen-qwen" else CROSS)
     result = mb.h4(sets)
     assert len(result["table"]) == 20                                       # 10 cells x 2 directions
+    assert result["cells"]["trio prose credit"] == [1009, 1010] and len(result["cells"]) == 10
     by = {(r["pair"], r["form"], r["measure"], r["direction"]): r for r in result["table"]}
     ab = by["qwen-qwen", "line", "credit", "qwen-a->qwen-b"]
     assert ab["terms"]["ccm"] == pytest.approx(0.30 * 2) and ab["seeds"] == 2   # (1 + 3) / 2; 1011 not read
@@ -131,7 +132,8 @@ def test_h4_averages_each_direction_over_seeds_and_calls_each_claim_by_the_share
     assert by["trio", "prose", "credit", "llama->qwen"]["dominant"] == "ccm"    # a NaN term never dominates
     claims = {c["claim"]: c for c in result["claims"]}
     assert claims["same family mainly CCM"]["verdict"] == "refuted" and claims["same family mainly CCM"]["share"] == 0.5
-    assert claims["cross family mainly TBD"]["verdict"] == "refuted" and claims["cross family mainly TBD"]["directions"] == 12
+    cross = claims["cross family mainly TBD"]
+    assert cross["verdict"] == "refuted" and cross["directions"] == 12
     # TBD measured on one seed only (NaN on the other) is that seed's value, and dominates
     for s in sets["matrix"]:
         s["directions"]["llama->qwen"]["terms"]["tbd"] = math.nan if s["seed"] == 1009 else 5.0
@@ -143,7 +145,8 @@ def test_h4_averages_each_direction_over_seeds_and_calls_each_claim_by_the_share
 
 
 def test_h4_names_a_tie_and_waits_for_every_cell_on_both_seeds():
-    tie = {"qwen-a->qwen-b": {"tbd": 0.0, "ccm": 0.2, "rsd": 0.2}, "qwen-b->qwen-a": {"tbd": 0.0, "ccm": 0.3, "rsd": 0.1}}
+    tie = {"qwen-a->qwen-b": {"tbd": 0.0, "ccm": 0.2, "rsd": 0.2},
+           "qwen-b->qwen-a": {"tbd": 0.0, "ccm": 0.3, "rsd": 0.1}}
     sets = h4_sets(lambda pair: tie if pair == "qwen-qwen" else CROSS)
     result = mb.h4(sets)
     assert {r["dominant"] for r in result["table"] if r["direction"] == "qwen-a->qwen-b"} == {"tie: ccm, rsd"}
