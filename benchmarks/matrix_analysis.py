@@ -127,7 +127,8 @@ def load(*folders: Path, declarations: list[Path] | None = None) -> list[dict]:
                      if not all(math.isfinite(a) for _, a in m["heldout"])})
     if broken:
         raise ValueError(f"{folder}: non-finite held-out accuracy in {broken}; rerun those runs")
-    classes = equivalence_classes(declarations or [Path(f) / EQUIVALENCE_FILE for f in folders])
+    classes = equivalence_classes([Path(f) / EQUIVALENCE_FILE for f in folders] if declarations is None
+                                  else declarations)
     spanned = {classes.get(c, c) for s in summaries for c in s["commits"]}
     if len(spanned) > 1:
         commits = sorted({c for s in summaries for c in s["commits"]})

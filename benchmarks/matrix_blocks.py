@@ -50,32 +50,36 @@ H4_SEEDS = range(1009, 1011)
 H4_CLAIMS = (("same family mainly CCM", ("qwen-qwen",), "ccm"), ("cross family mainly TBD", ("qwen-llama", "trio"),
                                                                  "tbd"))
 """the proposal's H4 in two parts: (claim, the pairs it is read on, the term it says dominates)"""
+UNDERPOWERED = {("ablations", None, "llama"), ("hacpo", "cross-fidelity - hacpo", "llama")}
+"""(block, contrast or every one, policy) the registration says are underpowered at its seeds, and reported so"""
+H4_WAITS = ("estimate", "tbd")
+H5_WAITS = ("estimate", "ablations")
+"""the blocks whose runs H4 and H5 read besides their own: neither is shown before those are complete"""
 H5_LEVELS = ("prp", "xgrpo", "sgt")
 H5_ADAPTIVE = "cross-fidelity-adaptive"
 H5_SEEDS = range(1009, 1015)
 
 
 def call(rule: str, row: dict) -> str:
-    """A contrast's verdict by its registered rule, from its mean, 95% interval and Holm's decision. Where Holm's
-    call and the interval's margin both hold, both are said: "(Holm), by less than 2 points"."""
+    """A contrast's verdict by its registered rule, from its mean, 95% interval and Holm's decision. Where a
+    label of Holm's and a label of the 2-point margin both hold, both registered labels are given, each with its
+    source."""
     low, high = row["interval"]
     up, down = row["holm_rejected"] and row["mean"] > 0, row["holm_rejected"] and row["mean"] < 0
-    both = "(Holm), by less than 2 points"
     if rule == "estimate":
-        within = low > -SMALLEST
-        return (f"costs accuracy {both}" if down and within else "costs accuracy" if down else
-                "costs no accuracy" if within else "not resolved")
-    if rule == "gain":
-        supported, refuted = up, high < SMALLEST
-        return (f"supported {both}" if supported and refuted else "supported" if supported else
-                "refuted" if refuted else "not resolved")
-    if rule == "component":
-        small = -SMALLEST < low and high < SMALLEST
-        return (f"matters {both}" if up and small else "matters" if up else f"hurts {both}" if down and small else
-                "hurts" if down else "matters by less than 2 points" if small else "not resolved")
-    if rule == "lead":
-        return "supported" if up else "reversed" if down else "not resolved"
-    raise ValueError(f"no rule {rule!r}")
+        holm, margin = "costs accuracy" if down else None, "costs no accuracy" if low > -SMALLEST else None
+    elif rule == "gain":
+        holm, margin = "supported" if up else None, "refuted" if high < SMALLEST else None
+    elif rule == "component":
+        holm = "matters" if up else "hurts" if down else None
+        margin = "matters by less than 2 points" if -SMALLEST < low and high < SMALLEST else None
+    elif rule == "lead":
+        holm, margin = "supported" if up else "reversed" if down else None, None
+    else:
+        raise ValueError(f"no rule {rule!r}")
+    if holm and margin:
+        return f"{holm} (Holm), and {margin} (the 2-point margin)"
+    return holm or margin or "not resolved"
 
 
 def family(runs: list[dict], seeds: range, contrasts: tuple, cfg: ma.AnalysisConfig) -> dict:
@@ -88,13 +92,14 @@ def family(runs: list[dict], seeds: range, contrasts: tuple, cfg: ma.AnalysisCon
         if s["seed"] in seeds:
             by_config.setdefault(s["configuration"], {})[s["seed"]] = s
     policies = list(runs[0]["policies"]) if runs else []
-    paired = {(a, b, rule, policy): (ma.paired_differences(by_config[a], by_config[b], policy, "auc")
-                                     if a in by_config and b in by_config else {})
-              for a, b, rule in contrasts for policy in policies}
-    counts = {f"{a} - {b} ({policy})": len(d) for (a, b, _, policy), d in paired.items()}
-    if not paired or min(counts.values()) < len(seeds):
+    differences = {(a, b, rule, policy): (ma.paired_differences(by_config[a], by_config[b], policy, "auc")
+                                          if a in by_config and b in by_config else {})
+                   for a, b, rule in contrasts for policy in policies}
+    counts = {f"{a} - {b} ({policy})": len(d) for (a, b, _, policy), d in differences.items()}
+    if not differences or min(counts.values()) < len(seeds):
         return {"paired": counts, "rows": []}
-    rows = [{**ma.contrast_row(a, b, policy, d, cfg), "rule": rule} for (a, b, rule, policy), d in paired.items()]
+    rows = [{**ma.contrast_row(a, b, policy, d, cfg), "rule": rule}
+            for (a, b, rule, policy), d in differences.items()]
     adjusted, levels, rejected = ma.holm([r["p"] for r in rows], cfg.alpha)
     for row, p, level, reject in zip(rows, adjusted, levels, rejected):
         means = ma.bootstrap_means(list(row["differences"].values()), cfg.resamples, cfg.bootstrap_seed)
@@ -114,19 +119,21 @@ def dominant(terms: dict[str, float]) -> str | None:
     finite = {t: v for t, v in terms.items() if math.isfinite(v)}
     if not finite:
         return None
-    top = [t for t, v in finite.items() if v == max(finite.values())]
+    largest = max(finite.values())
+    top = [t for t, v in finite.items() if v == largest]
     return top[0] if len(top) == 1 else "tie: " + ", ".join(top)
 
 
-def h4(sets: dict[str, list[dict]]) -> dict:
+def h4(sets: dict[str, list[dict]], waiting: list[str] = ()) -> dict:
     """H4's table (cell, direction -> mean raw term over seeds) and each claim's call, once every cell ran on
-    every H4 seed ("cells": each cell's seeds so far)."""
-    ran = {cell: sorted(s["seed"] for s in sets.get(cell[3], []) if s["configuration"] == cell[4]
-                        and s["seed"] in H4_SEEDS) for cell in H4_CELLS}
-    cells = {" ".join(cell[:3]): seeds for cell, seeds in ran.items()}
-    if any(len(seeds) < len(H4_SEEDS) for seeds in ran.values()):
-        return {"cells": cells, "table": [], "claims": [{"claim": claim, "directions": 0, "share": math.nan,
-                                                         "verdict": "incomplete"} for claim, _, _ in H4_CLAIMS]}
+    every H4 seed and no block it reads is `waiting` ("cells": each cell's seeds so far)."""
+    cells = {f"{pair} {form} {measure}": sorted(s["seed"] for s in sets.get(set_name, [])
+                                                if s["configuration"] == name and s["seed"] in H4_SEEDS)
+             for pair, form, measure, set_name, name in H4_CELLS}
+    if waiting or any(len(seeds) < len(H4_SEEDS) for seeds in cells.values()):
+        verdict = f"waits for block {', '.join(waiting)}" if waiting else "incomplete"
+        return {"cells": cells, "table": [], "claims": [{"claim": claim, "directions": 0, "share": None,
+                                                         "verdict": verdict} for claim, _, _ in H4_CLAIMS]}
     table = []
     for pair, form, measure, set_name, name in H4_CELLS:
         runs = [s for s in sets[set_name] if s["configuration"] == name and s["seed"] in H4_SEEDS]
@@ -138,7 +145,7 @@ def h4(sets: dict[str, list[dict]]) -> dict:
     claims = []
     for claim, pairs, term in H4_CLAIMS:
         directions = [r for r in table if r["pair"] in pairs]
-        share = sum(r["dominant"] == term for r in directions) / len(directions) if directions else math.nan
+        share = sum(r["dominant"] == term for r in directions) / len(directions) if directions else None
         verdict = ("not run" if not directions else "supported" if share == 1 else "refuted" if share <= 0.5 else
                    "mixed")
         claims.append({"claim": claim, "directions": len(directions), "share": share, "verdict": verdict})
@@ -153,21 +160,20 @@ def plane_point(run: dict, policy: str) -> tuple[float, float]:
 
 def dominates(x: dict[int, dict], y: dict[int, dict], policy: str, cfg: ma.AnalysisConfig) -> bool:
     """Whether runs x (seed -> summary) dominate runs y in the plane: more received per iteration and less reward
-    variance, each paired difference's 95% interval excluding 0, over the seeds both ran (two at least)."""
+    variance, each paired difference's 95% interval excluding 0, over the seeds both ran."""
     seeds = sorted(set(x) & set(y))
-    if len(seeds) < 2:
-        return False
 
     def gap(k: int) -> tuple[float, float, float]:
         return interval([plane_point(x[s], policy)[k] - plane_point(y[s], policy)[k] for s in seeds], cfg)
     return gap(0)[1] > 0 and gap(1)[2] < 0
 
 
-def h5(runs: list[dict], cfg: ma.AnalysisConfig) -> list[dict]:
+def h5(runs: list[dict], cfg: ma.AnalysisConfig, waiting: list[str] = ()) -> list[dict]:
     """H5 per policy, once adaptive cross-fidelity and every fixed level ran on every H5 seed at this class of
-    commits: each configuration's point (mean received per iteration and reward variance over the seeds, each with
-    its 95% bootstrap interval) and the call: supported where adaptive cross-fidelity is dominated by none of the
-    fixed levels and dominates one, refuted where one dominates it, otherwise not resolved."""
+    commits and no block it reads is `waiting`: each configuration's point (mean received per iteration and reward
+    variance over the seeds, each with its 95% bootstrap interval) and the call: supported where adaptive
+    cross-fidelity is dominated by none of the fixed levels and dominates one, refuted where one dominates it,
+    otherwise not resolved."""
     by_config: dict[str, dict[int, dict]] = {}
     for s in runs:
         if s["seed"] in H5_SEEDS:
@@ -176,14 +182,16 @@ def h5(runs: list[dict], cfg: ma.AnalysisConfig) -> list[dict]:
     short = {c: n for c, n in ran.items() if n < len(H5_SEEDS)}
     out = []
     for policy in (list(runs[0]["policies"]) if runs else []):
-        if short:
-            out.append({"policy": policy, "points": [], "verdict": "incomplete: " + ", ".join(
-                f"{c} on {n} of {len(H5_SEEDS)} seeds" for c, n in short.items())})
+        if short or waiting:
+            counts = ", ".join(f"{c} on {n} of {len(H5_SEEDS)} seeds" for c, n in short.items())
+            out.append({"policy": policy, "points": [], "verdict": f"incomplete: {counts}" if short else
+                        f"waits for block {', '.join(waiting)}"})
             continue
-        points = [{"configuration": c, **{axis: interval([plane_point(s, policy)[k] for s in by_config[c].values()],
-                                                          cfg)
-                                          for k, axis in enumerate(("received", "variance"))}}
-                  for c in (*H5_LEVELS, H5_ADAPTIVE)]
+        points = []
+        for c in (*H5_LEVELS, H5_ADAPTIVE):
+            received, variance = zip(*(plane_point(s, policy) for s in by_config[c].values()))
+            points.append({"configuration": c, "received": interval(list(received), cfg),
+                           "variance": interval(list(variance), cfg)})
         adaptive = by_config[H5_ADAPTIVE]
         beaten = [c for c in H5_LEVELS if dominates(by_config[c], adaptive, policy, cfg)]
         beats = [c for c in H5_LEVELS if dominates(adaptive, by_config[c], policy, cfg)]
@@ -207,7 +215,8 @@ def load_sets(root: Path) -> dict[str, list[dict]]:
                and any(ma.is_summary(p) for p in f.glob("*.json"))]
     if not folders:
         raise FileNotFoundError(f"no matrix summaries under {root} (results/matrix, results/matrix-*)")
-    declarations = [f / ma.EQUIVALENCE_FILE for f in folders]
+    declarations = [f / ma.EQUIVALENCE_FILE for f in sorted(Path(root).glob("matrix*")) if f.is_dir()
+                    and f.name != "matrix-main"]
     sets = {f.name: ma.load(f, declarations=declarations) for f in folders}
     classes = ma.equivalence_classes(declarations)
     commits = sorted({c for runs in sets.values() for s in runs for c in s["commits"]})
@@ -217,16 +226,13 @@ def load_sets(root: Path) -> dict[str, list[dict]]:
     return sets
 
 
-def training_seconds(runs: list[dict], seeds: range, contrasts: tuple) -> dict[str, tuple[float, float]]:
-    """Each configuration of a family that ran: its training seconds (the run's wall time of its iterations),
-    mean and SD over the family's seeds, what the registration sets beside the contrasts untested."""
+def training_seconds(runs: list[dict], seeds: range, contrasts: tuple) -> dict[str, dict[int, float]]:
+    """Each configuration of a family that ran: its training seconds (the run's wall time of its iterations) per
+    seed of the family, what the registration sets beside the contrasts untested (a cost, not an outcome)."""
     names = dict.fromkeys(name for a, b, _ in contrasts for name in (a, b))
-    out = {}
-    for name in names:
-        seconds = [s["iteration_s"] for s in runs if s["configuration"] == name and s["seed"] in seeds]
-        if seconds:
-            out[name] = ma.mean_sd(seconds)
-    return out
+    out = {name: {s["seed"]: s["iteration_s"] for s in runs if s["configuration"] == name and s["seed"] in seeds}
+           for name in names}
+    return {name: dict(sorted(seconds.items())) for name, seconds in out.items() if seconds}
 
 
 def analyze(sets: dict[str, list[dict]], cfg: ma.AnalysisConfig = ma.AnalysisConfig()) -> dict:
@@ -235,7 +241,14 @@ def analyze(sets: dict[str, list[dict]], cfg: ma.AnalysisConfig = ma.AnalysisCon
         runs = sets.get(set_name, [])
         families[block] = {"set": set_name, "seeds": [seeds.start, seeds.stop - 1],
                            **family(runs, seeds, contrasts, cfg), "seconds": training_seconds(runs, seeds, contrasts)}
-    return {"config": ma.asdict(cfg), "families": families, "h4": h4(sets), "h5": h5(sets.get("matrix", []), cfg)}
+        for row in families[block]["rows"]:
+            row["underpowered"] = any(b == block and c in (None, row["contrast"]) and p == row["policy"]
+                                      for b, c, p in UNDERPOWERED)
+
+    def waiting(blocks: tuple[str, ...]) -> list[str]:
+        return [b for b in blocks if not families[b]["rows"]]
+    return {"config": ma.asdict(cfg), "families": families, "h4": h4(sets, waiting(H4_WAITS)),
+            "h5": h5(sets.get("matrix", []), cfg, waiting(H5_WAITS))}
 
 
 def markdown(result: dict) -> str:
@@ -253,7 +266,7 @@ def markdown(result: dict) -> str:
             (low, high), (h_low, h_high) = r["interval"], r["holm_interval"]
             lines.append(f"| {r['contrast']} | {r['policy']} | {per_seed} | {r['mean']:+.2f} | [{low:+.2f}, "
                          f"{high:+.2f}] | {r['p']:.4f} | {r['holm_p']:.4f} | [{h_low:+.2f}, {h_high:+.2f}] "
-                         f"| {r['verdict']} |")
+                         f"| {r['verdict']}{' (underpowered, as registered)' if r['underpowered'] else ''} |")
         if not f["paired"]:
             lines.append("No run of this set yet.")
         elif not f["rows"]:
@@ -261,14 +274,14 @@ def markdown(result: dict) -> str:
                          f"is paired on all {seeds} seeds); seeds paired so far: "
                          + ", ".join(f"{h} {n}" for h, n in f["paired"].items()) + ".")
         if f["seconds"]:
-            lines.append("\nTraining seconds, mean ± SD over seeds (not tested): " + ", ".join(
-                f"{name} {m:.0f} ± {sd:.0f}" if math.isfinite(sd) else f"{name} {m:.0f}"
-                for name, (m, sd) in f["seconds"].items()) + ".")
+            lines.append("\nTraining seconds per seed (not tested): " + "; ".join(
+                f"{name} " + ", ".join(f"{s} {v:.0f}" for s, v in per_seed.items())
+                for name, per_seed in f["seconds"].items()) + ".")
         lines.append("")
     lines += ["## H4: mean raw term per direction (over its diagnosed offers, then seeds)\n"]
     if not result["h4"]["table"]:
-        lines.append(f"Incomplete, so not called and no term shown (every cell on seeds {H4_SEEDS.start}-"
-                     f"{H4_SEEDS.stop - 1}); seeds so far: "
+        lines.append(f"Not called and no term shown before every cell ran on seeds {H4_SEEDS.start}-"
+                     f"{H4_SEEDS.stop - 1} and blocks {', '.join(H4_WAITS)} are complete; seeds so far: "
                      + ", ".join(f"{cell} {len(s)}" for cell, s in result["h4"]["cells"].items()) + ".")
     else:
         lines += ["| pair | steps | TBD measure | direction | seeds | TBD | CCM | RSD | dominant |", "|---" * 9 + "|"]

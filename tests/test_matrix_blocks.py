@@ -22,16 +22,19 @@ def row(mean, low, high, rejected):
 @pytest.mark.parametrize("rule, r, verdict", [
     ("estimate", row(-0.5, -1.9, 0.9, False), "costs no accuracy"),
     ("estimate", row(-3.0, -5.0, -1.0, True), "costs accuracy"),
-    ("estimate", row(-1.0, -1.1, -0.9, True), "costs accuracy (Holm), by less than 2 points"),
+    ("estimate", row(-1.0, -1.1, -0.9, True), "costs accuracy (Holm), and costs no accuracy (the 2-point margin)"),
+    ("estimate", row(-0.5, -2.0, 0.9, False), "not resolved"),                 # above -2 is strict
     ("estimate", row(-1.0, -2.5, 0.5, False), "not resolved"),
     ("gain", row(3.0, 1.0, 5.0, True), "supported"),
     ("gain", row(0.5, -1.0, 1.9, False), "refuted"),
-    ("gain", row(1.0, 0.5, 1.5, True), "supported (Holm), by less than 2 points"),
+    ("gain", row(1.0, 0.5, 1.5, True), "supported (Holm), and refuted (the 2-point margin)"),
+    ("gain", row(0.5, -1.0, 2.0, False), "not resolved"),                      # below +2 is strict
     ("gain", row(1.0, -1.0, 3.0, False), "not resolved"),
     ("component", row(4.0, 2.5, 6.0, True), "matters"),
-    ("component", row(1.0, 0.5, 1.5, True), "matters (Holm), by less than 2 points"),
+    ("component", row(1.0, 0.5, 1.5, True), "matters (Holm), and matters by less than 2 points (the 2-point margin)"),
     ("component", row(-4.0, -6.0, -2.5, True), "hurts"),
-    ("component", row(-1.0, -1.5, -0.5, True), "hurts (Holm), by less than 2 points"),
+    ("component", row(-1.0, -1.5, -0.5, True), "hurts (Holm), and matters by less than 2 points (the 2-point margin)"),
+    ("component", row(0.1, -2.0, 1.5, False), "not resolved"),                 # within (-2, +2) is open
     ("component", row(0.1, -1.5, 1.5, False), "matters by less than 2 points"),
     ("component", row(0.1, -2.5, 2.5, False), "not resolved"),
     ("lead", row(2.0, 1.0, 3.0, True), "supported"),
@@ -45,16 +48,17 @@ def test_each_registered_rule_calls_its_boundary_cases(rule, r, verdict):
 def test_the_families_are_the_registrations():
     # transcribed from results/preregistration-matrix.md, blocks 2, 3, 4 and 6: (set, seeds, contrasts A - B)
     registered = {
-        "estimate": ("matrix", range(1009, 1020), {("cross-fidelity-last2", "cross-fidelity"),
-                                                   ("cross-fidelity-last2", "sgt")}),
-        "ablations": ("matrix", range(1009, 1015), {("cross-fidelity", "cross-fidelity-ablate-ccm"),
-                                                    ("cross-fidelity", "cross-fidelity-ablate-rsd"),
-                                                    ("cross-fidelity-adaptive", "cross-fidelity"),
-                                                    ("cross-fidelity", "cross-fidelity-intrinsic")}),
-        "hacpo": ("matrix", range(1009, 1031), {("hacpo", "sgt"), ("cross-fidelity", "hacpo")}),
-        "tbd": ("matrix-trio-prose", range(1009, 1012), {("cross-fidelity", "cross-fidelity-ablate-tbd")}),
+        "estimate": ("matrix", range(1009, 1020), {("cross-fidelity-last2", "cross-fidelity", "estimate"),
+                                                   ("cross-fidelity-last2", "sgt", "gain")}),
+        "ablations": ("matrix", range(1009, 1015), {("cross-fidelity", "cross-fidelity-ablate-ccm", "component"),
+                                                    ("cross-fidelity", "cross-fidelity-ablate-rsd", "component"),
+                                                    ("cross-fidelity-adaptive", "cross-fidelity", "component"),
+                                                    ("cross-fidelity", "cross-fidelity-intrinsic", "component")}),
+        "hacpo": ("matrix", range(1009, 1031), {("hacpo", "sgt", "lead"), ("cross-fidelity", "hacpo", "lead")}),
+        "tbd": ("matrix-trio-prose", range(1009, 1012), {("cross-fidelity", "cross-fidelity-ablate-tbd",
+                                                          "component")}),
     }
-    assert {k: (s, seeds, {(a, b) for a, b, _ in c}) for k, (s, seeds, c) in mb.FAMILIES.items()} == registered
+    assert {k: (s, seeds, set(c)) for k, (s, seeds, c) in mb.FAMILIES.items()} == registered
     assert len(mb.H4_CELLS) == 10 and list(mb.H4_SEEDS) == [1009, 1010] and list(mb.H5_SEEDS) == list(range(1009, 1015))
 
 
@@ -80,9 +84,14 @@ def test_a_family_is_called_on_its_registered_seeds_with_holm_over_all_four_hypo
     gain = rows["cross-fidelity-last2 - sgt", "p"]
     assert gain["p"] == 0 and gain["holm_rejected"]
     # the largest p of four is tested at alpha itself, the next at alpha / 2: Holm's adjusted p by hand
-    ps = sorted(r["p"] for r in out["rows"])
-    assert [r["holm_p"] for r in sorted(out["rows"], key=lambda r: r["p"])] == pytest.approx(
+    ranked = sorted(out["rows"], key=lambda r: r["p"])
+    ps = [r["p"] for r in ranked]
+    assert [r["holm_p"] for r in ranked] == pytest.approx(
         [min(1, max((4 - k) * p for k, p in enumerate(ps[:i + 1]))) for i in range(4)])
+    # and each row's interval at the level Holm tests it at: 0.05 / 4 for the smallest p, ..., 0.05 for the largest
+    for k, r in enumerate(ranked):
+        means = ma.bootstrap_means(list(r["differences"].values()), cfg.resamples, cfg.bootstrap_seed)
+        assert r["holm_interval"] == pytest.approx(ma.percentile_interval(means, 1 - 0.05 / (4 - k)))
     assert out["paired"] == {f"{h} ({pol})": 11 for h in ("cross-fidelity-last2 - cross-fidelity",
                                                           "cross-fidelity-last2 - sgt") for pol in ("p", "q")}
 
@@ -183,16 +192,27 @@ def test_h5_calls_adaptive_curation_by_dominance_in_the_plane_once_every_level_r
     # one that receives less than xgrpo and sgt, each seed, with more variance than both is dominated by both
     worse = [plane_run(mb.H5_ADAPTIVE, s, 3.0 + s % 2, 0.032 + 0.001 * (s % 3)) for s in seeds]
     assert mb.h5(base + sgt + worse, cfg)[0]["verdict"] == "refuted (dominated by xgrpo, sgt)"
+    # more received than prp on average (+1) but not seed by seed (+3, -1, ...): its interval holds 0, no dominance
+    mixed = [plane_run(mb.H5_ADAPTIVE, s, 2.0 + s % 2 + (3.0 if s % 2 else -1.0), 0.020) for s in seeds]
+    assert mb.h5(base + sgt + mixed, cfg)[0]["verdict"] == "not resolved"
+    assert mb.h5(base + sgt + adaptive, cfg, ["ablations"])[0] == {"policy": "p", "points": [],
+                                                                  "verdict": "waits for block ablations"}
 
 
-def test_a_computed_h5_is_reported_with_its_points_and_drawn(tmp_path):
+def test_a_computed_h5_is_reported_with_its_points_and_drawn_once_the_blocks_it_reads_are_complete(tmp_path,
+                                                                                                  monkeypatch):
     seeds = range(1009, 1015)
     runs = [plane_run(name, s, received + s % 2, 0.03 - 0.001 * (s % 2)) for s in seeds
             for name, received in (("prp", 2.0), ("xgrpo", 5.0), ("sgt", 9.0), (mb.H5_ADAPTIVE, 4.0))]
     for r in runs:
         r["iteration_s"] = 400.0
     write_summaries(tmp_path / "matrix", runs)
-    text = mb.report(tmp_path, ma.AnalysisConfig(resamples=500))
+    cfg = ma.AnalysisConfig(resamples=500)
+    text = mb.report(tmp_path, cfg)
+    assert "- p: waits for block estimate, ablations" in text and "received" not in text.split("## H5")[1]
+    assert not (tmp_path / "matrix" / "h5-plane.png").exists()
+    monkeypatch.setattr(mb, "H5_WAITS", ())
+    text = mb.report(tmp_path, cfg)
     assert "  - prp: received 2.50 [" in text and "reward variance 0.0295 [" in text
     assert (tmp_path / "matrix" / "h5-plane.png").stat().st_size > 0
 
@@ -217,13 +237,33 @@ def test_eval_blocks_calls_a_complete_block_hides_an_incomplete_one_and_reads_ev
         done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
         assert done.returncode == 0, done.stderr
     result = json.loads((tmp_path / "matrix" / "blocks.json").read_text())
-    [tbd] = [r for r in result["families"]["tbd"]["rows"] if r["policy"] == "p"]
-    assert tbd["contrast"] == "cross-fidelity - cross-fidelity-ablate-tbd"
-    assert tbd["differences"] == {"1009": 1.0, "1010": 2.0, "1011": 3.0} and tbd["verdict"]
+    tbd = {r["policy"]: r for r in result["families"]["tbd"]["rows"]}
+    assert tbd["p"]["contrast"] == "cross-fidelity - cross-fidelity-ablate-tbd"
+    assert tbd["p"]["differences"] == {"1009": 1.0, "1010": 2.0, "1011": 3.0}
+    # every difference positive (p = 0, Holm rejects both); p's interval reaches +3, q's (half) +1.5
+    assert tbd["p"]["verdict"] == "matters"
+    assert tbd["q"]["verdict"] == "matters (Holm), and matters by less than 2 points (the 2-point margin)"
     hacpo = result["families"]["hacpo"]
     assert hacpo["rows"] == [] and hacpo["paired"]["hacpo - sgt (p)"] == 3
     assert hacpo["paired"]["cross-fidelity - hacpo (q)"] == 0
     assert "hacpo - sgt (p) 3, hacpo - sgt (q) 3, cross-fidelity - hacpo (p) 0" in done.stdout
     assert "+2.00" not in done.stdout.split("## hacpo")[1].split("##")[0]          # no outcome of an open block
-    assert "Training seconds, mean ± SD over seeds (not tested): hacpo 501 ± 1, sgt 400 ± 0." in done.stdout
+    assert ("Training seconds per seed (not tested): hacpo 1009 500, 1010 501, 1011 502; sgt 1009 400, 1010 400, "
+            "1011 400.") in done.stdout
     assert (tmp_path / "matrix" / "blocks.md").read_text() == done.stdout.rstrip("\n") + "\n"
+
+
+def test_only_files_named_as_run_summaries_are_read_as_runs():
+    assert ma.is_summary("cross-fidelity-last2-s1009.json") and ma.is_summary("results/matrix/sgt-s7.json")
+    assert not any(ma.is_summary(name) for name in ("blocks.json", "analysis.json", "sgt-s1009.json.tmp",
+                                                   "sgt-sx.json", "s1009.json"))
+
+
+def test_the_matrix_folders_declaration_holds_for_a_set_even_where_the_matrix_folder_holds_no_run(tmp_path):
+    write_summaries(tmp_path / "matrix-trio-prose", [summary("cross-fidelity", 1009, 40.0, ["c1"]),
+                                                     summary("cross-fidelity", 1010, 40.0, ["c2"])])
+    with pytest.raises(ValueError, match="not declared metric-equivalent"):
+        mb.load_sets(tmp_path)
+    (tmp_path / "matrix").mkdir()
+    (tmp_path / "matrix" / ma.EQUIVALENCE_FILE).write_text("c1 c2\n")
+    assert sorted(mb.load_sets(tmp_path)) == ["matrix-trio-prose"]
