@@ -295,15 +295,21 @@ def analyze(summaries: list[dict], cfg: AnalysisConfig = AnalysisConfig()) -> di
                     continue
                 rows.append(contrast_row(a, against, policy, differences, cfg))
         # a hypothesis without two paired seeds stays in Holm's family at p = 1, so the family is the registered one
-        adjusted, levels, rejected = holm([r["p"] for r in rows] + [1.0] * len(missing), cfg.alpha)
-        for row, p, level, reject in zip(rows, adjusted, levels, rejected):
-            means = bootstrap_means(list(row["differences"].values()), cfg.resamples, cfg.bootstrap_seed)
-            row.update(holm_p=p, holm_interval=percentile_interval(means, 1 - level), holm_rejected=reject)
+        holm_family(rows, cfg, absent=len(missing))
         out["contrasts"][view], out["missing"][view] = rows, missing
     out["seeds_for_matrix"] = max((r["seeds_for_matrix"] for r in out["contrasts"]["auc"]), default=None)
     out["hypotheses"] = [row for policy in policies for row in hypotheses(by_config, out["contrasts"]["auc"],
                                                                           policy, cfg)]
     return out
+
+
+def holm_family(rows: list[dict], cfg: AnalysisConfig, absent: int = 0) -> None:
+    """Holm over a family's contrast rows (and `absent` hypotheses that count at p = 1): each row gets its
+    adjusted p-value, its interval at the level Holm tests it at, and whether it is rejected."""
+    adjusted, levels, rejected = holm([r["p"] for r in rows] + [1.0] * absent, cfg.alpha)
+    for row, p, level, reject in zip(rows, adjusted, levels, rejected):
+        means = bootstrap_means(list(row["differences"].values()), cfg.resamples, cfg.bootstrap_seed)
+        row.update(holm_p=p, holm_interval=percentile_interval(means, 1 - level), holm_rejected=reject)
 
 
 def admission(runs: list[dict], policy: str) -> dict[str, tuple[float, float]]:

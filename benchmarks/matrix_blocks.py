@@ -100,10 +100,8 @@ def family(runs: list[dict], seeds: range, contrasts: tuple, cfg: ma.AnalysisCon
         return {"paired": counts, "rows": []}
     rows = [{**ma.contrast_row(a, b, policy, d, cfg), "rule": rule}
             for (a, b, rule, policy), d in differences.items()]
-    adjusted, levels, rejected = ma.holm([r["p"] for r in rows], cfg.alpha)
-    for row, p, level, reject in zip(rows, adjusted, levels, rejected):
-        means = ma.bootstrap_means(list(row["differences"].values()), cfg.resamples, cfg.bootstrap_seed)
-        row.update(holm_p=p, holm_interval=ma.percentile_interval(means, 1 - level), holm_rejected=reject)
+    ma.holm_family(rows, cfg)
+    for row in rows:
         row["verdict"] = call(row["rule"], row)
     return {"paired": counts, "rows": rows}
 
@@ -211,12 +209,11 @@ def load_sets(root: Path) -> dict[str, list[dict]]:
     """set -> its summaries, for each set folder of the matrix under `root` that holds any (matrix_analysis.load
     checks each), refused where the folders' commits span more than one class of metric-equivalent commits (the
     declarations of every folder read together)."""
-    folders = [f for f in sorted(Path(root).glob("matrix*")) if f.is_dir() and f.name != "matrix-main"
-               and any(ma.is_summary(p) for p in f.glob("*.json"))]
+    matrix = [f for f in sorted(Path(root).glob("matrix*")) if f.is_dir() and f.name != "matrix-main"]
+    folders = [f for f in matrix if any(ma.is_summary(p) for p in f.glob("*.json"))]
     if not folders:
         raise FileNotFoundError(f"no matrix summaries under {root} (results/matrix, results/matrix-*)")
-    declarations = [f / ma.EQUIVALENCE_FILE for f in sorted(Path(root).glob("matrix*")) if f.is_dir()
-                    and f.name != "matrix-main"]
+    declarations = [f / ma.EQUIVALENCE_FILE for f in matrix]
     sets = {f.name: ma.load(f, declarations=declarations) for f in folders}
     classes = ma.equivalence_classes(declarations)
     commits = sorted({c for runs in sets.values() for s in runs for c in s["commits"]})
