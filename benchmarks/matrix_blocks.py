@@ -10,16 +10,19 @@ the family. Each contrast is called by its registered rule (`call`). H4: per cel
 and direction source->receiver, each term's mean raw value over the direction's diagnosed offers
 (fidelity_record.direction_terms), averaged over the seeds that measured it; the dominant term is the largest. H5:
 per policy, the fixed levels and adaptive cross-fidelity in the plane of what crossed per iteration against
-training reward variance (results/preregistration-h5.md). Each of them is computed only once all its registered
+training reward variance (results/preregistration-h5.md), and adaptive cross-fidelity's path through it over 4
+windows, from the per-iteration records kept beside its summaries (h5_path). Each of them is computed only once all its registered
 runs are in, at one class of commits: the registration calls a block when it is complete and has nobody look at
 its outcomes before, so until then the report gives counts of runs, never an outcome.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
+import h5_path
 import matrix_analysis as ma
 import matrix_plots
 
@@ -166,12 +169,14 @@ def dominates(x: dict[int, dict], y: dict[int, dict], policy: str, cfg: ma.Analy
     return gap(0)[1] > 0 and gap(1)[2] < 0
 
 
-def h5(runs: list[dict], cfg: ma.AnalysisConfig, waiting: list[str] = ()) -> list[dict]:
+def h5(runs: list[dict], cfg: ma.AnalysisConfig, waiting: list[str] = (), records: dict[int, dict] | None = None
+       ) -> list[dict]:
     """H5 per policy, once adaptive cross-fidelity and every fixed level ran on every H5 seed at this class of
     commits and no block it reads is `waiting`: each configuration's point (mean received per iteration and reward
-    variance over the seeds, each with its 95% bootstrap interval) and the call: supported where adaptive
-    cross-fidelity is dominated by none of the fixed levels and dominates one, refuted where one dominates it,
-    otherwise not resolved."""
+    variance over the seeds, each with its 95% bootstrap interval), adaptive cross-fidelity's path over its
+    windows where `records` (seed -> its per-iteration record, h5_path) holds every H5 seed, and the call:
+    supported where adaptive cross-fidelity is dominated by none of the fixed levels and dominates one, refuted
+    where one dominates it, otherwise not resolved."""
     by_config: dict[str, dict[int, dict]] = {}
     for s in runs:
         if s["seed"] in H5_SEEDS:
@@ -182,8 +187,8 @@ def h5(runs: list[dict], cfg: ma.AnalysisConfig, waiting: list[str] = ()) -> lis
     for policy in (list(runs[0]["policies"]) if runs else []):
         if short or waiting:
             counts = ", ".join(f"{c} on {n} of {len(H5_SEEDS)} seeds" for c, n in short.items())
-            out.append({"policy": policy, "points": [], "verdict": f"incomplete: {counts}" if short else
-                        f"waits for block {', '.join(waiting)}"})
+            out.append({"policy": policy, "points": [], "path": [], "verdict": f"incomplete: {counts}" if short
+                        else f"waits for block {', '.join(waiting)}"})
             continue
         points = []
         for c in (*H5_LEVELS, H5_ADAPTIVE):
@@ -195,8 +200,31 @@ def h5(runs: list[dict], cfg: ma.AnalysisConfig, waiting: list[str] = ()) -> lis
         beats = [c for c in H5_LEVELS if dominates(adaptive, by_config[c], policy, cfg)]
         verdict = (f"refuted (dominated by {', '.join(beaten)})" if beaten else
                    f"supported (dominates {', '.join(beats)})" if beats else "not resolved")
-        out.append({"policy": policy, "points": points, "verdict": verdict})
+        out.append({"policy": policy, "points": points, "path": adaptive_path(adaptive, records or {}, policy, cfg),
+                    "verdict": verdict})
     return out
+
+
+def adaptive_path(adaptive: dict[int, dict], records: dict[int, dict], policy: str, cfg: ma.AnalysisConfig
+                  ) -> list[dict]:
+    """Adaptive cross-fidelity's path through the plane: per window, the mean over seeds of its (received,
+    variance) within the window, each with its 95% bootstrap interval; empty until every seed's record is in."""
+    if not set(adaptive) <= set(records):
+        return []
+    for seed, run in adaptive.items():
+        if records[seed]["commits"] != run["commits"]:
+            raise ValueError(f"the record of {H5_ADAPTIVE}-s{seed} names commits {records[seed]['commits']}, its "
+                             f"summary {run['commits']}: rewrite it from the summarized run (benchmarks/h5_path.py)")
+    windows = [h5_path.window_points(records[s]["received"][policy], run["policies"][policy]["reward_mean"])
+               for s, run in sorted(adaptive.items())]
+    return [{"window": w + 1, "received": interval([seed[w][0] for seed in windows], cfg),
+             "variance": interval([seed[w][1] for seed in windows], cfg)} for w in range(h5_path.WINDOWS)]
+
+
+def load_records(folder: Path) -> dict[int, dict]:
+    """seed -> the per-iteration record of adaptive cross-fidelity's run of that seed, from `folder` (h5_path)"""
+    records = [json.loads(p.read_text()) for p in sorted(Path(folder).glob(f"{H5_ADAPTIVE}-s*.received.json"))]
+    return {r["seed"]: r for r in records if r["configuration"] == H5_ADAPTIVE}
 
 
 def interval(values: list[float], cfg: ma.AnalysisConfig) -> tuple[float, float, float]:
@@ -232,7 +260,8 @@ def training_seconds(runs: list[dict], seeds: range, contrasts: tuple) -> dict[s
     return {name: dict(sorted(seconds.items())) for name, seconds in out.items() if seconds}
 
 
-def analyze(sets: dict[str, list[dict]], cfg: ma.AnalysisConfig = ma.AnalysisConfig()) -> dict:
+def analyze(sets: dict[str, list[dict]], cfg: ma.AnalysisConfig = ma.AnalysisConfig(),
+            records: dict[int, dict] | None = None) -> dict:
     families = {}
     for block, (set_name, seeds, contrasts) in FAMILIES.items():
         runs = sets.get(set_name, [])
@@ -245,7 +274,7 @@ def analyze(sets: dict[str, list[dict]], cfg: ma.AnalysisConfig = ma.AnalysisCon
     def waiting(blocks: tuple[str, ...]) -> list[str]:
         return [b for b in blocks if not families[b]["rows"]]
     return {"config": ma.asdict(cfg), "families": families, "h4": h4(sets, waiting(H4_WAITS)),
-            "h5": h5(sets.get("matrix", []), cfg, waiting(H5_WAITS))}
+            "h5": h5(sets.get("matrix", []), cfg, waiting(H5_WAITS), records)}
 
 
 def markdown(result: dict) -> str:
@@ -296,14 +325,21 @@ def markdown(result: dict) -> str:
         lines += [f"  - {p['configuration']}: received {p['received'][0]:.2f} [{p['received'][1]:.2f}, "
                   f"{p['received'][2]:.2f}] an iteration, reward variance {p['variance'][0]:.4f} "
                   f"[{p['variance'][1]:.4f}, {p['variance'][2]:.4f}]" for p in h["points"]]
+        if h["points"] and h["path"]:
+            lines.append(f"  - {H5_ADAPTIVE}'s path over {h5_path.WINDOWS} windows of its iterations: " + "; ".join(
+                f"{w['window']}: received {w['received'][0]:.2f} [{w['received'][1]:.2f}, {w['received'][2]:.2f}], "
+                f"variance {w['variance'][0]:.4f} [{w['variance'][1]:.4f}, {w['variance'][2]:.4f}]"
+                for w in h["path"]))
+        elif h["points"]:
+            lines.append(f"  - {H5_ADAPTIVE}'s path: not drawn before every seed's per-iteration record is in "
+                         f"(benchmarks/h5_path.py)")
     return "\n".join(lines) + "\n"
 
 
 def report(root: Path, cfg: ma.AnalysisConfig = ma.AnalysisConfig()) -> str:
     """The blocks' analysis of the summaries under `root`: blocks.md, blocks.json and, once H5 is computed,
     h5-plane.png written in root/matrix."""
-    import json
-    result = analyze(load_sets(root), cfg)
+    result = analyze(load_sets(root), cfg, load_records(Path(root) / "matrix"))
     text = markdown(result)
     out = Path(root) / "matrix"
     out.mkdir(exist_ok=True)

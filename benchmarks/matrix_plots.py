@@ -79,7 +79,8 @@ def plot(summaries: list[dict], result: dict, folder: Path) -> None:
 
 
 def h5_plane(h5: list[dict], path: Path) -> None:
-    """H5's plane per policy: each configuration at (received, variance), with its intervals as error bars."""
+    """H5's plane per policy: each configuration at (received, variance), with its intervals as error bars, and
+    adaptive cross-fidelity's path over its windows (numbered) where it was computed."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -89,6 +90,11 @@ def h5_plane(h5: list[dict], path: Path) -> None:
             (x, x_low, x_high), (y, y_low, y_high) = point["received"], point["variance"]
             ax.errorbar([x], [y], xerr=[[x - x_low], [x_high - x]], yerr=[[y - y_low], [y_high - y]], fmt="o",
                         capsize=3, label=point["configuration"])
+        if policy["path"]:
+            xs, ys = ([w[k][0] for w in policy["path"]] for k in ("received", "variance"))
+            ax.plot(xs, ys, "--", color="gray", marker=".", label="cross-fidelity-adaptive, by window")
+            for w, x, y in zip(policy["path"], xs, ys):
+                ax.annotate(str(w["window"]), (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
         ax.set(xlabel="crossed per iteration (sharing/received: trajectories; rewards for xgrpo)",
                ylabel="training reward variance", title=f"{policy['policy']}: {policy['verdict']}")
         ax.grid(alpha=0.3)

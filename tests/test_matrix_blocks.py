@@ -11,8 +11,10 @@ import pytest
 
 from test_matrix import ROOT, summary, write_summaries   # it puts benchmarks/ on the path
 
+import h5_path  # noqa: E402
 import matrix_analysis as ma  # noqa: E402
 import matrix_blocks as mb  # noqa: E402
+import matrix_plots  # noqa: E402
 
 
 def row(mean, low, high, rejected):
@@ -179,7 +181,7 @@ def test_h5_calls_adaptive_curation_by_dominance_in_the_plane_once_every_level_r
     base = [plane_run(name, s, received, variance) for s in seeds
             for name, received, variance in (("prp", 2.0 + s % 2, 0.030), ("xgrpo", 5.0 + s % 2, 0.030))]
     sgt = [plane_run("sgt", s, 9.0 + s % 2, 0.025 + 0.001 * (s % 2)) for s in seeds]
-    assert mb.h5(base + sgt, cfg)[0] == {"policy": "p", "points": [], "verdict":
+    assert mb.h5(base + sgt, cfg)[0] == {"policy": "p", "points": [], "path": [], "verdict":
                                          "incomplete: cross-fidelity-adaptive on 0 of 6 seeds"}
     # adaptive receives more than prp with less variance, seed by seed: it dominates prp, and no level dominates it
     adaptive = [plane_run(mb.H5_ADAPTIVE, s, 4.0 + s % 2, 0.022 + 0.001 * (s % 3)) for s in seeds]
@@ -195,7 +197,7 @@ def test_h5_calls_adaptive_curation_by_dominance_in_the_plane_once_every_level_r
     # more received than prp on average (+1) but not seed by seed (+3, -1, ...): its interval holds 0, no dominance
     mixed = [plane_run(mb.H5_ADAPTIVE, s, 2.0 + s % 2 + (3.0 if s % 2 else -1.0), 0.020) for s in seeds]
     assert mb.h5(base + sgt + mixed, cfg)[0]["verdict"] == "not resolved"
-    assert mb.h5(base + sgt + adaptive, cfg, ["ablations"])[0] == {"policy": "p", "points": [],
+    assert mb.h5(base + sgt + adaptive, cfg, ["ablations"])[0] == {"policy": "p", "points": [], "path": [],
                                                                   "verdict": "waits for block ablations"}
 
 
@@ -215,6 +217,82 @@ def test_a_computed_h5_is_reported_with_its_points_and_drawn_once_the_blocks_it_
     text = mb.report(tmp_path, cfg)
     assert "  - prp: received 2.50 [" in text and "reward variance 0.0295 [" in text
     assert (tmp_path / "matrix" / "h5-plane.png").stat().st_size > 0
+
+
+def test_a_window_point_is_the_mean_received_and_the_reward_variance_within_the_window_by_hand():
+    # windows [1, 1 | 3, 3] and rewards [0, 1 | 1, 3]: half the mean squared step, (1 - 0)^2 / 2 and (3 - 1)^2 / 2
+    assert h5_path.window_points([1.0, 1.0, 3.0, 3.0], [0.0, 1.0, 1.0, 3.0], windows=2) == [(1.0, 0.5), (3.0, 2.0)]
+    for received, rewards in (([1.0] * 6, [0.0] * 6), ([1.0] * 8, [0.0] * 7)):   # 4 windows of 1.5, unequal
+        with pytest.raises(ValueError, match="equal windows"):
+            h5_path.window_points(received, rewards)
+
+
+def run_dir_of(tmp_path, rewards, received):
+    """A run directory whose metrics.jsonl logs, per iteration and policy, a training reward and what it received"""
+    run = tmp_path / "run"
+    run.mkdir(exist_ok=True)
+    lines = [{"iteration": i + 1, "policy": policy, "charts/reward_mean": rewards[policy][i],
+              **({"sharing/received": received[policy][i]} if i < len(received[policy]) else {})}
+             for i in range(len(rewards["p"])) for policy in rewards]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return run
+
+
+def test_a_runs_record_keeps_what_it_received_each_iteration_and_refuses_a_run_that_is_not_the_summarized_one(
+        tmp_path):
+    s = summary(mb.H5_ADAPTIVE, 1009, 40.0)
+    rewards = {"p": [0.1, 0.3], "q": [0.1, 0.3]}
+    run = run_dir_of(tmp_path, rewards, {"p": [4.0, 6.0], "q": [2.0, 0.0]})
+    write_summaries(tmp_path, [s])
+    written = h5_path.main([str(run), str(tmp_path / f"{mb.H5_ADAPTIVE}-s1009.json")])
+    assert written.name == f"{mb.H5_ADAPTIVE}-s1009.received.json" and not ma.is_summary(written)
+    assert json.loads(written.read_text()) == {"configuration": mb.H5_ADAPTIVE, "seed": 1009, "commits": ["c1"],
+                                               "received": {"p": [4.0, 6.0], "q": [2.0, 0.0]}}
+    other = run_dir_of(tmp_path, {"p": [0.1, 0.4], "q": [0.1, 0.3]}, {"p": [4.0, 6.0], "q": [2.0, 0.0]})
+    with pytest.raises(ValueError, match="not the run summarized"):
+        h5_path.received_record(other, s)
+    short = run_dir_of(tmp_path, rewards, {"p": [4.0, 6.0], "q": [2.0]})
+    with pytest.raises(ValueError, match="at 1 of its 2 iterations"):
+        h5_path.received_record(short, s)
+
+
+def test_h5_draws_adaptive_curations_path_window_by_window_once_every_seeds_record_is_in(tmp_path):
+    cfg = ma.AnalysisConfig(resamples=500)
+    seeds = range(1009, 1015)
+    levels = [plane_run(name, s, received, 0.03) for s in seeds
+              for name, received in (("prp", 2.0), ("xgrpo", 5.0), ("sgt", 9.0))]
+    adaptive = {s: plane_run(mb.H5_ADAPTIVE, s, 4.0, 0.02) for s in seeds}
+    for s, run in adaptive.items():       # 8 iterations, windows of 2: each window one step of size s - 1008
+        for m in run["policies"].values():
+            m["reward_mean"] = [0.0, (s - 1008) / 10] * 4
+    # received per iteration: seed k (1..6) gets k in window w's first iteration and k + w in its second
+    records = {s: {"configuration": mb.H5_ADAPTIVE, "seed": s, "commits": ["c1"],
+                   "received": {p: [v for w in range(4) for v in (s - 1008, s - 1008 + w)] for p in ("p", "q")}}
+               for s in seeds}
+    missing = {s: r for s, r in records.items() if s != 1012}
+    [p, _] = mb.h5(levels + list(adaptive.values()), cfg, records=missing)
+    assert p["points"] and p["path"] == []
+    [p, _] = mb.h5(levels + list(adaptive.values()), cfg, records=records)
+    mean_k = sum(range(1, 7)) / 6
+    mean_variance = sum((k / 10) ** 2 / 2 for k in range(1, 7)) / 6
+    for w, window in enumerate(p["path"]):
+        assert window["window"] == w + 1
+        assert window["received"][0] == pytest.approx(mean_k + w / 2)
+        assert window["received"][1] <= window["received"][0] <= window["received"][2]
+        assert window["variance"][0] == pytest.approx(mean_variance)
+    records[1010]["commits"] = ["c9"]
+    with pytest.raises(ValueError, match="rewrite it from the summarized run"):
+        mb.h5(levels + list(adaptive.values()), cfg, records=records)
+    records[1010]["commits"] = ["c1"]
+    for s, r in records.items():
+        (tmp_path / "matrix").mkdir(exist_ok=True)
+        (tmp_path / "matrix" / f"{mb.H5_ADAPTIVE}-s{s}.received.json").write_text(json.dumps(r))
+    assert mb.load_records(tmp_path / "matrix") == records
+    result = mb.h5(levels + list(adaptive.values()), cfg, records=records)
+    text = mb.markdown({"families": {}, "h4": {"table": [], "cells": {}, "claims": []}, "h5": result})
+    assert f"  - {mb.H5_ADAPTIVE}'s path over 4 windows of its iterations: 1: received {mean_k:.2f} [" in text
+    matrix_plots.h5_plane(result, tmp_path / "plane.png")
+    assert (tmp_path / "plane.png").stat().st_size > 0
 
 
 def test_eval_blocks_calls_a_complete_block_hides_an_incomplete_one_and_reads_every_folders_declarations(tmp_path):
