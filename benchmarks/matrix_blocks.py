@@ -58,6 +58,9 @@ UNDERPOWERED = {("ablations", None, "llama"), ("hacpo", "cross-fidelity - hacpo"
 H4_WAITS = ("estimate", "tbd")
 H5_WAITS = ("estimate", "ablations")
 """the blocks whose runs H4 and H5 read besides their own: neither is shown before those are complete"""
+COST_VIEWS = ("equal update tokens", "equal wall time")
+"""a called family's contrasts again at equal cost (matrix_analysis.VIEWS), shown beside its calls and not tested:
+the registration calls the AUC alone, and wall time is that of two runs at a time on a shared machine"""
 H5_LEVELS = ("prp", "xgrpo", "sgt")
 H5_ADAPTIVE = "cross-fidelity-adaptive"
 H5_SEEDS = range(1009, 1015)
@@ -100,13 +103,17 @@ def family(runs: list[dict], seeds: range, contrasts: tuple, cfg: ma.AnalysisCon
                    for a, b, rule in contrasts for policy in policies}
     counts = {f"{a} - {b} ({policy})": len(d) for (a, b, _, policy), d in differences.items()}
     if not differences or min(counts.values()) < len(seeds):
-        return {"paired": counts, "rows": []}
+        return {"paired": counts, "rows": [], "at_cost": []}
     rows = [{**ma.contrast_row(a, b, policy, d, cfg), "rule": rule}
             for (a, b, rule, policy), d in differences.items()]
     ma.holm_family(rows, cfg)
     for row in rows:
         row["verdict"] = call(row["rule"], row)
-    return {"paired": counts, "rows": rows}
+    at_cost = [{"contrast": f"{a} - {b}", "policy": policy,
+                **{view: ma.contrast_row(a, b, policy, ma.paired_differences(by_config[a], by_config[b], policy, view),
+                                         cfg) for view in COST_VIEWS}}
+               for a, b, _, policy in differences]
+    return {"paired": counts, "rows": rows, "at_cost": at_cost}
 
 
 def seed_mean(values: list[float]) -> float:
@@ -299,6 +306,12 @@ def markdown(result: dict) -> str:
             lines.append(f"Incomplete, so not called and no outcome shown (a block is called once every hypothesis "
                          f"is paired on all {seeds} seeds); seeds paired so far: "
                          + ", ".join(f"{h} {n}" for h, n in f["paired"].items()) + ".")
+        if f["at_cost"]:
+            lines += ["\nAt equal cost (not tested): each run read up to the cost the cheaper run of its seed spent.\n",
+                      "| contrast | policy | " + " | ".join(COST_VIEWS) + " |", "|---" * (2 + len(COST_VIEWS)) + "|"]
+            lines += [f"| {r['contrast']} | {r['policy']} | " + " | ".join(
+                f"{r[v]['mean']:+.2f} [{r[v]['interval'][0]:+.2f}, {r[v]['interval'][1]:+.2f}]" for v in COST_VIEWS)
+                + " |" for r in f["at_cost"]]
         if f["seconds"]:
             lines.append("\nTraining seconds per seed (not tested): " + "; ".join(
                 f"{name} " + ", ".join(f"{s} {v:.0f}" for s, v in per_seed.items())

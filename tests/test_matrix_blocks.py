@@ -106,7 +106,30 @@ def test_an_incomplete_family_gives_its_counts_and_no_outcome():
     assert out["rows"] == []
     assert out["paired"]["cross-fidelity-last2 - sgt (p)"] == 10
     assert out["paired"]["cross-fidelity-last2 - cross-fidelity (q)"] == 11
-    assert mb.family([], seeds, contrasts, cfg) == {"paired": {}, "rows": []}
+    assert mb.family([], seeds, contrasts, cfg) == {"paired": {}, "rows": [], "at_cost": []}
+
+
+def test_a_called_family_gives_its_contrasts_at_equal_cost_read_to_the_cheaper_runs_spend():
+    # last2 rises from 0 to 60 points over its 1,000 of each cost, exact is flat at 30 over 500: their AUCs are equal
+    # (30 and 30), but read to 500 of a cost, where last2 is at iteration 50, last2's area is 15 (a line to 30)
+    cfg = ma.AnalysisConfig(resamples=200)
+    seeds, contrasts = mb.FAMILIES["estimate"][1:]
+    runs = [*(summary("cross-fidelity", s, 30.0, cost=500.0) for s in seeds),
+            *(summary("sgt", s, 30.0, cost=500.0) for s in seeds)]
+    for s in seeds:
+        last2 = summary("cross-fidelity-last2", s, 0.0, cost=1000.0)
+        last2["policies"]["p"]["heldout"] = [[0, 0.0], [50, 0.3], [100, 0.6]]
+        runs.append(last2)
+    out = mb.family(runs, seeds, contrasts, cfg)
+    auc = {(r["contrast"], r["policy"]): r["mean"] for r in out["rows"]}
+    at_cost = {(r["contrast"], r["policy"]): r for r in out["at_cost"]}
+    assert auc["cross-fidelity-last2 - cross-fidelity", "p"] == pytest.approx(0.0)
+    for view in mb.COST_VIEWS:
+        row = at_cost["cross-fidelity-last2 - cross-fidelity", "p"][view]
+        assert row["mean"] == pytest.approx(15.0 - 30.0) and row["interval"] == pytest.approx((-15.0, -15.0))
+    assert "verdict" not in at_cost["cross-fidelity-last2 - sgt", "p"]   # described, never called
+    text = mb.markdown(mb.analyze({"matrix": [{**r, "iteration_s": 1.0} for r in runs]}, cfg))
+    assert "| cross-fidelity-last2 - cross-fidelity | p | -15.00 [-15.00, -15.00] | -15.00 [-15.00, -15.00] |" in text
 
 
 def directions(terms_by_direction):
