@@ -321,6 +321,17 @@ def admission(runs: list[dict], policy: str) -> dict[str, tuple[float, float]]:
     return {key: mean_sd([c[key] for c in logged]) for key in ADMISSION if all(key in c for c in logged)}
 
 
+def admission_table(curated: list[tuple[str, str, dict]]) -> list[str]:
+    """The lines of the admissions' table, one row per (configuration, receiving policy, its `admission`)."""
+    lines = ["Offers into the policy; the share of them that could matter; the admission shares among those; "
+             "D and the terms of the diagnosed offers.\n",
+             "| configuration | into | " + " | ".join(ADMISSION.values()) + " |", "|---" * (2 + len(ADMISSION)) + "|"]
+    for name, policy, got in curated:
+        lines.append(f"| {name} | {policy} | " + " | ".join(ms(got[key]) if key in got else "—" for key in ADMISSION)
+                     + " |")
+    return lines
+
+
 def hypotheses(by_config: dict, auc_rows: list[dict], policy: str, cfg: AnalysisConfig) -> list[dict]:
     """H1 and H2 for `policy`, where both of their configurations ran on at least two common seeds."""
     rows = []
@@ -374,9 +385,12 @@ def contrast_row(a: str, b: str, policy: str, differences: dict[int, float], cfg
             "seeds_for_matrix": seeds_for_power(upper, cfg) if upper > 0 else 2}
 
 
+def ms(pair: tuple[float, float], digits: int = 2) -> str:
+    """A (mean, SD) pair as the tables print it."""
+    return f"{pair[0]:.{digits}f} ± {pair[1]:.{digits}f}"
+
+
 def markdown(result: dict) -> str:
-    def ms(pair: tuple[float, float], digits: int = 2) -> str:
-        return f"{pair[0]:.{digits}f} ± {pair[1]:.{digits}f}"
     smallest = 2 / result["config"]["resamples"]      # the smallest non-zero bootstrap p-value
 
     def pv(p: float) -> str:
@@ -409,14 +423,7 @@ def markdown(result: dict) -> str:
     curated = [(name, policy, m["admission"]) for name, per_policy in result["configurations"].items()
                for policy, m in per_policy.items() if m["admission"]]
     if curated:
-        lines += ["", "## The curator's admissions: per iteration, mean ± SD over seeds\n",
-                  "Offers into the policy; the share of them that could matter; the admission shares among those; "
-                  "D and the terms of the diagnosed offers.\n",
-                  "| configuration | into | " + " | ".join(ADMISSION.values()) + " |",
-                  "|---" * (2 + len(ADMISSION)) + "|"]
-        for name, policy, got in curated:
-            cells = [ms(got[key]) if key in got else "—" for key in ADMISSION]
-            lines.append(f"| {name} | {policy} | " + " | ".join(cells) + " |")
+        lines += ["", "## The curator's admissions: per iteration, mean ± SD over seeds\n", *admission_table(curated)]
     lines += ["", "## Hypotheses\n",
               f"H1: {H1[0]} - {H1[1]}, points (hoped: +{H1[2]:g} or more). H2: reward variance {H2[0]} / {H2[1]}, "
               f"geometric mean over seeds (hoped: below {H2[2]:g}).\n",

@@ -89,10 +89,12 @@ def call(rule: str, row: dict) -> str:
 
 
 def family(runs: list[dict], seeds: range, contrasts: tuple, cfg: ma.AnalysisConfig) -> dict:
-    """A family on its registered seeds: "paired", each hypothesis' count of paired seeds; and "rows", its
-    contrasts with Holm within the family (each with its interval at the level Holm tests it at) and each called,
-    only once every hypothesis is paired on every seed. The registration calls a block when it is complete and
-    has nobody look at its outcomes before, so an incomplete family shows its counts alone."""
+    """A family on its registered seeds: "paired", each hypothesis' count of paired seeds; and, only once every
+    hypothesis is paired on every seed, "rows", its contrasts with Holm within the family (each with its interval
+    at the level Holm tests it at) and each called, "at_cost", the same contrasts at equal cost (COST_VIEWS), and
+    "admission", each curated configuration's admissions per receiving policy (matrix_analysis.admission). The
+    registration calls a block when it is complete and has nobody look at its outcomes before, so an incomplete
+    family shows its counts alone."""
     by_config: dict[str, dict[int, dict]] = {}
     for s in runs:
         if s["seed"] in seeds:
@@ -103,7 +105,7 @@ def family(runs: list[dict], seeds: range, contrasts: tuple, cfg: ma.AnalysisCon
                    for a, b, rule in contrasts for policy in policies}
     counts = {f"{a} - {b} ({policy})": len(d) for (a, b, _, policy), d in differences.items()}
     if not differences or min(counts.values()) < len(seeds):
-        return {"paired": counts, "rows": [], "at_cost": []}
+        return {"paired": counts, "rows": [], "at_cost": [], "admission": []}
     rows = [{**ma.contrast_row(a, b, policy, d, cfg), "rule": rule}
             for (a, b, rule, policy), d in differences.items()]
     ma.holm_family(rows, cfg)
@@ -113,7 +115,10 @@ def family(runs: list[dict], seeds: range, contrasts: tuple, cfg: ma.AnalysisCon
                 **{view: ma.contrast_row(a, b, policy, ma.paired_differences(by_config[a], by_config[b], policy, view),
                                          cfg) for view in COST_VIEWS}}
                for a, b, _, policy in differences]
-    return {"paired": counts, "rows": rows, "at_cost": at_cost}
+    names = dict.fromkeys(name for a, b, _ in contrasts for name in (a, b))
+    admission = [(name, policy, got) for name in names for policy in policies
+                 if (got := ma.admission(list(by_config[name].values()), policy))]
+    return {"paired": counts, "rows": rows, "at_cost": at_cost, "admission": admission}
 
 
 def seed_mean(values: list[float]) -> float:
@@ -312,6 +317,9 @@ def markdown(result: dict) -> str:
             lines += [f"| {r['contrast']} | {r['policy']} | " + " | ".join(
                 f"{r[v]['mean']:+.2f} [{r[v]['interval'][0]:+.2f}, {r[v]['interval'][1]:+.2f}]" for v in COST_VIEWS)
                 + " |" for r in f["at_cost"]]
+        if f["admission"]:
+            lines += ["\nThe curator's admissions on the family's seeds, per iteration, mean ± SD over seeds. ",
+                      *ma.admission_table(f["admission"])]
         if f["seconds"]:
             lines.append("\nTraining seconds per seed (not tested): " + "; ".join(
                 f"{name} " + ", ".join(f"{s} {v:.0f}" for s, v in per_seed.items())

@@ -106,7 +106,7 @@ def test_an_incomplete_family_gives_its_counts_and_no_outcome():
     assert out["rows"] == []
     assert out["paired"]["cross-fidelity-last2 - sgt (p)"] == 10
     assert out["paired"]["cross-fidelity-last2 - cross-fidelity (q)"] == 11
-    assert mb.family([], seeds, contrasts, cfg) == {"paired": {}, "rows": [], "at_cost": []}
+    assert mb.family([], seeds, contrasts, cfg) == {"paired": {}, "rows": [], "at_cost": [], "admission": []}
 
 
 def test_a_called_family_gives_its_contrasts_at_equal_cost_read_to_the_cheaper_runs_spend():
@@ -128,7 +128,19 @@ def test_a_called_family_gives_its_contrasts_at_equal_cost_read_to_the_cheaper_r
         row = at_cost["cross-fidelity-last2 - cross-fidelity", "p"][view]
         assert row["mean"] == pytest.approx(15.0 - 30.0) and row["interval"] == pytest.approx((-15.0, -15.0))
     assert "verdict" not in at_cost["cross-fidelity-last2 - sgt", "p"]   # described, never called
+    # admissions: the curated runs' diagnostics averaged over seeds, and none for SGT, which has no curator
+    offered = {s: 10.0 + s - 1009 for s in seeds}                      # 10 .. 20, mean 15
+    for r in runs:
+        if r["configuration"] != "sgt":
+            for m in r["policies"].values():
+                m["crossed"] = {"sharing/received": 3.0, "fidelity/offered": offered[r["seed"]], "fidelity/d_mean": 0.25}
+    out = mb.family(runs, seeds, contrasts, cfg)
+    got = {(name, policy): a for name, policy, a in out["admission"]}
+    assert set(got) == {(c, p) for c in ("cross-fidelity-last2", "cross-fidelity") for p in ("p", "q")}
+    assert got["cross-fidelity", "q"]["fidelity/offered"][0] == pytest.approx(15.0)
+    assert got["cross-fidelity", "q"]["fidelity/d_mean"] == pytest.approx((0.25, 0.0))
     text = mb.markdown(mb.analyze({"matrix": [{**r, "iteration_s": 1.0} for r in runs]}, cfg))
+    assert "| cross-fidelity | p | 15.00 ± 3.32 | — |" in text
     assert "| cross-fidelity-last2 - cross-fidelity | p | -15.00 [-15.00, -15.00] | -15.00 [-15.00, -15.00] |" in text
 
 
