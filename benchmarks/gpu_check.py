@@ -1,8 +1,8 @@
 """A short check of a CUDA machine: the small pair's speed and memory, and every sharing level on the device.
 
 1. The small pair (from --model-dir, the Hugging Face cache or the hub; where none answers on CUDA, stand-ins of
-   its published shapes with random weights, benchmarks/shaped_models.py, whose speeds and memory are the real
-   pair's but whose rewards mean nothing): none, PRP, XGRPO and SGT for --iterations each, and per policy its
+   its published shapes with random weights, benchmarks/shaped_models.py, whose rewards mean nothing and whose
+   generations run to the length limit, so that their seconds an iteration and memory bound the real pair's from above): none, PRP, XGRPO and SGT for --iterations each, and per policy its
    rollout and update tokens per second (medians over the iterations after the first, which holds CUDA's
    warm-up) and the peak memory allocated on its device.
 2. Every sharing level, cross-fidelity, HACPO and GRAFT included, on the tiny preset placed on the device, for
@@ -38,8 +38,9 @@ SMALL_MODES = ("none", "prp", "xgrpo", "sgt")
 ALL_MODES = typing.get_args(typing.get_type_hints(Args)["share"])
 
 
-def run_mode(share: str, scale: str, iterations: int, cli: argparse.Namespace, runs_dir: str) -> list[dict]:
-    args = Args(pair=cli.pair, scale=scale, share=share, model_dir=cli.model_dir, iterations=iterations,
+def run_mode(share: str, scale: str, iterations: int, cli: argparse.Namespace, runs_dir: str,
+             model_dir: str | None = None) -> list[dict]:
+    args = Args(pair=cli.pair, scale=scale, share=share, model_dir=model_dir, iterations=iterations,
                 eval_size=cli.eval_size, eval_every=iterations, checkpoint_every=iterations,
                 lora_rank=cli.lora_rank, devices=cli.devices, runs_dir=runs_dir, name=f"{scale}-{share}",
                 max_new_tokens=cli.max_new_tokens, cache_dir=cli.cache_dir)
@@ -66,17 +67,18 @@ def summary(records: list[dict]) -> dict[str, dict[str, float]]:
 def small_pair(cli: argparse.Namespace, runs_dir: str) -> list[dict]:
     """Part 1's rows: the small pair as it loads, else its shaped stand-ins on CUDA; the tiny preset on a CPU."""
     scale = label = "small" if torch.cuda.is_available() else "tiny"
-    rows = []
+    model_dir, rows = cli.model_dir, []
     for i, share in enumerate(SMALL_MODES):
         try:
-            records = run_mode(share, scale, cli.iterations, cli, runs_dir)
+            records = run_mode(share, scale, cli.iterations, cli, runs_dir, model_dir)
         except policies.WeightsUnavailable as err:
             if scale == "tiny" or i > 0:
                 raise
-            print(f"the small pair is not loadable ({err}); timing stand-ins of its shapes with random weights")
-            cli.model_dir = str(shaped_models.write_pair(cli.pair, Path(runs_dir) / "shaped", "cuda"))
+            print(f"the small pair is not loadable ({err}); timing stand-ins of its shapes with random weights",
+                  file=sys.stderr)
+            model_dir = str(shaped_models.write_pair(cli.pair, Path(runs_dir) / "shaped", "cuda"))
             label = "small, shaped stand-ins"
-            records = run_mode(share, scale, cli.iterations, cli, runs_dir)
+            records = run_mode(share, scale, cli.iterations, cli, runs_dir, model_dir)
         rows += mode_rows(label, share, records)
     return rows
 
@@ -110,7 +112,6 @@ def main() -> None:
           "|---|---|---|---|---|---|---|---|")
     rows = small_pair(cli, runs_dir)
     if torch.cuda.is_available():
-        cli.model_dir = None
         for share in ALL_MODES:
             rows += mode_rows("tiny", share, run_mode(share, "tiny", cli.tiny_iterations, cli, runs_dir))
     if cli.out:

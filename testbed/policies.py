@@ -323,10 +323,11 @@ def load_hub_policy(spec: PolicySpec, location: str, device: torch.device, dtype
         # every tensor is dequantized to `dtype`, but transformers keeps its GGUF markers, under which
         # save_pretrained refuses the model and trainers take it for frozen: the weights are plain tensors now
         model.hf_quantizer.remove_quantization_config(model)
-    if model.get_output_embeddings().weight.shape[0] > len(tokenizer):
+    tokens = max(tokenizer.get_vocab().values()) + 1
+    if model.get_output_embeddings().weight.shape[0] > tokens:
         # a vocabulary padded past the tokenizer (Qwen2.5: 151,936 rows for 151,665 tokens): the extra rows are no
         # token, so rollouts must not sample them nor the log-probs count them
-        model.resize_token_embeddings(len(tokenizer))
+        model.resize_token_embeddings(tokens)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"

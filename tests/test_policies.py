@@ -118,7 +118,8 @@ def test_hub_model_that_cannot_be_reached_says_how_to_use_local_weights(tmp_path
         policies.load_hub_policy(spec, str(tmp_path / "missing"), torch.device("cpu"), torch.float32)
 
 
-def test_a_checkpoint_whose_head_outgrows_its_tokenizer_never_samples_the_padding_rows(cache_dir, tmp_path):
+@pytest.mark.parametrize("tied", [False, True])
+def test_a_checkpoint_whose_head_outgrows_its_tokenizer_never_samples_the_padding_rows(cache_dir, tmp_path, tied):
     # as Qwen2.5's 151,936 rows for 151,665 tokens; here the padding rows outscore every token, so a policy that
     # kept them would emit ids its tokenizer cannot decode
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -126,18 +127,20 @@ def test_a_checkpoint_whose_head_outgrows_its_tokenizer_never_samples_the_paddin
     vocab = len(tok)
     config = AutoConfig.for_model("qwen2", vocab_size=vocab + 16, hidden_size=32, intermediate_size=64,
                                   num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
-                                  tie_word_embeddings=False)
+                                  tie_word_embeddings=tied)
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config)
-    with torch.no_grad():
+    with torch.no_grad():   # tied, the input embeddings change with the head: rollouts still run on them
         model.lm_head.weight[:vocab] = 0.0
         model.lm_head.weight[vocab:] *= 100.0
     model.save_pretrained(tmp_path)
     tok.save_pretrained(tmp_path)
     policy = policies.load_hub_policy(policies.PRESETS["small"]["qwen-llama"][0], str(tmp_path), torch.device("cpu"),
                                       torch.float32)
-    assert policy.model.get_output_embeddings().weight.shape[0] == vocab
+    assert policy.model.get_output_embeddings().weight.shape[0] == vocab == policy.model.config.vocab_size
+    assert policy.model.get_input_embeddings().weight.shape[0] == vocab
     assert torch.equal(policy.model.lm_head.weight, model.lm_head.weight[:vocab])   # the tokens' rows as saved
+    assert (policy.model.lm_head.weight.data_ptr() == policy.model.get_input_embeddings().weight.data_ptr()) == tied
     out = policy.rollout(["12 + 7 ="], 4, 6)
     assert all(int(i) < vocab for ids in out.completion_ids for i in ids) and len(out.texts) == 4
 

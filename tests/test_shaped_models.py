@@ -43,8 +43,10 @@ def test_the_runs_loader_reads_a_stand_in_pair_from_model_dir_and_rolls_out(tmp_
                                       model_dir=str(model_dir))
         shape = shaped_models.ARCHITECTURES[spec.hub_id]
         cfg = policy.model.config
-        assert (cfg.hidden_size, cfg.num_hidden_layers, cfg.vocab_size) == (shape["hidden_size"], 1,
-                                                                            shape["vocab_size"])
+        # the head keeps a row per token of the tokenizer (Qwen2.5 pads its 151,669 to 151,936; load trims them)
+        tokens = len(policy.tokenizer)
+        assert (cfg.hidden_size, cfg.num_hidden_layers, cfg.vocab_size) == (shape["hidden_size"], 1, tokens)
+        assert policy.model.get_output_embeddings().weight.shape[0] == tokens <= shape["vocab_size"]
         text = "7 + 5 = 12\nAnswer: 12"
         assert policy.tokenizer(text)["input_ids"] == tiny.full_tokenizer(spec.family)(text)["input_ids"]
         out = policy.rollout(["What is 7 + 5?"], 2, 4, greedy=False)
