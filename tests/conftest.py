@@ -6,12 +6,14 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-torch.set_num_threads(int(os.environ.get("TEST_THREADS", "2")))   # TEST_THREADS=1: check a seeded test at one thread
+# a seeded test holds at 1 and at 2 threads (TEST_THREADS chooses); under pytest-xdist's workers (-n auto, a worker a
+# core) each takes one, so that the workers do not contend for the cores
+torch.set_num_threads(int(os.environ.get("TEST_THREADS", "1" if os.environ.get("PYTEST_XDIST_WORKER") else "2")))
 
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: a long end-to-end run (real weights, Ray, full training, a benchmark "
-                                       "command); the README's second tier, `python -m pytest -q -m slow tests`")
+                                       "command); the README's second tier, `python -m pytest -q -m slow -n auto --dist loadfile tests`")
 
 
 @pytest.fixture(scope="session")

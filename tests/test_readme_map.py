@@ -12,7 +12,7 @@ README = ROOT / "README.md"
 HEADER = ["§", "equation or rule", "computed by", "checked against an independent reference by"]
 SETUP = ("python3 -m venv .venv && . .venv/bin/activate && pip install -r requirements.txt && "
          "pip install --no-deps -r requirements-no-deps.txt && ")
-COMMANDS = [SETUP + "python train.py --pair qwen-llama", SETUP + 'python -m pytest -q -m "not slow" tests']
+COMMANDS = [SETUP + "python train.py --pair qwen-llama", SETUP + 'python -m pytest -q -m "not slow" -n auto tests']
 SECTIONS = {"§1.1", "§1.2", "§1.3", "§2.1", "§2.2", "§2.3"}
 
 
