@@ -199,24 +199,33 @@ def serve_candidate(channel: Channel, program: str, setup: str, setup_names: lis
         objects.append(value)
         return len(objects) - 1
 
+    def reply(message, stash=None) -> None:
+        # the candidate is stopped as soon as the judge ends, which may be right after this reply: what the program
+        # printed must be in the output pipe by then, not in a buffer that only exit would have flushed
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:  # the program's own stream, closed or replaced: its output is its affair
+                pass
+        channel.send(message, stash)
+
     try:
         exec(compile(program, "program.py", "exec"), namespace)
         exec(compile(setup, "setup.py", "exec"), namespace)
         objects.extend(namespace[name] for name in setup_names)
     except BaseException as error:  # SystemExit too: the program's end is not its verdict
-        channel.send(("load failed", describe(error)))
+        reply(("load failed", describe(error)))
         return
-    channel.send(("ready", None))
+    reply(("ready", None))
     while True:
         try:
             name, args, kwargs = channel.receive()
         except EOFError:  # the judge is done
             return
         try:
-            channel.send(("ok", _plain(namespace[name](*_resolve(args, objects), **_resolve(kwargs, objects)))),
-                         stash)
+            reply(("ok", _plain(namespace[name](*_resolve(args, objects), **_resolve(kwargs, objects)))), stash)
         except BaseException as error:
-            channel.send(("raised", describe(error)))
+            reply(("raised", describe(error)))
 
 
 class CandidateError(Exception):

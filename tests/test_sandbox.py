@@ -824,6 +824,18 @@ def test_kernel_surface_and_channels_between_sandboxes_are_closed(probes, has_cl
     assert not verdict.passed and "worked: []" in verdict.output, verdict.output
 
 
+@pytest.mark.parametrize("body", ["    return True", "    return None"], ids=["passes", "fails"])
+def test_what_the_program_printed_is_in_the_verdict_even_when_its_exit_is_slow(body, has_close_elements):
+    # the candidate is stopped once the judge ends; a program whose exit lags (here an atexit handler) would lose
+    # its buffered output to that stop if the candidate flushed only at exit
+    example = has_close_elements
+    program = example.code_prefix + after_the_prompt(
+        "import atexit, time\nprint('written before the tests', end='')\natexit.register(time.sleep, 3)", body)
+    verdict = sandbox.judge(program, example.tests, example.entry_points, example.code_prefix)
+    assert verdict.output.startswith("written before the tests"), verdict.output
+    assert verdict.seconds < 3, "the judgement waited for the candidate's exit"
+
+
 def test_a_huge_integer_written_ahead_on_the_channel_is_a_verdict_not_a_crash(has_close_elements):
     example = has_close_elements
     program = example.code_prefix + after_the_prompt(
