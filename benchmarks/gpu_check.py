@@ -2,9 +2,10 @@
 
 1. The small pair (from --model-dir, the Hugging Face cache or the hub; where none answers on CUDA, stand-ins of
    its published shapes with random weights, benchmarks/shaped_models.py, whose rewards mean nothing and whose
-   generations run to the length limit, so that their seconds an iteration and memory bound the real pair's from above): none, PRP, XGRPO and SGT for --iterations each, and per policy its
-   rollout and update tokens per second (medians over the iterations after the first, which holds CUDA's
-   warm-up) and the peak memory allocated on its device.
+   generations run to the length limit, so that their seconds an iteration and memory bound the real pair's from
+   above): none, PRP, XGRPO and SGT for --iterations each, and per policy its rollout and update tokens per
+   second (medians over the iterations after the first, which holds CUDA's warm-up) and the peak memory
+   allocated on its device.
 2. Every sharing level, cross-fidelity, HACPO and GRAFT included, on the tiny preset placed on the device, for
    --tiny-iterations each: that each runs end to end on CUDA, and its median seconds an iteration.
 3. The exact per-step gradient norms, batched against one backward per step (reachability_bench.py --device cuda).

@@ -318,7 +318,7 @@ def markdown(result: dict) -> str:
                 f"{r[v]['mean']:+.2f} [{r[v]['interval'][0]:+.2f}, {r[v]['interval'][1]:+.2f}]" for v in COST_VIEWS)
                 + " |" for r in f["at_cost"]]
         if f["admission"]:
-            lines += ["\nThe curator's admissions on the family's seeds, per iteration, mean ± SD over seeds. ",
+            lines += ["\nThe curator's admissions on the family's seeds, per iteration, mean ± SD over seeds.",
                       *ma.admission_table(f["admission"])]
         if f["seconds"]:
             lines.append("\nTraining seconds per seed (not tested): " + "; ".join(

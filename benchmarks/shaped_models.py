@@ -20,7 +20,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
-from transformers import AutoConfig, AutoModelForCausalLM  # noqa: E402
+from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig  # noqa: E402
 
 from testbed import policies, tiny  # noqa: E402
 
@@ -43,16 +43,21 @@ ARCHITECTURES = {
 """the values of each hub model's config.json that shape its computation, as published with its weights"""
 
 
+def shaped_config(hub_id: str, layers: int | None = None) -> PretrainedConfig:
+    """The transformers config of `hub_id`'s published shape; `layers` cuts its depth (a test's shortcut)."""
+    if hub_id not in ARCHITECTURES:
+        raise ValueError(f"no published shape recorded for {hub_id}; shaped stand-ins exist for "
+                         f"{sorted(ARCHITECTURES)}")
+    return AutoConfig.for_model(**{**ARCHITECTURES[hub_id], **({"num_hidden_layers": layers} if layers else {})})
+
+
 def write_shaped_model(spec: policies.PolicySpec, out: Path, device: str = "cpu", layers: int | None = None,
                        seed: int = 0) -> Path:
-    """Write `spec`'s stand-in under `out` and return its directory; `layers` cuts its depth (a test's shortcut)."""
-    if spec.hub_id not in ARCHITECTURES:
-        raise ValueError(f"no published shape recorded for {spec.hub_id}; shaped stand-ins exist for "
-                         f"{sorted(ARCHITECTURES)}")
-    shape = {**ARCHITECTURES[spec.hub_id], **({"num_hidden_layers": layers} if layers else {})}
+    """Write `spec`'s stand-in under `out` and return its directory."""
+    config = shaped_config(spec.hub_id, layers)
     torch.manual_seed(seed)
     with torch.device(device):
-        model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**shape), dtype=torch.bfloat16)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
     path = Path(out) / spec.hub_id.split("/")[-1]
     model.save_pretrained(path)
     tiny.full_tokenizer(spec.family).save_pretrained(path)

@@ -13,7 +13,8 @@ torch.set_num_threads(int(os.environ.get("TEST_THREADS", "1" if os.environ.get("
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: a long end-to-end run (real weights, Ray, full training, a benchmark "
-                                       "command); the README's second tier, `python -m pytest -q -m slow -n auto --dist loadfile tests`")
+                                       "command); the README's second tier, "
+                                       "`python -m pytest -q -m slow -n auto --dist loadfile tests`")
 
 
 @pytest.fixture(scope="session")

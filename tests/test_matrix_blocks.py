@@ -132,7 +132,8 @@ def test_a_called_family_gives_its_contrasts_at_equal_cost_read_to_the_cheaper_r
     for r in runs:
         if r["configuration"] != "sgt":
             for m in r["policies"].values():
-                m["crossed"] = {"sharing/received": 3.0, "fidelity/offered": offered[r["seed"]], "fidelity/d_mean": 0.25}
+                m["crossed"] = {"sharing/received": 3.0, "fidelity/offered": offered[r["seed"]],
+                                "fidelity/d_mean": 0.25}
     out = mb.family(runs, seeds, contrasts, cfg)
     got = {(name, policy): a for name, policy, a in out["admission"]}
     assert set(got) == {(c, p) for c in ("cross-fidelity-last2", "cross-fidelity") for p in ("p", "q")}
@@ -141,7 +142,8 @@ def test_a_called_family_gives_its_contrasts_at_equal_cost_read_to_the_cheaper_r
     text = mb.markdown(mb.analyze({"matrix": [{**r, "iteration_s": 1.0} for r in runs]}, cfg))
     assert "| cross-fidelity | p | 15.00 ± 3.32 | — |" in text
     # described beside the calls, never called: its table has no verdict column
-    assert "| cross-fidelity-last2 - cross-fidelity | p | -15.00 [-15.00, -15.00] | -15.00 [-15.00, -15.00] |\n" in text
+    assert ("| cross-fidelity-last2 - cross-fidelity | p | -15.00 [-15.00, -15.00] | -15.00 [-15.00, -15.00] |\n"
+            in text)
 
 
 def directions(terms_by_direction):
