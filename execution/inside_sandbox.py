@@ -205,7 +205,7 @@ def serve_candidate(channel: Channel, program: str, setup: str, setup_names: lis
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()
-            except Exception:  # the program's own stream, closed or replaced: its output is its affair
+            except BaseException:  # the program's own stream, closed or replaced: its output is its affair
                 pass
         channel.send(message, stash)
 

@@ -836,6 +836,16 @@ def test_what_the_program_printed_is_in_the_verdict_even_when_its_exit_is_slow(b
     assert verdict.seconds < 3, "the judgement waited for the candidate's exit"
 
 
+def test_a_program_whose_output_cannot_be_flushed_is_still_judged(has_close_elements):
+    example = has_close_elements
+    right = "    return any(abs(a - b) < threshold for i, a in enumerate(numbers) for b in numbers[i + 1:])"
+    program = example.code_prefix + after_the_prompt(
+        "import sys\nclass Unflushable:\n    def write(self, text):\n        return len(text)\n"
+        "    def flush(self):\n        raise SystemExit(3)\nsys.stdout = sys.stderr = Unflushable()", right)
+    verdict = sandbox.judge(program, example.tests, example.entry_points, example.code_prefix)
+    assert verdict.passed, verdict
+
+
 def test_a_huge_integer_written_ahead_on_the_channel_is_a_verdict_not_a_crash(has_close_elements):
     example = has_close_elements
     program = example.code_prefix + after_the_prompt(
