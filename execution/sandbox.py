@@ -37,8 +37,8 @@ from execution import inside_sandbox, memory_cgroup, syscall_filter
 from execution.inside_sandbox import NOT_JUDGED, VERDICT, describe
 
 INSIDE = "/sandbox"                # where inside_sandbox.py appears inside a sandbox
-UID_BASE = 1_500_000_000           # as root, sandbox uids are UID_BASE + 0..UID_SLOTS-1: no real user's
-UID_SLOTS = 1 << 16
+UID_BASE = 1_500_000_000           # as root, sandbox uids lie in [UID_BASE, UID_END): no real user's
+UID_END = 1 << 31                  # a uid that a signed 32-bit int still holds
 MAX_PROCESSES = 16                 # RLIMIT_NPROC inside: threads count too
 MAX_OPEN_FILES = 64
 ATTEMPTS = 2                       # a judgement that could not be made is made once more
@@ -112,10 +112,29 @@ def _hidden_folders() -> list[str]:
 _uids = itertools.count()
 
 
+@functools.cache
+def _pid_max() -> int:
+    try:
+        with open("/proc/sys/kernel/pid_max") as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return 1 << 22                 # the largest the kernel allows (PID_MAX_LIMIT on 64-bit)
+
+
+def sandbox_uids(pid: int) -> range:
+    """The uids that process `pid`'s sandboxes take in turn, as root: a block of its own per pid, so that no two
+    sandboxes alive at once share a uid (and with it RLIMIT_NPROC's count of processes), whether they are one
+    trainer's or those of several processes side by side (pytest workers, Ray actors)."""
+    size = (UID_END - UID_BASE) // _pid_max()
+    return range(UID_BASE + pid * size, UID_BASE + (pid + 1) * size)
+
+
 def _sandbox_uid() -> int:
-    """As root, a fresh unprivileged uid (no two sandboxes alive at once share one); else -1 (the user namespace
-    maps the caller's uid)."""
-    return UID_BASE + next(_uids) % UID_SLOTS if os.geteuid() == 0 else -1
+    """As root, the next uid of this process's block; else -1 (the user namespace maps the caller's uid)."""
+    if os.geteuid() != 0:
+        return -1
+    block = sandbox_uids(os.getpid())
+    return block[next(_uids) % len(block)]
 
 
 @functools.cache

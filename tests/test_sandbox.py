@@ -1,7 +1,7 @@
 """The code judge: plain literals and handles on the channel, correct programs pass, and hostile programs score 0
 without touching anything outside their sandbox. Each attack is a small program judged through verifiers.code_reward
 on HumanEval/0 (or sandbox.judge where its output is inspected), then checked from the outside: reward 0, no file
-changed outside the sandbox, no process of a sandbox uid left, the trainer alive with its limits intact; the
+changed outside the sandbox, no process of its sandbox uids left, the trainer alive with its limits intact; the
 attacks through the kernel leave no key, SysV object or cgroup behind. Failures of the host at the moment (no
 descriptor, a full disk, a sandbox that did not start) are verdicts, never exceptions."""
 
@@ -37,7 +37,8 @@ def has_close_elements():
 
 
 def sandbox_processes() -> list[int]:
-    """Host pids of processes running as a sandbox uid (as root every sandboxed process has one)."""
+    """Host pids of processes running as one of this process's sandbox uids (as root every sandboxed process has
+    one); another pytest worker's sandboxes, alive beside this one's, have uids of their own."""
     found = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
@@ -45,7 +46,7 @@ def sandbox_processes() -> list[int]:
                 uid = int(next(line for line in f if line.startswith("Uid:")).split()[1])
         except (OSError, StopIteration):
             continue
-        if sandbox.UID_BASE <= uid < sandbox.UID_BASE + sandbox.UID_SLOTS:
+        if uid in sandbox.sandbox_uids(os.getpid()):
             found.append(int(pid))
     return found
 
@@ -549,6 +550,36 @@ def test_the_program_sees_no_secrets_no_host_processes_and_no_privileges(monkeyp
               "assert max(seen['pids']) < 10 and seen['net'] == []\n")  # its own PID namespace; no /sys
     verdict = sandbox.judge(look, checks, ["look"])
     assert verdict.passed, verdict.output
+
+
+@pytest.mark.parametrize("pid_max", [None, 1 << 22])
+def test_each_process_has_a_block_of_sandbox_uids_of_its_own(monkeypatch, pid_max):
+    if pid_max:
+        monkeypatch.setattr(sandbox, "_pid_max", lambda: pid_max)
+    last = sandbox._pid_max() - 1
+    blocks = [sandbox.sandbox_uids(pid) for pid in (0, 1, 2, last - 1, last)]
+    assert blocks[0].start == sandbox.UID_BASE and blocks[-1].stop <= sandbox.UID_END == 2 ** 31
+    assert all(a.stop == b.start for a, b in zip(blocks, blocks[1:3])) and blocks[3].stop == blocks[4].start
+    assert len(blocks[0]) >= (154 if pid_max else 2)  # (2**31 - 1.5e9) // 2**22: many judgements in flight
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only as root does each sandbox run as a uid of its own")
+def test_sandboxes_of_two_processes_side_by_side_never_share_a_uid():
+    """RLIMIT_NPROC counts a uid's processes host-wide, so two trainer processes (pytest workers, Ray actors)
+    whose sandboxes shared a uid would share one count. Each process's sandboxes run in its pid's block."""
+    whoami = "import os\ndef uid():\n    return os.getuid()\n"
+    child = ("import os, sys\nfrom execution import sandbox\n"
+             f"program, parent = {whoami!r}, sandbox.sandbox_uids(int(sys.argv[1]))\n"
+             "own = sandbox.sandbox_uids(os.getpid())\n"
+             "checks = f'assert {own.start} <= uid() < {own.stop} and not {parent.start} <= uid() < {parent.stop}'\n"
+             "print(sandbox.judge(program, checks, ['uid']))\n")
+    running = subprocess.Popen([sys.executable, "-c", child, str(os.getpid())], cwd=Path(__file__).parent.parent,
+                               stdout=subprocess.PIPE, text=True)
+    own = sandbox.sandbox_uids(os.getpid())
+    verdict = sandbox.judge(whoami, f"assert {own.start} <= uid() < {own.stop}", ["uid"])
+    out, _ = running.communicate(timeout=60)
+    assert verdict.passed, verdict.output
+    assert running.returncode == 0 and "passed=True" in out, out
 
 
 def test_the_disk_a_program_fills_is_capped():
