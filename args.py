@@ -166,6 +166,9 @@ class Args:
     """iterations between checkpoints (the last iteration is always saved)"""
     resume: bool = False
     """continue the run NAME from its last checkpoint"""
+    allow_other_start: bool = False
+    """--resume even where this machine builds other starting weights than the run began with (another machine's
+    tiny warm-up, another base model); runs/NAME/start.json marks that sitting"""
     tensorboard: bool = False
     """also write every metric as TensorBoard events under the same names, in runs/NAME/tensorboard/POLICY
     (`tensorboard --logdir runs`); metrics.jsonl stays the record eval.py reads"""

@@ -11,6 +11,7 @@ metrics under train.py and train_ray.py.
 
 from __future__ import annotations
 
+import math
 import random
 import time
 from contextlib import contextmanager, nullcontext
@@ -94,7 +95,8 @@ def training_batch(policy: policies.Policy, rollouts: policies.Rollouts, receive
                    ) -> grpo.TrainBatch:
     """The policy's own rollouts (those the exchange kept), their advantages spread over every completion token
     with weight 1, then the peer trajectories it received with their own per-token advantages and weights: own
-    first, peers last, the order of the optimizer steps (grpo.minibatch_rows)."""
+    first, peers last, the order of the optimizer steps (grpo.minibatch_rows). Where the exchange has the update
+    re-measure the peers' weights (received.remeasure), their rows are grpo.Remeasured."""
     advantages = received.advantages.flatten()                                          # [B*G]
     kept = (received.kept.flatten().nonzero().flatten().tolist() if received.kept is not None
             else range(len(advantages)))
@@ -105,7 +107,13 @@ def training_batch(policy: policies.Policy, rollouts: policies.Rollouts, receive
                         + [c.advantages for c in received.crossings])
     token_weights = ([torch.ones(len(rollouts.completion_ids[i])) for i in kept]
                      + [c.weights for c in received.crossings])
-    return grpo.build_batch(prompts, completions, token_advantages, policy.tokenizer.pad_token_id, token_weights)
+    remeasured = None
+    if received.remeasure is not None:
+        behaviour = torch.tensor([math.nan] * len(kept) + [c.behaviour for c in received.crossings],
+                                 dtype=torch.float64)                                               # [N]
+        remeasured = grpo.Remeasured(behaviour, received.remeasure)
+    return grpo.build_batch(prompts, completions, token_advantages, policy.tokenizer.pad_token_id, token_weights,
+                            remeasured)
 
 
 def update(learner: Learner, args: Args, rollouts: policies.Rollouts, received: sharing.Received,
@@ -135,6 +143,11 @@ def evaluate(learner: Learner, args: Args, task: tasks.Task, transfer: tasks.Tas
         record["eval/transfer_accuracy"] = evaluation.heldout_accuracy(p, transfer.heldout, args.max_new_tokens,
                                                                        transfer)
     return record
+
+
+def fingerprint(learner: Learner) -> str:
+    """The fingerprint of the learner's weights as they are now (checkpoint.weights_fingerprint)."""
+    return checkpoint.weights_fingerprint(learner.policy.model)
 
 
 def save(learner: Learner, folder: Path) -> None:

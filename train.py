@@ -225,10 +225,13 @@ def run(args: Args) -> Path:
     samples = prompt_samples(task)
     work = workload(args, max(learner.longest_prompt(l, samples) for l in learners), len(names))
     print_estimates([costs.policy_estimate(l.policy, work) for l in learners])
+    built = {l.name: learner.fingerprint(l) for l in learners}
     start, folder, curation, capabilities = start_state(args, run_dir, names)
     if folder is not None:
         for l in learners:
             learner.load(l, folder)
+    checkpoint.record_sitting(run_dir, start, built, {l.name: learner.fingerprint(l) for l in learners}
+                              if folder is not None else built, args.allow_other_start)
     metrics = open_metrics(args, run_dir, start)
     accuracy = {name: float("nan") for name in names}
     if start == 0:

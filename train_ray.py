@@ -167,6 +167,9 @@ class PolicyActor:
     def save(self, folder: Path) -> None:
         learner.save(self.learner, folder)
 
+    def fingerprint(self) -> str:
+        return learner.fingerprint(self.learner)
+
     def load(self, folder: Path) -> None:
         learner.load(self.learner, folder)
 
@@ -295,9 +298,12 @@ def run(args: RayArgs, team: RayTeam) -> Path:
     train.warn_off_task(args, team.scale, names)
     work = train.workload(args, max(team.call("longest_prompt", train.prompt_samples(task))), len(names))
     train.print_estimates(team.call("estimate", work))
+    built = dict(zip(names, team.call("fingerprint")))
     start, folder, curation, capabilities = train.start_state(args, run_dir, names)
     if folder is not None:
         team.call("load", folder)
+    checkpoint.record_sitting(run_dir, start, built, dict(zip(names, team.call("fingerprint")))
+                              if folder is not None else built, args.allow_other_start)
     metrics = train.open_metrics(args, run_dir, start)
     accuracy = {name: float("nan") for name in names}
     if start == 0:

@@ -6,10 +6,16 @@ resumes from a complete checkpoint. Each policy's part is written by whoever hol
 under train_ray.py), the rest by the trainer. Under LoRA a checkpoint keeps the adapters only (the frozen base is
 reloaded from where it came from). On --resume the metric lines logged after the checkpoint are dropped, so a
 resumed run repeats none and loses none, and a resume with other settings than the run's is refused.
+
+start.json records what each sitting of the run started from: a fingerprint of every policy's weights as built
+(warm-up, base model, adapters) and as training went on (after the checkpoint's load). A tiny warm-up made by
+another machine's CPU kernels is another policy, and under LoRA a checkpoint restores the adapters onto whatever
+base was built, so a resume that builds other weights than the run began with is refused unless allowed.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 from pathlib import Path
@@ -19,7 +25,8 @@ import torch
 from testbed import policies
 
 
-RESUMABLE = ("resume", "iterations", "backend", "devices", "ray_address", "cpus_per_policy", "gpus_per_policy")
+RESUMABLE = ("resume", "iterations", "backend", "devices", "ray_address", "cpus_per_policy", "gpus_per_policy",
+             "allow_other_start")
 """the settings a resume may change: --iterations (no schedule depends on the horizon, so a run extended from 100 to
 200 iterations is the run that would have gone to 200 from the start) and where the policies run (train.py and
 train_ray.py give the same metrics on a CPU)"""
@@ -70,6 +77,45 @@ def open_run(run_dir: Path, config: dict, resume: bool) -> None:
     except OSError as err:
         raise OSError(f"cannot write the run directory {run_dir} ({err.strerror}): pass a writable --runs-dir") \
             from None
+
+
+def weights_fingerprint(model: torch.nn.Module) -> str:
+    """A hash of every weight and buffer the model saves (names, dtypes, shapes and bytes, in state_dict order):
+    two policies share it only where they hold the same weights bit for bit."""
+    digest = hashlib.sha256()
+    for name, tensor in model.state_dict().items():
+        flat = tensor.detach().to("cpu").contiguous().reshape(-1)
+        digest.update(f"{name}:{flat.dtype}:{tuple(tensor.shape)};".encode())
+        digest.update(flat.view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
+START = "start.json"
+
+
+def record_sitting(run_dir: Path, iteration: int, built: dict[str, str], weights: dict[str, str],
+                   allow_other_start: bool = False) -> dict:
+    """Add this sitting to the run's start.json: the iteration it starts at, each policy's fingerprint as built
+    and as training goes on (after a checkpoint's load). A sitting whose policies are built to other weights than
+    the run's first sitting's is refused, unless `allow_other_start` (then marked so). A sitting at iteration 0
+    begins the record anew. Returns the record, whose "fingerprints" are the weights training began from (None for
+    a run begun before start.json existed)."""
+    path = run_dir / START
+    sittings = json.loads(path.read_text())["sittings"] if path.exists() else []
+    first = sittings[0]["built"] if sittings else built
+    other = sorted(name for name in built if first.get(name) != built[name])
+    if other and not allow_other_start:
+        raise ValueError(f"this machine builds other starting weights than the run {run_dir.name} began with ("
+                         + ", ".join(f"{n}: {built[n]} here, {first.get(n)} then" for n in other)
+                         + "): a tiny warm-up made by other CPU kernels, another base model or adapter settings, so "
+                           "the run would not go on from the policies it began with. Resume it on the machine that "
+                           "started it, start it again under a new --name, or pass --allow-other-start to go on "
+                           "anyway (start.json marks the sitting)")
+    sitting = {"iteration": iteration, "built": built, "weights": weights, **({"other_start": other} if other else {})}
+    sittings = [*(sittings if iteration > 0 else []), sitting]
+    record = {"fingerprints": sittings[0]["weights"] if sittings[0]["iteration"] == 0 else None, "sittings": sittings}
+    path.write_text(json.dumps(record, indent=1) + "\n")
+    return record
 
 
 def truncate_metrics(path: Path, iteration: int) -> None:

@@ -113,6 +113,64 @@ def test_an_existing_run_is_not_overwritten_nor_resumed_with_other_settings(tmp_
         train.main(tiny_args(tmp_path, cache_dir, name="other", model_paths=("qwen",)))
 
 
+def test_a_fingerprint_tells_weights_apart_by_a_single_bit_and_only_by_the_weights():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2, dtype=torch.bfloat16))
+    twin = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2, dtype=torch.bfloat16))
+    assert checkpoint.weights_fingerprint(model) != checkpoint.weights_fingerprint(twin)   # other draws
+    twin.load_state_dict(model.state_dict())
+    assert checkpoint.weights_fingerprint(model) == checkpoint.weights_fingerprint(twin)
+    with torch.no_grad():   # the last bit of one bf16 weight
+        bits = twin[1].weight.view(torch.int16)
+        bits[0, 0] ^= 1
+    assert checkpoint.weights_fingerprint(model) != checkpoint.weights_fingerprint(twin)
+
+
+def test_record_sitting_by_hand(tmp_path):
+    first = checkpoint.record_sitting(tmp_path, 0, {"a": "1", "b": "2"}, {"a": "1", "b": "2"})
+    assert first == {"fingerprints": {"a": "1", "b": "2"}, "sittings": [
+        {"iteration": 0, "built": {"a": "1", "b": "2"}, "weights": {"a": "1", "b": "2"}}]}
+    # a resume builds the same policies, then goes on from the checkpoint's weights
+    second = checkpoint.record_sitting(tmp_path, 4, {"a": "1", "b": "2"}, {"a": "5", "b": "6"})
+    assert second["fingerprints"] == {"a": "1", "b": "2"} and second["sittings"][1]["weights"] == {"a": "5", "b": "6"}
+    # another machine builds b otherwise: refused, the record untouched; allowed, the sitting says so
+    with pytest.raises(ValueError, match="b: 9 here, 2 then.*--allow-other-start"):
+        checkpoint.record_sitting(tmp_path, 8, {"a": "1", "b": "9"}, {"a": "7", "b": "8"})
+    assert json.loads((tmp_path / checkpoint.START).read_text()) == second
+    third = checkpoint.record_sitting(tmp_path, 8, {"a": "1", "b": "9"}, {"a": "7", "b": "8"}, allow_other_start=True)
+    assert third["sittings"][2]["other_start"] == ["b"] and third["fingerprints"] == {"a": "1", "b": "2"}
+    # a sitting at iteration 0 (a run killed before its first checkpoint) begins the record anew, same check first
+    with pytest.raises(ValueError, match="other starting weights"):
+        checkpoint.record_sitting(tmp_path, 0, {"a": "3", "b": "2"}, {"a": "3", "b": "2"})
+    assert checkpoint.record_sitting(tmp_path, 0, {"a": "1", "b": "2"}, {"a": "1", "b": "2"}) == first
+    # a run begun before start.json existed has no known start
+    (tmp_path / "old").mkdir()
+    assert checkpoint.record_sitting(tmp_path / "old", 4, {"a": "1"}, {"a": "5"})["fingerprints"] is None
+
+
+def test_a_resume_onto_other_starting_weights_is_refused_and_loses_nothing(tmp_path):
+    # a cache of this test's own, whose qwen warm-up is then made "on another machine": one weight moved by 1e-3
+    cache = str(tmp_path / "cache")
+    run = train.main(tiny_args(tmp_path, cache, iterations=1))
+    spec = policies.PRESETS["tiny"]["qwen-llama"][0]
+    warm = policies.load_tiny_policy(spec, TASK, 1, cache, 0.15)
+    started = json.loads((run / checkpoint.START).read_text())
+    assert started["fingerprints"]["qwen"] == checkpoint.weights_fingerprint(warm.model)
+    (cached,) = (Path(cache) / "warmup").glob("qwen-*.pt")
+    state = torch.load(cached)
+    next(iter(state.values())).view(-1)[0] += 1e-3
+    torch.save(state, cached)
+    logged = (run / "metrics.jsonl").read_text()
+    with pytest.raises(ValueError, match=r"other starting weights than the run run began with \(qwen: .*"
+                                         r"--allow-other-start"):
+        train.main(tiny_args(tmp_path, cache, iterations=2, resume=True))
+    assert (run / "metrics.jsonl").read_text() == logged and json.loads((run / checkpoint.START).read_text()) == started
+    train.main(tiny_args(tmp_path, cache, iterations=2, resume=True, allow_other_start=True))
+    resumed = json.loads((run / checkpoint.START).read_text())
+    assert resumed["fingerprints"] == started["fingerprints"] and resumed["sittings"][1]["other_start"] == ["qwen"]
+    assert resumed["sittings"][1]["iteration"] == 1
+
+
 def test_a_run_on_a_local_benchmark_copy_evaluates_transfer_to_another_task(tmp_path, cache_dir, capsys):
     from test_benchmarks import GSM8K, GSM8K_TEST, PROOFNET, write_jsonl
     write_jsonl(tmp_path / "gsm8k" / "train.jsonl", GSM8K)
