@@ -39,6 +39,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import eval as evaluation  # noqa: E402
 import fidelity_record  # noqa: E402
 import power  # noqa: E402
+from testbed import checkpoint  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -139,7 +140,9 @@ def summarize(run_dir: Path, configuration: str, seed: int, flags: list[str], sh
     """What the analysis reads of one complete run: per policy its held-out greedy curve, its training reward
     per iteration and their variance (eval.reward_variance), its cost spent by each evaluation (wall time is the
     run's), the mean per iteration of every sharing/ and fidelity/ metric (what crossed); for a curated run, the
-    terms per source -> receiver (fidelity_record.direction_terms); and the run's totals."""
+    terms per source -> receiver (fidelity_record.direction_terms); the fingerprints of the weights it started
+    from (checkpoint.record_sitting; None for a run begun before they were recorded), by which the analysis pairs
+    runs; and the run's totals."""
     records = evaluation.load_metrics(run_dir)
     names = list(dict.fromkeys(r["policy"] for r in records))
     policies = {}
@@ -162,8 +165,10 @@ def summarize(run_dir: Path, configuration: str, seed: int, flags: list[str], sh
     fidelity = run_dir / "fidelity.jsonl"
     directions = (fidelity_record.direction_terms([json.loads(line) for line in fidelity.read_text().splitlines()
                                                    if line]) if fidelity.exists() else {})
+    start = run_dir / checkpoint.START
+    fingerprints = json.loads(start.read_text())["fingerprints"] if start.exists() else None
     return {"configuration": configuration, "seed": seed, "flags": flags, "shared": shared, "commits": commits,
-            "iterations": last, "policies": policies, "directions": directions,
+            "start_fingerprints": fingerprints, "iterations": last, "policies": policies, "directions": directions,
             "iteration_s": evaluation.spent(records, names[0], "iteration_s")[last],
             **{cost: sum(evaluation.spent(records, n, cost)[last] for n in names)
                for cost in ("rollout_tokens", "update_tokens")}}

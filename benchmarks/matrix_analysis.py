@@ -43,6 +43,7 @@ import numpy as np
 
 import eval as evaluation
 import power
+from matrix_pairing import paired_seeds, unpaired_seeds
 
 POINTS = 100.0                          # accuracy in [0, 1] -> points
 GRPO_BUDGETS = ("none", "none-g16")
@@ -79,6 +80,9 @@ class AnalysisConfig:
     """the matrix's power against `target`"""
     sd_confidence: float = 0.8
     """the one-sided confidence of the SD's upper bound the seed count is computed at"""
+    pair_by_start: bool = True
+    """pair two runs of a seed only where they started from the same weights (results/preregistration-repair.md);
+    False pairs every seed both ran, as the analyses published before that registration did"""
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -157,11 +161,12 @@ def area_at_cost(summary: dict, policy: str, cost: str, budget: float) -> float:
     return POINTS * evaluation.area_under(points, budget)
 
 
-def paired_differences(a: dict[int, dict], b: dict[int, dict], policy: str, view: str) -> dict[int, float]:
-    """seed -> metric(a) - metric(b) over the seeds both configurations ran (a, b: seed -> summary). At a cost,
+def paired_differences(a: dict[int, dict], b: dict[int, dict], policy: str, view: str, by_start: bool = True
+                       ) -> dict[int, float]:
+    """seed -> metric(a) - metric(b) over the paired seeds (a, b: seed -> summary; `paired_seeds`). At a cost,
     both runs of a seed are read at the cost the cheaper one spent."""
     out = {}
-    for seed in sorted(set(a) & set(b)):
+    for seed in paired_seeds(a, b, by_start):
         cost = VIEWS[view]
         if cost is None:
             out[seed] = primary_metric(a[seed], policy) - primary_metric(b[seed], policy)
@@ -176,6 +181,22 @@ def bootstrap_means(differences: list[float], resamples: int, seed: int) -> np.n
     values = np.asarray(differences, dtype=float)
     draws = np.random.default_rng(seed).integers(0, len(values), size=(resamples, len(values)))
     return values[draws].mean(axis=1)
+
+
+def sign_flip_p(differences: list[float]) -> float:
+    """The exact two-sided p-value of the paired sign-flip (permutation) test: the share of the 2^n assignments of
+    signs to the n differences whose sum lies at least as far from 0 as the observed one. Beside the registered
+    bootstrap p, which is 0 whenever every difference shares a sign, it says what n seeds can show at all: with
+    every sign shared it is 2 / 2^n (0.25 at 3 seeds)."""
+    values = np.asarray(differences, dtype=float)
+    observed = abs(values.sum()) * (1 - 1e-12)        # sums of one set of values in another order tie
+    bits = np.arange(len(values))
+    extreme, total, chunk = 0, 2 ** len(values), 2 ** 16
+    for start in range(0, total, chunk):
+        codes = np.arange(start, min(start + chunk, total))
+        signs = 1 - 2 * ((codes[:, None] >> bits) & 1)          # [chunk, n] of +-1
+        extreme += int(np.count_nonzero(np.abs(signs @ values) >= observed))
+    return extreme / total
 
 
 def percentile_interval(means: np.ndarray, level: float) -> tuple[float, float]:
@@ -287,13 +308,15 @@ def analyze(summaries: list[dict], cfg: AnalysisConfig = AnalysisConfig()) -> di
         rows, missing = [], []
         for a, b in PRIMARY:
             for policy in policies:
-                against = better(b, a, by_config, policy) if isinstance(b, tuple) else b
-                differences = (paired_differences(by_config[a], by_config[against], policy, view)
-                               if a in by_config and against in by_config else {})
+                against = better(b, a, by_config, policy, cfg.pair_by_start) if isinstance(b, tuple) else b
+                ran = a in by_config and against in by_config
+                differences = (paired_differences(by_config[a], by_config[against], policy, view, cfg.pair_by_start)
+                               if ran else {})
                 if len(differences) < 2:
                     missing.append(f"{a} - {against} ({policy})")
                     continue
-                rows.append(contrast_row(a, against, policy, differences, cfg))
+                unpaired = unpaired_seeds(by_config[a], by_config[against]) if cfg.pair_by_start else {}
+                rows.append({**contrast_row(a, against, policy, differences, cfg), "unpaired": unpaired})
         # a hypothesis without two paired seeds stays in Holm's family at p = 1, so the family is the registered one
         holm_family(rows, cfg, absent=len(missing))
         out["contrasts"][view], out["missing"][view] = rows, missing
@@ -345,7 +368,7 @@ def hypotheses(by_config: dict, auc_rows: list[dict], policy: str, cfg: Analysis
         rows.append({"hypothesis": "H1", "policy": policy, "estimate": r["mean"], "interval": r["interval"],
                      "seeds": len(r["differences"]), "verdict": verdict})
     a, b, bound = H2
-    common = sorted(set(by_config.get(a, {})) & set(by_config.get(b, {})))
+    common = paired_seeds(by_config.get(a, {}), by_config.get(b, {}), cfg.pair_by_start)
     if len(common) < 2:
         return rows
     pairs = [(by_config[a][s]["policies"][policy]["reward_variance"],
@@ -362,11 +385,12 @@ def hypotheses(by_config: dict, auc_rows: list[dict], policy: str, cfg: Analysis
     return rows
 
 
-def better(candidates: tuple[str, ...], a: str, by_config: dict, policy: str) -> str:
-    """Of `candidates` that ran, the one with the higher mean primary metric for `policy` over the seeds that `a`
-    and all of them ran (the seeds the contrast analyzes); a tie goes to the first named."""
+def better(candidates: tuple[str, ...], a: str, by_config: dict, policy: str, by_start: bool = True) -> str:
+    """Of `candidates` that ran, the one with the higher mean primary metric for `policy` over the seeds where `a`
+    is paired with all of them (the seeds the contrast analyzes); a tie goes to the first named."""
     ran = [c for c in candidates if c in by_config]
-    common = set(by_config.get(a, {})).intersection(*(by_config[c] for c in ran))
+    common = set(by_config.get(a, {})).intersection(*(paired_seeds(by_config.get(a, {}), by_config[c], by_start)
+                                                      for c in ran))
     if not ran or not common:
         return (ran or candidates)[0]
     return max(ran, key=lambda c: sum(primary_metric(by_config[c][s], policy) for s in common))
@@ -381,7 +405,8 @@ def contrast_row(a: str, b: str, policy: str, differences: dict[int, float], cfg
     upper = sd_upper_bound(sd, len(values), cfg.sd_confidence)
     return {"contrast": f"{a} - {b}", "policy": policy, "differences": differences, "mean": mean, "sd": sd,
             "sd_interval": sd_interval(sd, len(values), 1 - cfg.alpha),
-            "interval": percentile_interval(means, 1 - cfg.alpha), "p": bootstrap_p(means), "sd_upper": upper,
+            "interval": percentile_interval(means, 1 - cfg.alpha), "p": bootstrap_p(means),
+            "sign_flip_p": sign_flip_p(values), "sd_upper": upper,
             "seeds_for_matrix": seeds_for_power(upper, cfg) if upper > 0 else 2}
 
 
@@ -390,13 +415,21 @@ def ms(pair: tuple[float, float], digits: int = 2) -> str:
     return f"{pair[0]:.{digits}f} ± {pair[1]:.{digits}f}"
 
 
+def unpaired_notes(rows: list[dict]) -> list[str]:
+    """Under a table of contrasts: each unpaired seed left out of a contrast, with the two starts that part it."""
+    notes = {(r["contrast"], seed): why for r in rows for seed, why in r.get("unpaired", {}).items()}
+    return [f"\nUnpaired, left out of {contrast}: seed {seed}, {why}." for (contrast, seed), why in notes.items()]
+
+
 def markdown(result: dict) -> str:
     smallest = 2 / result["config"]["resamples"]      # the smallest non-zero bootstrap p-value
 
     def pv(p: float) -> str:
         return f"< {smallest:.4f}" if p < smallest else f"{p:.3f}"
     lines = ["# The comparison: the analysis of its run summaries\n",
-             "Primary metric: area under the held-out greedy curve, points (0-100), mean ± SD over seeds.\n",
+             "Primary metric: area under the held-out greedy curve, points (0-100), mean ± SD over seeds. Two runs "
+             "of a seed are paired only where they started from the same weights (results/preregistration-repair.md); "
+             "the exact sign-flip p beside the registered bootstrap p is descriptive.\n",
              "| configuration | policy | seeds | AUC | reward variance (x1e4) | received per iteration |",
              "|---|---|---|---|---|---|"]
     for name, per_policy in result["configurations"].items():
@@ -406,15 +439,19 @@ def markdown(result: dict) -> str:
                          f"| {ms(m['received'], 1)} |")
     for view, rows in result["contrasts"].items():
         lines += ["", f"## Primary contrasts, {view}: paired differences seed by seed, points\n",
-                  "| contrast | policy | per-seed difference | mean | SD | 95% interval | p | Holm p | Holm interval "
-                  "| Holm rejects | SD 95% interval | SD upper 80% | seeds for the matrix |", "|---" * 13 + "|"]
+                  "| contrast | policy | per-seed difference | unpaired, left out | mean | SD | 95% interval | p "
+                  "| sign-flip p | Holm p | Holm interval | Holm rejects | SD 95% interval | SD upper 80% "
+                  "| seeds for the matrix |", "|---" * 15 + "|"]
         for r in rows:
             seeds = " ".join(f"{d:+.2f}" for d in r["differences"].values())
-            lines.append(f"| {r['contrast']} | {r['policy']} | {seeds} | {r['mean']:+.2f} | {r['sd']:.2f} "
-                         f"| [{r['interval'][0]:+.2f}, {r['interval'][1]:+.2f}] | {pv(r['p'])} | {pv(r['holm_p'])} "
+            left_out = " ".join(map(str, r["unpaired"])) or "—"
+            lines.append(f"| {r['contrast']} | {r['policy']} | {seeds} | {left_out} | {r['mean']:+.2f} | {r['sd']:.2f} "
+                         f"| [{r['interval'][0]:+.2f}, {r['interval'][1]:+.2f}] | {pv(r['p'])} "
+                         f"| {r['sign_flip_p']:.3f} | {pv(r['holm_p'])} "
                          f"| [{r['holm_interval'][0]:+.2f}, {r['holm_interval'][1]:+.2f}] | {r['holm_rejected']} "
                          f"| [{r['sd_interval'][0]:.2f}, {r['sd_interval'][1]:.2f}] | {r['sd_upper']:.2f} "
                          f"| {r['seeds_for_matrix']} |")
+        lines += unpaired_notes(rows)
         if result["missing"][view]:
             lines += ["", "Fewer than two paired seeds, so in Holm's family at p = 1: "
                       + ", ".join(result["missing"][view]) + "."]

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import h5_path
 import matrix_analysis as ma
+import matrix_pairing as pairing
 import matrix_plots
 
 SMALLEST = 2.0
@@ -53,6 +54,9 @@ H4_SEEDS = range(1009, 1011)
 H4_CLAIMS = (("same family mainly CCM", ("qwen-qwen",), "ccm"), ("cross family mainly TBD", ("qwen-llama", "trio"),
                                                                  "tbd"))
 """the proposal's H4 in two parts: (claim, the pairs it is read on, the term it says dominates)"""
+REPAIRS = {"tbd": (1031,)}
+"""block -> the fresh seeds that restore its count where a registered seed is unpaired (results/preregistration-
+repair.md), read once every run of the family is in on them; block 1's is in results/matrix-main (matrix_analysis)"""
 UNDERPOWERED = {("ablations", None, "llama"), ("hacpo", "cross-fidelity - hacpo", "llama")}
 """(block, contrast or every one, policy) the registration says are underpowered at its seeds, and reported so"""
 H4_WAITS = ("estimate", "tbd")
@@ -88,37 +92,47 @@ def call(rule: str, row: dict) -> str:
     return holm or margin or "not resolved"
 
 
-def family(runs: list[dict], seeds: range, contrasts: tuple, cfg: ma.AnalysisConfig) -> dict:
-    """A family on its registered seeds: "paired", each hypothesis' count of paired seeds; and, only once every
-    hypothesis is paired on every seed, "rows", its contrasts with Holm within the family (each with its interval
-    at the level Holm tests it at) and each called, "at_cost", the same contrasts at equal cost (COST_VIEWS), and
-    "admission", each curated configuration's admissions per receiving policy (matrix_analysis.admission). The
-    registration calls a block when it is complete and has nobody look at its outcomes before, so an incomplete
-    family shows its counts alone."""
-    by_config: dict[str, dict[int, dict]] = {}
+def family(runs: list[dict], seeds: tuple[int, ...], contrasts: tuple, cfg: ma.AnalysisConfig,
+           repair: tuple[int, ...] = ()) -> dict:
+    """A family on its registered seeds, and the `repair` seeds whose every run of the family is in
+    (results/preregistration-repair.md): "ran", each contrast's count of registered seeds both its sides ran;
+    "unpaired", seed -> why, for each contrast with runs of a seed that did not start from the same weights
+    (left out of it); "repaired", the repair seeds it reads; and, only once every configuration ran on every
+    registered seed, "rows", its contrasts over their paired seeds with Holm within the family (each with its
+    interval at the level Holm tests it at) and each called, "at_cost", the same contrasts at equal cost
+    (COST_VIEWS), and "admission", each curated configuration's admissions per receiving policy
+    (matrix_analysis.admission). The registration calls a block when it is complete and has nobody look at its
+    outcomes before, so an incomplete family shows its counts alone."""
+    names = dict.fromkeys(name for a, b, _ in contrasts for name in (a, b))
+    by_config: dict[str, dict[int, dict]] = {name: {} for name in names}
     for s in runs:
-        if s["seed"] in seeds:
-            by_config.setdefault(s["configuration"], {})[s["seed"]] = s
+        if s["configuration"] in names:
+            by_config[s["configuration"]][s["seed"]] = s
+    repaired = tuple(seed for seed in repair if all(seed in by_config[name] for name in names))
+    for name in names:
+        by_config[name] = {seed: s for seed, s in by_config[name].items() if seed in (*seeds, *repaired)}
     policies = list(runs[0]["policies"]) if runs else []
-    differences = {(a, b, rule, policy): (ma.paired_differences(by_config[a], by_config[b], policy, "auc")
-                                          if a in by_config and b in by_config else {})
-                   for a, b, rule in contrasts for policy in policies}
-    counts = {f"{a} - {b} ({policy})": len(d) for (a, b, _, policy), d in differences.items()}
-    if not differences or min(counts.values()) < len(seeds):
-        return {"paired": counts, "rows": [], "at_cost": [], "admission": []}
-    rows = [{**ma.contrast_row(a, b, policy, d, cfg), "rule": rule}
-            for (a, b, rule, policy), d in differences.items()]
+    ran = {f"{a} - {b}": len(set(by_config[a]) & set(by_config[b]) & set(seeds)) for a, b, _ in contrasts}
+    unpaired = {f"{a} - {b}": pairing.unpaired_seeds(by_config[a], by_config[b]) if cfg.pair_by_start else {}
+                for a, b, _ in contrasts}
+    out = {"ran": ran, "unpaired": {c: u for c, u in unpaired.items() if u}, "repaired": list(repaired),
+           "rows": [], "at_cost": [], "admission": []}
+    if not policies or min(ran.values()) < len(seeds):
+        return out
+    rows = [{**ma.contrast_row(a, b, policy, ma.paired_differences(by_config[a], by_config[b], policy, "auc",
+                                                                   cfg.pair_by_start), cfg), "rule": rule}
+            for a, b, rule in contrasts for policy in policies]
     ma.holm_family(rows, cfg)
     for row in rows:
         row["verdict"] = call(row["rule"], row)
-    at_cost = [{"contrast": f"{a} - {b}", "policy": policy,
-                **{view: ma.contrast_row(a, b, policy, ma.paired_differences(by_config[a], by_config[b], policy, view),
-                                         cfg) for view in COST_VIEWS}}
-               for a, b, _, policy in differences]
-    names = dict.fromkeys(name for a, b, _ in contrasts for name in (a, b))
-    admission = [(name, policy, got) for name in names for policy in policies
-                 if (got := ma.admission(list(by_config[name].values()), policy))]
-    return {"paired": counts, "rows": rows, "at_cost": at_cost, "admission": admission}
+    out["rows"] = rows
+    out["at_cost"] = [{"contrast": f"{a} - {b}", "policy": policy,
+                       **{view: ma.contrast_row(a, b, policy, ma.paired_differences(
+                           by_config[a], by_config[b], policy, view, cfg.pair_by_start), cfg) for view in COST_VIEWS}}
+                      for a, b, _ in contrasts for policy in policies]
+    out["admission"] = [(name, policy, got) for name in names for policy in policies
+                        if (got := ma.admission(list(by_config[name].values()), policy))]
+    return out
 
 
 def seed_mean(values: list[float]) -> float:
@@ -173,8 +187,8 @@ def plane_point(run: dict, policy: str) -> tuple[float, float]:
 
 def dominates(x: dict[int, dict], y: dict[int, dict], policy: str, cfg: ma.AnalysisConfig) -> bool:
     """Whether runs x (seed -> summary) dominate runs y in the plane: more received per iteration and less reward
-    variance, each paired difference's 95% interval excluding 0, over the seeds both ran."""
-    seeds = sorted(set(x) & set(y))
+    variance, each paired difference's 95% interval excluding 0, over the seeds where they are paired."""
+    seeds = pairing.paired_seeds(x, y, cfg.pair_by_start)
 
     def gap(k: int) -> tuple[float, float, float]:
         return interval([plane_point(x[s], policy)[k] - plane_point(y[s], policy)[k] for s in seeds], cfg)
@@ -277,8 +291,9 @@ def analyze(sets: dict[str, list[dict]], cfg: ma.AnalysisConfig = ma.AnalysisCon
     families = {}
     for block, (set_name, seeds, contrasts) in FAMILIES.items():
         runs = sets.get(set_name, [])
-        families[block] = {"set": set_name, "seeds": [seeds.start, seeds.stop - 1],
-                           **family(runs, seeds, contrasts, cfg), "seconds": training_seconds(runs, seeds, contrasts)}
+        called = family(runs, tuple(seeds), contrasts, cfg, REPAIRS.get(block, ()))
+        families[block] = {"set": set_name, "seeds": [seeds.start, seeds.stop - 1], **called,
+                           "seconds": training_seconds(runs, (*seeds, *called["repaired"]), contrasts)}
         for row in families[block]["rows"]:
             row["underpowered"] = any(b == block and c in (None, row["contrast"]) and p == row["policy"]
                                       for b, c, p in UNDERPOWERED)
@@ -289,28 +304,42 @@ def analyze(sets: dict[str, list[dict]], cfg: ma.AnalysisConfig = ma.AnalysisCon
             "h5": h5(sets.get("matrix", []), cfg, waiting(H5_WAITS), records)}
 
 
+def unpaired_lines(unpaired: dict[str, dict[int, str]], repaired: list[int], repair: tuple[int, ...]) -> list[str]:
+    """The notes under a family's table: each contrast's unpaired seeds with why (left out), and its repair."""
+    lines = [f"\nUnpaired, left out of {contrast}: " + "; ".join(f"seed {seed} ({why})" for seed, why in seeds.items())
+             + "." for contrast, seeds in unpaired.items()]
+    if repair:
+        lines.append(f"Repair (results/preregistration-repair.md): fresh seed {', '.join(map(str, repair))} run in "
+                     f"full; " + (f"in, so read above." if list(repair) == repaired else "not yet in."))
+    return lines
+
+
 def markdown(result: dict) -> str:
     lines = ["# The matrix, blocks 2-6: the analysis of its run summaries\n",
              "Primary metric: area under the held-out greedy curve, points; paired differences seed by seed, "
-             "Holm within each family (results/preregistration-matrix.md).\n"]
+             "Holm within each family (results/preregistration-matrix.md); two runs of a seed paired only where they "
+             "started from the same weights (results/preregistration-repair.md); the exact sign-flip p beside the "
+             "registered bootstrap p is descriptive.\n"]
     for block, f in result["families"].items():
         seeds = f["seeds"][1] - f["seeds"][0] + 1
         lines.append(f"## {block} (set {f['set']}, seeds {f['seeds'][0]}-{f['seeds'][1]})\n")
         if f["rows"]:
-            lines += ["| contrast | policy | per-seed difference | mean | 95% interval | p | Holm p "
-                      "| interval at Holm's level | verdict |", "|---" * 9 + "|"]
+            lines += ["| contrast | policy | per-seed difference | mean | 95% interval | p | sign-flip p | Holm p "
+                      "| interval at Holm's level | verdict |", "|---" * 10 + "|"]
         for r in f["rows"]:
-            per_seed = " ".join(f"{d:+.2f}" for d in r["differences"].values())
+            per_seed = " ".join(f"{seed}: {d:+.2f}" for seed, d in r["differences"].items())
             (low, high), (h_low, h_high) = r["interval"], r["holm_interval"]
             lines.append(f"| {r['contrast']} | {r['policy']} | {per_seed} | {r['mean']:+.2f} | [{low:+.2f}, "
-                         f"{high:+.2f}] | {r['p']:.4f} | {r['holm_p']:.4f} | [{h_low:+.2f}, {h_high:+.2f}] "
+                         f"{high:+.2f}] | {r['p']:.4f} | {r['sign_flip_p']:.3f} | {r['holm_p']:.4f} "
+                         f"| [{h_low:+.2f}, {h_high:+.2f}] "
                          f"| {r['verdict']}{' (underpowered, as registered)' if r['underpowered'] else ''} |")
-        if not f["paired"]:
+        if not f["ran"]:
             lines.append("No run of this set yet.")
         elif not f["rows"]:
-            lines.append(f"Incomplete, so not called and no outcome shown (a block is called once every hypothesis "
-                         f"is paired on all {seeds} seeds); seeds paired so far: "
-                         + ", ".join(f"{h} {n}" for h, n in f["paired"].items()) + ".")
+            lines.append(f"Incomplete, so not called and no outcome shown (a block is called once both sides of "
+                         f"every contrast ran on all {seeds} seeds); seeds run so far: "
+                         + ", ".join(f"{h} {n}" for h, n in f["ran"].items()) + ".")
+        lines += unpaired_lines(f["unpaired"], f["repaired"], REPAIRS.get(block, ()))
         if f["at_cost"]:
             lines += ["\nAt equal cost (not tested): each run read up to the cost the cheaper run of its seed spent.\n",
                       "| contrast | policy | " + " | ".join(COST_VIEWS) + " |", "|---" * (2 + len(COST_VIEWS)) + "|"]

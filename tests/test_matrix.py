@@ -1,6 +1,7 @@
 """The comparison's runner (benchmarks/matrix.py) and analysis (benchmarks/matrix_analysis.py) on fake run
 directories and summaries, against hand-computed cases; nothing trains."""
 
+import itertools
 import json
 import math
 import subprocess
@@ -14,6 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 import matrix  # noqa: E402
 import matrix_analysis as analysis  # noqa: E402
+import matrix_pairing as pairing  # noqa: E402
 import power  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -214,7 +216,8 @@ def test_the_pilot_holds_the_preregistered_configurations_and_seeds():
 
 def summary(configuration, seed, auc_points, commits=("c1",), cost=1000.0, crossed=None):
     """A summary whose policy p has a flat held-out curve at auc_points / 100 (so its primary metric is
-    auc_points), q one at half that, and update tokens spent evenly up to `cost`; both received `crossed`."""
+    auc_points), q one at half that, and update tokens spent evenly up to `cost`; both received `crossed`; every
+    run of a seed started from the same weights (one fingerprint per policy and seed)."""
     def policy(level):
         heldout = [[i, level / 100] for i in range(0, 101, 50)]
         return {"heldout": heldout, "reward_mean": [0.1, 0.3], "reward_variance": 0.02,
@@ -222,7 +225,7 @@ def summary(configuration, seed, auc_points, commits=("c1",), cost=1000.0, cross
                                                                                  "rollout_tokens")},
                 "crossed": crossed or {"sharing/received": 3.0}}
     return {"configuration": configuration, "seed": seed, "flags": [], "shared": ["--minibatches", "2"],
-            "commits": list(commits), "iterations": 100,
+            "commits": list(commits), "start_fingerprints": {"p": f"p-s{seed}", "q": f"q-s{seed}"}, "iterations": 100,
             "policies": {"p": policy(auc_points), "q": policy(auc_points / 2)}}
 
 
@@ -383,8 +386,8 @@ def test_a_p_value_below_the_bootstraps_resolution_is_printed_as_a_bound():
     runs = [summary(name, s, auc) for s in (1001, 1002, 1003) for name, auc in (("cross-fidelity", 43.0),
                                                                                ("sgt", 40.0))]
     text = analysis.markdown(analysis.analyze(runs))
-    assert "| cross-fidelity - sgt | p | +3.00 +3.00 +3.00 | +3.00 | 0.00 | [+3.00, +3.00] | < 0.0002 | < 0.0002 |" \
-        in text
+    assert "| cross-fidelity - sgt | p | +3.00 +3.00 +3.00 | — | +3.00 | 0.00 | [+3.00, +3.00] | < 0.0002 | 0.250 " \
+           "| < 0.0002 |" in text
 
 
 def test_runs_at_commits_not_declared_equivalent_are_not_paired(tmp_path):
@@ -413,7 +416,7 @@ def test_folders_pool_their_runs_once_each_and_any_folders_declaration_of_equiva
     done = subprocess.run([sys.executable, str(ROOT / "eval.py"), "--matrix", str(tmp_path / "pilot"),
                            str(tmp_path / "new")], cwd=ROOT, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
-    assert "| cross-fidelity - sgt | p | +2.00 +0.00 | +1.00 |" in done.stdout
+    assert "| cross-fidelity - sgt | p | +2.00 +0.00 | — | +1.00 |" in done.stdout
     assert (tmp_path / "new" / "analysis.md").exists() and not (tmp_path / "pilot" / "analysis.md").exists()
     write_summaries(tmp_path / "again", [summary("sgt", 1, 40.0, ["c1"])])
     with pytest.raises(ValueError, match=r"more than one summary of \[\('sgt', 1\)\]"):
@@ -457,7 +460,7 @@ def test_eval_matrix_writes_the_analysis_from_summaries_alone(tmp_path):
     assert f"Seeds the matrix needs (the largest over the primary hypotheses above, at equal iterations): " \
            f"{result['seeds_for_matrix']}." in done.stdout
     assert result["configurations"]["sgt"]["p"]["auc"] == pytest.approx([40.75, math.sqrt(0.9166666)], rel=1e-4)
-    assert "| cross-fidelity - sgt | p | +0.00 +2.00 +1.00 +4.00 | +1.75 |" in done.stdout
+    assert "| cross-fidelity - sgt | p | +0.00 +2.00 +1.00 +4.00 | — | +1.75 |" in done.stdout
     assert all((tmp_path / "pilot" / png).stat().st_size > 0 for png in ("curves.png", "plane.png"))
 
 
@@ -587,3 +590,49 @@ def test_direction_terms_by_hand():
     assert out["q->l"]["diagnosed"] == 2 and out["q->l"]["terms"] == pytest.approx({"tbd": 0.05, "ccm": 0.4, "rsd": 0.3})
     assert out["q->l"]["dominant"] == {"tbd": 0.0, "ccm": 0.5, "rsd": 0.5}
     assert math.isnan(out["l->q"]["terms"]["tbd"]) and out["l->q"]["terms"]["rsd"] == pytest.approx(0.3)
+
+
+def test_runs_of_a_seed_that_started_from_other_weights_are_left_out_of_the_contrast_and_named():
+    runs = [summary(name, s, auc + s - 1001) for s in (1001, 1002, 1003, 1004)
+            for name, auc in (("cross-fidelity", 43.0), ("sgt", 40.0), ("cross-fidelity-random", 41.0))]
+    moved = next(r for r in runs if r["seed"] == 1003 and r["configuration"] == "sgt")
+    moved["policies"]["p"]["heldout"] = [[i, 0.0] for i in (0, 50, 100)]        # -40 points: must not count
+    moved["start_fingerprints"] = {"p": "another machine's warm-up", "q": "q-s1003"}
+    result = analysis.analyze(runs, analysis.AnalysisConfig(resamples=500))
+    rows = {(r["contrast"], r["policy"]): r for r in result["contrasts"]["auc"]}
+    assert list(rows["cross-fidelity - sgt", "p"]["differences"]) == [1001, 1002, 1004]
+    assert rows["cross-fidelity - sgt", "p"]["mean"] == pytest.approx(3.0)
+    assert list(rows["cross-fidelity - sgt", "q"]["unpaired"]) == [1003]
+    assert list(rows["cross-fidelity - cross-fidelity-random", "p"]["differences"]) == [1001, 1002, 1003, 1004]
+    assert [h["seeds"] for h in result["hypotheses"] if h["hypothesis"] == "H2"] == [3, 3]
+    text = analysis.markdown(result)
+    assert ("Unpaired, left out of cross-fidelity - sgt: seed 1003, weights: cross-fidelity (p p-s1003, q q-s1003), "
+            "sgt (p another machine's warm-up, q q-s1003).") in text
+    assert "| cross-fidelity - sgt | p | +3.00 +3.00 +3.00 | 1003 |" in text
+    # as published before pairing by start: every seed both ran
+    published = analysis.analyze(runs, analysis.AnalysisConfig(resamples=500, pair_by_start=False))
+    assert [len(r["differences"]) for r in published["contrasts"]["auc"]][:2] == [4, 4]
+
+
+def test_summaries_without_fingerprints_pair_by_their_iteration_0_accuracies():
+    a, b = summary("a", 1, 40.0), summary("b", 1, 40.0)
+    for s in (a, b):
+        s["start_fingerprints"] = None
+    assert pairing.unpaired_reason(a, b) is None                  # equal curves, so equal at iteration 0
+    b["policies"]["q"]["heldout"][0][1] = 0.21
+    assert pairing.unpaired_reason(a, b) == "iteration-0 accuracy: a (p 0.4, q 0.2), b (p 0.4, q 0.21)"
+    b["policies"]["q"]["heldout"][0][1] = 0.2
+    b["start_fingerprints"] = {"p": "x", "q": "y"}                # only one records weights: accuracies decide
+    assert pairing.unpaired_reason(a, b) is None
+    a["policies"]["p"]["heldout"] = a["policies"]["p"]["heldout"][1:]     # never evaluated at iteration 0
+    assert "p not evaluated" in pairing.unpaired_reason(a, b)
+
+
+@pytest.mark.parametrize("differences", [[1.0, 2.0, 3.0], [0.85, 0.1, -0.2, 1.3, 2.0, 0.4], [0.5, -0.5],
+                                         [1.0, -1.0, 2.0, -2.0, 0.3, 0.7, -0.1]])
+def test_the_sign_flip_p_value_equals_a_naive_enumeration_of_signs(differences):
+    sums = [abs(sum(s * d for s, d in zip(signs, differences)))
+            for signs in itertools.product((1, -1), repeat=len(differences))]
+    observed = abs(sum(differences))
+    naive = sum(total >= observed - 1e-9 for total in sums) / len(sums)
+    assert analysis.sign_flip_p(differences) == pytest.approx(naive)

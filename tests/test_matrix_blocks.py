@@ -6,6 +6,7 @@ import json
 import math
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 
@@ -94,8 +95,8 @@ def test_a_family_is_called_on_its_registered_seeds_with_holm_over_all_four_hypo
     for k, r in enumerate(ranked):
         means = ma.bootstrap_means(list(r["differences"].values()), cfg.resamples, cfg.bootstrap_seed)
         assert r["holm_interval"] == pytest.approx(ma.percentile_interval(means, 1 - 0.05 / (4 - k)))
-    assert out["paired"] == {f"{h} ({pol})": 11 for h in ("cross-fidelity-last2 - cross-fidelity",
-                                                          "cross-fidelity-last2 - sgt") for pol in ("p", "q")}
+    assert out["ran"] == {"cross-fidelity-last2 - cross-fidelity": 11, "cross-fidelity-last2 - sgt": 11}
+    assert out["unpaired"] == {} and out["repaired"] == []
 
 
 def test_an_incomplete_family_gives_its_counts_and_no_outcome():
@@ -104,9 +105,41 @@ def test_an_incomplete_family_gives_its_counts_and_no_outcome():
     runs = [r for r in estimate_runs({}, seeds) if not (r["seed"] == 1019 and r["configuration"] == "sgt")]
     out = mb.family(runs, seeds, contrasts, cfg)
     assert out["rows"] == []
-    assert out["paired"]["cross-fidelity-last2 - sgt (p)"] == 10
-    assert out["paired"]["cross-fidelity-last2 - cross-fidelity (q)"] == 11
-    assert mb.family([], seeds, contrasts, cfg) == {"paired": {}, "rows": [], "at_cost": [], "admission": []}
+    assert out["ran"] == {"cross-fidelity-last2 - sgt": 10, "cross-fidelity-last2 - cross-fidelity": 11}
+    assert mb.family([], seeds, contrasts, cfg)["rows"] == []
+
+
+def test_a_seed_whose_runs_started_from_other_weights_is_left_out_named_and_restored_by_the_repair_seed():
+    cfg = ma.AnalysisConfig(resamples=200)
+    seeds, contrasts = mb.FAMILIES["estimate"][1:]
+    gaps = {s: 1.0 for s in seeds} | {1011: -30.0, 1031: 2.0}
+    runs = estimate_runs(gaps, [*seeds, 1031])
+    other = next(r for r in runs if r["seed"] == 1011 and r["configuration"] == "cross-fidelity-last2")
+    other["start_fingerprints"] = {"p": "elsewhere", "q": "q-s1011"}
+    out = mb.family(runs, seeds, contrasts, cfg)
+    rows = {(r["contrast"], r["policy"]): r for r in out["rows"]}
+    # 1011 leaves both of last2's contrasts, for both policies (the runs differ in p's weights alone); 1031 is no
+    # registered seed, so it counts only as a repair
+    assert set(rows["cross-fidelity-last2 - cross-fidelity", "q"]["differences"]) == set(seeds) - {1011}
+    assert rows["cross-fidelity-last2 - sgt", "p"]["mean"] == pytest.approx(40 + 1 - 38)   # -30 at 1011 is out
+    assert {c: list(u) for c, u in out["unpaired"].items()} == {"cross-fidelity-last2 - cross-fidelity": [1011],
+                                                                "cross-fidelity-last2 - sgt": [1011]}
+    assert "weights: cross-fidelity-last2 (p elsewhere, q q-s1011)" in out["unpaired"]["cross-fidelity-last2 - sgt"][1011]
+    repaired = mb.family(runs, seeds, contrasts, cfg, repair=(1031,))
+    assert repaired["repaired"] == [1031]
+    assert set(rows_of(repaired)["cross-fidelity-last2 - cross-fidelity", "p"]["differences"]) == (
+        set(seeds) - {1011}) | {1031}
+    # a repair seed not yet run in full is not read
+    partial = [r for r in runs if not (r["seed"] == 1031 and r["configuration"] == "sgt")]
+    assert mb.family(partial, seeds, contrasts, cfg, repair=(1031,))["repaired"] == []
+    # as published: every seed paired as it ran
+    published = mb.family(runs, seeds, contrasts, replace(cfg, pair_by_start=False))
+    assert set(rows_of(published)["cross-fidelity-last2 - sgt", "p"]["differences"]) == set(seeds)
+    assert published["unpaired"] == {}
+
+
+def rows_of(family):
+    return {(r["contrast"], r["policy"]): r for r in family["rows"]}
 
 
 def test_a_called_family_gives_its_contrasts_at_equal_cost_read_to_the_cheaper_runs_spend():
@@ -343,7 +376,7 @@ def test_eval_blocks_calls_a_complete_block_hides_an_incomplete_one_and_reads_ev
             for s, commit in ((1009, "c1"), (1010, "c2"), (1011, "c2"))
             for name, auc in (("cross-fidelity", 41.0), ("cross-fidelity-ablate-tbd", 40.0))]
     write_summaries(tmp_path / "matrix-trio-prose", trio)
-    write_summaries(tmp_path / "matrix-main", [summary("sgt", 1009, 10.0, ["c0"])])    # block 1's: not read here
+    write_summaries(tmp_path / "matrix-main", [summary("sgt", 1009, 10.0, ["c0"])])    # block 1's: read by the repair
     command = [sys.executable, str(ROOT / "eval.py"), "--blocks", str(tmp_path)]
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
     assert done.returncode != 0 and "not declared metric-equivalent" in done.stderr
@@ -359,9 +392,9 @@ def test_eval_blocks_calls_a_complete_block_hides_an_incomplete_one_and_reads_ev
     assert tbd["p"]["verdict"] == "matters"
     assert tbd["q"]["verdict"] == "matters (Holm), and matters by less than 2 points (the 2-point margin)"
     hacpo = result["families"]["hacpo"]
-    assert hacpo["rows"] == [] and hacpo["paired"]["hacpo - sgt (p)"] == 3
-    assert hacpo["paired"]["cross-fidelity - hacpo (q)"] == 0
-    assert "hacpo - sgt (p) 3, hacpo - sgt (q) 3, cross-fidelity - hacpo (p) 0" in done.stdout
+    assert hacpo["rows"] == [] and hacpo["ran"]["hacpo - sgt"] == 3
+    assert hacpo["ran"]["cross-fidelity - hacpo"] == 0
+    assert "seeds run so far: hacpo - sgt 3, cross-fidelity - hacpo 0." in done.stdout
     assert "+2.00" not in done.stdout.split("## hacpo")[1].split("##")[0]          # no outcome of an open block
     assert ("Training seconds per seed (not tested): hacpo 1009 500, 1010 501, 1011 502; sgt 1009 400, 1010 400, "
             "1011 400.") in done.stdout
@@ -382,3 +415,21 @@ def test_the_matrix_folders_declaration_holds_for_a_set_even_where_the_matrix_fo
     (tmp_path / "matrix").mkdir()
     (tmp_path / "matrix" / ma.EQUIVALENCE_FILE).write_text("c1 c2\n")
     assert sorted(mb.load_sets(tmp_path)) == ["matrix-trio-prose"]
+
+
+def test_the_repair_gives_each_affected_verdict_as_published_paired_and_repaired():
+    import matrix_repair
+    cfg = ma.AnalysisConfig(resamples=200)
+    gaps = {1009: 1.0, 1010: -20.0, 1011: 2.0, 1031: 3.0}
+    runs = [summary(name, s, 40.0 + gaps[s] * (name == "cross-fidelity"))
+            for s in gaps for name in ("cross-fidelity", "cross-fidelity-ablate-tbd")]
+    next(r for r in runs if r["seed"] == 1010)["start_fingerprints"] = {"p": "elsewhere", "q": "elsewhere"}
+    rows = {r["question"]: r for r in matrix_repair.block6(runs, cfg)}
+    p = rows["cross-fidelity - cross-fidelity-ablate-tbd (p)"]
+    assert p["as published"].startswith(f"{(1 - 20 + 2) / 3:+.2f} [") and ", 3 seeds" in p["as published"]
+    assert p["paired seeds alone"].startswith("+1.50 [+1.00, +2.00], 2 seeds")
+    assert p["with the repair"].startswith("+2.00 [+1.00, +3.00], 3 seeds")
+    without_repair = matrix_repair.block6([r for r in runs if r["seed"] != 1031], cfg)
+    assert all("with the repair" not in r for r in without_repair)
+    assert "| 6 | cross-fidelity - cross-fidelity-ablate-tbd (p) | " in "\n".join(matrix_repair.markdown(without_repair))
+    assert "not yet run |" in "\n".join(matrix_repair.markdown(without_repair))

@@ -1,0 +1,100 @@
+"""The repair of the matrix's two unpaired seeds (results/preregistration-repair.md): every verdict of an affected
+block three times, side by side.
+
+    python eval.py --blocks results        # repair.md and repair.json in results/matrix, beside blocks.md
+
+Block 1 (the main comparison, seeds 1001-1011 of results/pilot and results/matrix-main) and block 6 (TBD's
+ablation on trio prose, seeds 1009-1011) each held a seed whose runs did not start from the same weights. Each
+verdict is given as published (the registered seeds, every seed paired as it ran), on the registered seeds whose
+runs are paired (matrix_pairing), and with the repair (those and the fresh seed 1031, run in full on one
+machine); the last is the registered call once the repair's runs are in.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import matrix_analysis as ma
+import matrix_blocks as mb
+
+REPAIR = (1031,)
+"""the fresh seed each affected block takes (results/preregistration-repair.md)"""
+BLOCK1 = (("pilot", "matrix-main"), tuple(range(1001, 1012)))
+"""block 1: its folders under results/ and its registered seeds"""
+VIEWS = ("as published", "paired seeds alone", "with the repair")
+
+
+def view_seeds(registered: tuple[int, ...], view: str) -> tuple[tuple[int, ...], bool]:
+    """The seeds a view reads and whether it pairs runs by their start."""
+    return (registered + REPAIR if view == "with the repair" else registered), view != "as published"
+
+
+def block1(root: Path, cfg: ma.AnalysisConfig) -> list[dict]:
+    """H1, H2 and the primary contrasts (auc) of block 1 per policy, in each view: rows of {"question", view: text}.
+    The repair's view is empty until every configuration ran seed 1031."""
+    folders, registered = BLOCK1
+    if not any(ma.is_summary(p) for f in folders for p in (Path(root) / f).glob("*.json")):
+        return []
+    summaries = ma.load(*(Path(root) / f for f in folders))
+    configurations = {s["configuration"] for s in summaries}
+    repaired = all(any(s["seed"] == seed and s["configuration"] == c for s in summaries)
+                   for seed in REPAIR for c in configurations)
+    rows: dict[str, dict[str, str]] = {}
+    for view in VIEWS:
+        if view == "with the repair" and not repaired:
+            continue
+        seeds, by_start = view_seeds(registered, view)
+        result = ma.analyze([s for s in summaries if s["seed"] in seeds], replace(cfg, pair_by_start=by_start))
+        for h in result["hypotheses"]:
+            form = "+.2f" if h["hypothesis"] == "H1" else ".3f"
+            rows.setdefault(f"{h['hypothesis']} ({h['policy']})", {})[view] = (
+                f"{h['estimate']:{form}} [{h['interval'][0]:{form}}, {h['interval'][1]:{form}}], {h['seeds']} seeds: "
+                f"{h['verdict']}")
+        for r in result["contrasts"]["auc"]:
+            rows.setdefault(f"{r['contrast']} ({r['policy']})", {})[view] = (
+                f"{r['mean']:+.2f} [{r['interval'][0]:+.2f}, {r['interval'][1]:+.2f}], {len(r['differences'])} seeds, "
+                f"Holm p {r['holm_p']:.3f}, sign-flip p {r['sign_flip_p']:.3f}")
+    return [{"block": 1, "question": q, **views} for q, views in rows.items()]
+
+
+def block6(runs: list[dict], cfg: ma.AnalysisConfig) -> list[dict]:
+    """Block 6's contrast per policy, in each view (mb.family); the repair's view empty until its runs are in."""
+    _, seeds, contrasts = mb.FAMILIES["tbd"]
+    rows: dict[str, dict[str, str]] = {}
+    for view in VIEWS:
+        called = mb.family(runs, tuple(seeds), contrasts, replace(cfg, pair_by_start=view != "as published"),
+                           REPAIR if view == "with the repair" else ())
+        if view == "with the repair" and called["repaired"] != list(REPAIR):
+            continue
+        for r in called["rows"]:
+            rows.setdefault(f"{r['contrast']} ({r['policy']})", {})[view] = (
+                f"{r['mean']:+.2f} [{r['interval'][0]:+.2f}, {r['interval'][1]:+.2f}], {len(r['differences'])} seeds, "
+                f"sign-flip p {r['sign_flip_p']:.3f}: {r['verdict']}")
+    return [{"block": 6, "question": q, **views} for q, views in rows.items()]
+
+
+def markdown(rows: list[dict]) -> list[str]:
+    """The side-by-side table's lines."""
+    lines = ["## The repair of two unpaired seeds (results/preregistration-repair.md)\n",
+             f"Each verdict of an affected block: as published (the registered seeds, the unpaired one included), on "
+             f"the paired seeds alone, and with the repair (the paired seeds and fresh seed "
+             f"{', '.join(map(str, REPAIR))}, run in full on one machine; the registered call once its runs are "
+             f"in). Mean [95% bootstrap interval], seeds, and the call or the test's p.\n",
+             "| block | question | " + " | ".join(VIEWS) + " |", "|---" * (2 + len(VIEWS)) + "|"]
+    lines += [f"| {r['block']} | {r['question']} | " + " | ".join(r.get(v, "not yet run") for v in VIEWS) + " |"
+              for r in rows]
+    return lines
+
+
+def report(root: Path, cfg: ma.AnalysisConfig = ma.AnalysisConfig()) -> str:
+    """The side-by-side table of both affected blocks, from the summaries under `root`: repair.md and repair.json
+    written in root/matrix."""
+    rows = block1(root, cfg) + block6(mb.load_sets(root).get(mb.FAMILIES["tbd"][0], []), cfg)
+    text = "\n".join(markdown(rows)) + "\n"
+    out = Path(root) / "matrix"
+    out.mkdir(exist_ok=True)
+    (out / "repair.md").write_text(text)
+    (out / "repair.json").write_text(json.dumps(rows, indent=1) + "\n")
+    return text
