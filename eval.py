@@ -292,9 +292,9 @@ if __name__ == "__main__":
                         "(benchmarks/matrix.py): the comparison's analysis of them pooled, written in the last "
                         "(benchmarks/matrix_analysis.py)")
     parser.add_argument("--blocks", type=Path, default=None, help="the folder holding the matrix's set folders "
-                        "(results): blocks 2-6, H4 and H5 by the registration's rules, and the verdicts of the two "
-                        "blocks with an unpaired seed as published and repaired, written in its matrix/ "
-                        "(benchmarks/matrix_blocks.py, benchmarks/matrix_repair.py)")
+                        "(results): blocks 2-6, H4 and H5 by the registration's rules, and beside them the verdicts of "
+                        "the two blocks with an unpaired seed as published and repaired, written in its matrix/ "
+                        "(benchmarks/matrix_blocks.py, benchmarks/matrix_review.py)")
     parser.add_argument("--target", type=float, default=0.9, help="accuracy that counts as converged")
     parser.add_argument("--out", type=Path, default=None, help="where a comparison goes (default: runs/compare)")
     parser.add_argument("--task", choices=tasks.TASK_NAMES, default=None,
@@ -310,9 +310,9 @@ if __name__ == "__main__":
         sys.path.insert(0, str(Path(__file__).resolve().parent / "benchmarks"))
         import matrix_analysis
         import matrix_blocks
-        import matrix_repair
+        import matrix_review
         print(matrix_analysis.report(cli.matrix) if cli.matrix else
-              matrix_blocks.report(cli.blocks) + "\n" + matrix_repair.report(cli.blocks))
+              matrix_blocks.report(cli.blocks) + "\n" + matrix_review.report(cli.blocks))
         raise SystemExit
     if not cli.runs:
         parser.error("give run directories, --matrix FOLDER or --blocks FOLDER")

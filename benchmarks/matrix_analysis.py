@@ -183,20 +183,32 @@ def bootstrap_means(differences: list[float], resamples: int, seed: int) -> np.n
     return values[draws].mean(axis=1)
 
 
-def sign_flip_p(differences: list[float]) -> float:
-    """The exact two-sided p-value of the paired sign-flip (permutation) test: the share of the 2^n assignments of
-    signs to the n differences whose sum lies at least as far from 0 as the observed one. Beside the registered
-    bootstrap p, which is 0 whenever every difference shares a sign, it says what n seeds can show at all: with
-    every sign shared it is 2 / 2^n (0.25 at 3 seeds)."""
+EXACT_SIGN_FLIPS = 20
+"""up to this many differences the sign-flip test enumerates every assignment of signs; beyond, it draws 2^20"""
+
+
+def sign_flip_p(differences: list[float], seed: int = 0) -> float:
+    """The two-sided p-value of the paired sign-flip (permutation) test: the share of the 2^n assignments of signs
+    to the n differences whose sum lies at least as far from 0 as the observed one, exact up to EXACT_SIGN_FLIPS
+    differences, else over 2^20 assignments drawn at random (counting the observed one, so never 0). Beside the
+    registered bootstrap p, which is 0 whenever every difference shares a sign, it says what n seeds can show at
+    all: with every sign shared, exactly 2 / 2^n (0.25 at 3 seeds)."""
     values = np.asarray(differences, dtype=float)
     observed = abs(values.sum()) * (1 - 1e-12)        # sums of one set of values in another order tie
-    bits = np.arange(len(values))
-    extreme, total, chunk = 0, 2 ** len(values), 2 ** 16
+    exact = len(values) <= EXACT_SIGN_FLIPS
+    total, chunk = (2 ** len(values) if exact else 2 ** EXACT_SIGN_FLIPS), 2 ** 16
+    rng, bits, extreme = np.random.default_rng(seed), np.arange(len(values)), 0
     for start in range(0, total, chunk):
-        codes = np.arange(start, min(start + chunk, total))
-        signs = 1 - 2 * ((codes[:, None] >> bits) & 1)          # [chunk, n] of +-1
+        size = min(chunk, total - start)
+        codes = np.arange(start, start + size)[:, None] >> bits if exact else rng.integers(0, 2, (size, len(values)))
+        signs = 1 - 2 * (codes & 1)                             # [size, n] of +-1
         extreme += int(np.count_nonzero(np.abs(signs @ values) >= observed))
-    return extreme / total
+    return extreme / total if exact else (extreme + 1) / (total + 1)
+
+
+def p_text(p: float) -> str:
+    """A p-value as the tables print it: three decimals, or a bound below 0.001."""
+    return f"{p:.3f}" if p >= 0.001 else "< 0.001"
 
 
 def percentile_interval(means: np.ndarray, level: float) -> tuple[float, float]:
@@ -403,8 +415,9 @@ def contrast_row(a: str, b: str, policy: str, differences: dict[int, float], cfg
     mean, sd = mean_sd(values)
     means = bootstrap_means(values, cfg.resamples, cfg.bootstrap_seed)
     upper = sd_upper_bound(sd, len(values), cfg.sd_confidence)
+    half = power.t_quantile(1 - cfg.alpha / 2, len(values) - 1) * sd / math.sqrt(len(values))
     return {"contrast": f"{a} - {b}", "policy": policy, "differences": differences, "mean": mean, "sd": sd,
-            "sd_interval": sd_interval(sd, len(values), 1 - cfg.alpha),
+            "t_interval": (mean - half, mean + half), "sd_interval": sd_interval(sd, len(values), 1 - cfg.alpha),
             "interval": percentile_interval(means, 1 - cfg.alpha), "p": bootstrap_p(means),
             "sign_flip_p": sign_flip_p(values), "sd_upper": upper,
             "seeds_for_matrix": seeds_for_power(upper, cfg) if upper > 0 else 2}
@@ -447,7 +460,7 @@ def markdown(result: dict) -> str:
             left_out = " ".join(map(str, r["unpaired"])) or "—"
             lines.append(f"| {r['contrast']} | {r['policy']} | {seeds} | {left_out} | {r['mean']:+.2f} | {r['sd']:.2f} "
                          f"| [{r['interval'][0]:+.2f}, {r['interval'][1]:+.2f}] | {pv(r['p'])} "
-                         f"| {r['sign_flip_p']:.3f} | {pv(r['holm_p'])} "
+                         f"| {p_text(r['sign_flip_p'])} | {pv(r['holm_p'])} "
                          f"| [{r['holm_interval'][0]:+.2f}, {r['holm_interval'][1]:+.2f}] | {r['holm_rejected']} "
                          f"| [{r['sd_interval'][0]:.2f}, {r['sd_interval'][1]:.2f}] | {r['sd_upper']:.2f} "
                          f"| {r['seeds_for_matrix']} |")

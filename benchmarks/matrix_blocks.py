@@ -319,18 +319,20 @@ def markdown(result: dict) -> str:
              "Primary metric: area under the held-out greedy curve, points; paired differences seed by seed, "
              "Holm within each family (results/preregistration-matrix.md); two runs of a seed paired only where they "
              "started from the same weights (results/preregistration-repair.md); the exact sign-flip p beside the "
-             "registered bootstrap p is descriptive.\n"]
+             "registered bootstrap p and the t interval beside its percentile interval are descriptive.\n"]
     for block, f in result["families"].items():
         seeds = f["seeds"][1] - f["seeds"][0] + 1
         lines.append(f"## {block} (set {f['set']}, seeds {f['seeds'][0]}-{f['seeds'][1]})\n")
         if f["rows"]:
-            lines += ["| contrast | policy | per-seed difference | mean | 95% interval | p | sign-flip p | Holm p "
-                      "| interval at Holm's level | verdict |", "|---" * 10 + "|"]
+            lines += ["| contrast | policy | per-seed difference | mean | 95% interval | t interval | p | sign-flip p "
+                      "| Holm p | interval at Holm's level | verdict |", "|---" * 11 + "|"]
         for r in f["rows"]:
             per_seed = " ".join(f"{seed}: {d:+.2f}" for seed, d in r["differences"].items())
             (low, high), (h_low, h_high) = r["interval"], r["holm_interval"]
+            t_low, t_high = r["t_interval"]
             lines.append(f"| {r['contrast']} | {r['policy']} | {per_seed} | {r['mean']:+.2f} | [{low:+.2f}, "
-                         f"{high:+.2f}] | {r['p']:.4f} | {r['sign_flip_p']:.3f} | {r['holm_p']:.4f} "
+                         f"{high:+.2f}] | [{t_low:+.2f}, {t_high:+.2f}] | {r['p']:.4f} "
+                         f"| {ma.p_text(r['sign_flip_p'])} | {r['holm_p']:.4f} "
                          f"| [{h_low:+.2f}, {h_high:+.2f}] "
                          f"| {r['verdict']}{' (underpowered, as registered)' if r['underpowered'] else ''} |")
         if not f["ran"]:

@@ -636,3 +636,9 @@ def test_the_sign_flip_p_value_equals_a_naive_enumeration_of_signs(differences):
     observed = abs(sum(differences))
     naive = sum(total >= observed - 1e-9 for total in sums) / len(sums)
     assert analysis.sign_flip_p(differences) == pytest.approx(naive)
+
+
+def test_beyond_twenty_differences_the_sign_flip_p_value_is_drawn_and_never_0():
+    assert 0 < analysis.sign_flip_p([1.0] * 25) < 1e-5           # exactly 2 / 2^25 by enumeration
+    assert analysis.sign_flip_p([1.0, -1.0] * 11) == 1.0          # every assignment as far out as the observed 0
+    assert analysis.p_text(0.0312) == "0.031" and analysis.p_text(3e-7) == "< 0.001"

@@ -398,7 +398,9 @@ def test_eval_blocks_calls_a_complete_block_hides_an_incomplete_one_and_reads_ev
     assert "+2.00" not in done.stdout.split("## hacpo")[1].split("##")[0]          # no outcome of an open block
     assert ("Training seconds per seed (not tested): hacpo 1009 500, 1010 501, 1011 502; sgt 1009 400, 1010 400, "
             "1011 400.") in done.stdout
-    assert (tmp_path / "matrix" / "blocks.md").read_text() == done.stdout.rstrip("\n") + "\n"
+    written = [(tmp_path / "matrix" / name).read_text() for name in ("blocks.md", "review.md")]
+    assert "\n".join(written) == done.stdout.rstrip("\n") + "\n"
+    assert "| 6 | cross-fidelity - cross-fidelity-ablate-tbd (p) | +2.00 [+1.00, +3.00], 3 seeds" in written[1]
 
 
 def test_only_files_named_as_run_summaries_are_read_as_runs():
@@ -418,18 +420,18 @@ def test_the_matrix_folders_declaration_holds_for_a_set_even_where_the_matrix_fo
 
 
 def test_the_repair_gives_each_affected_verdict_as_published_paired_and_repaired():
-    import matrix_repair
+    import matrix_review
     cfg = ma.AnalysisConfig(resamples=200)
     gaps = {1009: 1.0, 1010: -20.0, 1011: 2.0, 1031: 3.0}
     runs = [summary(name, s, 40.0 + gaps[s] * (name == "cross-fidelity"))
             for s in gaps for name in ("cross-fidelity", "cross-fidelity-ablate-tbd")]
     next(r for r in runs if r["seed"] == 1010)["start_fingerprints"] = {"p": "elsewhere", "q": "elsewhere"}
-    rows = {r["question"]: r for r in matrix_repair.block6(runs, cfg)}
+    rows = {r["question"]: r for r in matrix_review.block6(runs, cfg)}
     p = rows["cross-fidelity - cross-fidelity-ablate-tbd (p)"]
     assert p["as published"].startswith(f"{(1 - 20 + 2) / 3:+.2f} [") and ", 3 seeds" in p["as published"]
     assert p["paired seeds alone"].startswith("+1.50 [+1.00, +2.00], 2 seeds")
     assert p["with the repair"].startswith("+2.00 [+1.00, +3.00], 3 seeds")
-    without_repair = matrix_repair.block6([r for r in runs if r["seed"] != 1031], cfg)
+    without_repair = matrix_review.block6([r for r in runs if r["seed"] != 1031], cfg)
     assert all("with the repair" not in r for r in without_repair)
-    assert "| 6 | cross-fidelity - cross-fidelity-ablate-tbd (p) | " in "\n".join(matrix_repair.markdown(without_repair))
-    assert "not yet run |" in "\n".join(matrix_repair.markdown(without_repair))
+    assert "| 6 | cross-fidelity - cross-fidelity-ablate-tbd (p) | " in "\n".join(matrix_review.markdown(without_repair, []))
+    assert "not yet run |" in "\n".join(matrix_review.markdown(without_repair, []))

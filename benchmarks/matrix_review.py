@@ -1,7 +1,8 @@
-"""The repair of the matrix's two unpaired seeds (results/preregistration-repair.md): every verdict of an affected
-block three times, side by side.
+"""What a sceptical reviewer reads beside the matrix's registered calls: the repair of its two unpaired seeds
+(results/preregistration-repair.md), each affected verdict three times, side by side; and cross-fidelity - sgt
+over every paired seed that ran both, described and not called.
 
-    python eval.py --blocks results        # repair.md and repair.json in results/matrix, beside blocks.md
+    python eval.py --blocks results        # review.md and review.json in results/matrix, beside blocks.md
 
 Block 1 (the main comparison, seeds 1001-1011 of results/pilot and results/matrix-main) and block 6 (TBD's
 ablation on trio prose, seeds 1009-1011) each held a seed whose runs did not start from the same weights. Each
@@ -55,7 +56,7 @@ def block1(root: Path, cfg: ma.AnalysisConfig) -> list[dict]:
         for r in result["contrasts"]["auc"]:
             rows.setdefault(f"{r['contrast']} ({r['policy']})", {})[view] = (
                 f"{r['mean']:+.2f} [{r['interval'][0]:+.2f}, {r['interval'][1]:+.2f}], {len(r['differences'])} seeds, "
-                f"Holm p {r['holm_p']:.3f}, sign-flip p {r['sign_flip_p']:.3f}")
+                f"Holm p {r['holm_p']:.3f}, sign-flip p {ma.p_text(r['sign_flip_p'])}")
     return [{"block": 1, "question": q, **views} for q, views in rows.items()]
 
 
@@ -71,12 +72,27 @@ def block6(runs: list[dict], cfg: ma.AnalysisConfig) -> list[dict]:
         for r in called["rows"]:
             rows.setdefault(f"{r['contrast']} ({r['policy']})", {})[view] = (
                 f"{r['mean']:+.2f} [{r['interval'][0]:+.2f}, {r['interval'][1]:+.2f}], {len(r['differences'])} seeds, "
-                f"sign-flip p {r['sign_flip_p']:.3f}: {r['verdict']}")
+                f"sign-flip p {ma.p_text(r['sign_flip_p'])}: {r['verdict']}")
     return [{"block": 6, "question": q, **views} for q, views in rows.items()]
 
 
-def markdown(rows: list[dict]) -> list[str]:
-    """The side-by-side table's lines."""
+def pooled(root: Path, cfg: ma.AnalysisConfig) -> list[dict]:
+    """Descriptive, never a call: cross-fidelity - sgt per policy over every seed once where both ran and are
+    paired: block 4's seeds 1009-1030 (results/matrix, one commit, one machine), the pilot's 1001-1008 and the
+    repair's 1031 (results/pilot, results/matrix-main). Block 1's 1009-1011 are block 4's seeds too, so they are
+    read once, from block 4."""
+    block4 = ma.load(Path(root) / "matrix")
+    block1 = [s for s in ma.load(*(Path(root) / f for f in BLOCK1[0])) if s["seed"] < 1009 or s["seed"] in REPAIR]
+    runs: dict[str, dict[int, dict]] = {}
+    for s in block1 + [s for s in block4 if s["seed"] in mb.FAMILIES["hacpo"][1]]:
+        runs.setdefault(s["configuration"], {})[s["seed"]] = s
+    differences = {policy: ma.paired_differences(runs.get("cross-fidelity", {}), runs.get("sgt", {}), policy, "auc")
+                   for policy in block4[0]["policies"]}
+    return [ma.contrast_row("cross-fidelity", "sgt", policy, d, cfg) for policy, d in differences.items() if len(d) > 1]
+
+
+def markdown(rows: list[dict], pooled_rows: list[dict]) -> list[str]:
+    """The review's lines: the repair's side-by-side table, then the pooled contrast."""
     lines = ["## The repair of two unpaired seeds (results/preregistration-repair.md)\n",
              f"Each verdict of an affected block: as published (the registered seeds, the unpaired one included), on "
              f"the paired seeds alone, and with the repair (the paired seeds and fresh seed "
@@ -85,16 +101,23 @@ def markdown(rows: list[dict]) -> list[str]:
              "| block | question | " + " | ".join(VIEWS) + " |", "|---" * (2 + len(VIEWS)) + "|"]
     lines += [f"| {r['block']} | {r['question']} | " + " | ".join(r.get(v, "not yet run") for v in VIEWS) + " |"
               for r in rows]
+    lines += ["", "## cross-fidelity - sgt over every paired seed that ran both (descriptive, not a call)\n",
+              "| policy | seeds | mean | 95% bootstrap interval | t interval | sign-flip p |", "|---" * 6 + "|"]
+    lines += [f"| {r['policy']} | {len(r['differences'])} ({min(r['differences'])}-{max(r['differences'])}) "
+              f"| {r['mean']:+.2f} | [{r['interval'][0]:+.2f}, {r['interval'][1]:+.2f}] "
+              f"| [{r['t_interval'][0]:+.2f}, {r['t_interval'][1]:+.2f}] | {ma.p_text(r['sign_flip_p'])} |"
+              for r in pooled_rows]
     return lines
 
 
 def report(root: Path, cfg: ma.AnalysisConfig = ma.AnalysisConfig()) -> str:
-    """The side-by-side table of both affected blocks, from the summaries under `root`: repair.md and repair.json
-    written in root/matrix."""
+    """The review of the summaries under `root`: review.md and review.json written in root/matrix."""
     rows = block1(root, cfg) + block6(mb.load_sets(root).get(mb.FAMILIES["tbd"][0], []), cfg)
-    text = "\n".join(markdown(rows)) + "\n"
+    block4 = any(ma.is_summary(p) for p in (Path(root) / "matrix").glob("*.json"))
+    pooled_rows = pooled(root, cfg) if rows and block4 else []
+    text = "\n".join(markdown(rows, pooled_rows)) + "\n"
     out = Path(root) / "matrix"
     out.mkdir(exist_ok=True)
-    (out / "repair.md").write_text(text)
-    (out / "repair.json").write_text(json.dumps(rows, indent=1) + "\n")
+    (out / "review.md").write_text(text)
+    (out / "review.json").write_text(json.dumps({"repair": rows, "pooled": pooled_rows}, indent=1) + "\n")
     return text
