@@ -224,14 +224,16 @@ def test_decode_matches_model_generate(random_policy, sampling):
     assert torch.equal(ids, expected) and (ids[0, 3:] == tok.pad_token_id).all()
 
 
-def test_a_hub_model_offline_fails_within_seconds_saying_what_is_missing(tmp_path, monkeypatch):
+@pytest.mark.parametrize("switched_off, why", [(False, "unreachable"), (True, "switched off by HF_HUB_OFFLINE")])
+def test_a_hub_model_offline_fails_within_seconds_saying_what_is_missing(tmp_path, monkeypatch, switched_off, why):
     import time
     from huggingface_hub import constants
     from testbed import data
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", switched_off)      # whatever the environment running the tests
     monkeypatch.setattr(data, "hub_reachable", lambda endpoint, timeout_s=3.0: False)   # as offline
     spec, started = policies.PRESETS["small"]["qwen-llama"][0], time.perf_counter()
-    with pytest.raises(policies.WeightsUnavailable, match="not in the Hugging Face cache .* unreachable"):
+    with pytest.raises(policies.WeightsUnavailable, match=f"not in the Hugging Face cache .* {why}"):
         policies.load_hub_policy(spec, spec.hub_id, torch.device("cpu"), torch.float32)
     assert time.perf_counter() - started < 5
 
