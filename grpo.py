@@ -6,7 +6,9 @@ Per-token loss, for token t of completion i with ratio rho = pi_theta / pi_old:
   l_it = -w_it * min(rho_it A_it, clip(rho_it, 1 - eps_low, 1 + eps_high) A_it) + beta * k3_it
   k3_it = exp(ref_it - logp_it) - (ref_it - logp_it) - 1               (Schulman's k3 estimator of KL)
 Advantages are per token because the fidelity repairs (tokalign, reachability, reward_drift) rescale them
-token by token; w_it are the importance weights of shared off-policy experience (DESIGN.md §4.4, §4.5).
+token by token; w_it are the importance weights of shared off-policy experience (DESIGN.md §4.4, §4.5). Rows a
+batch marks `Remeasured` (HACPO's recipe on peer samples) instead take rho = 1 and a weight the policy in
+training re-measures from their sequence ratio at every optimizer step.
 Aggregation: "sequence" (original GRPO: mean over each completion's tokens, then over completions) or
 "token" (DAPO: sum over all tokens of the batch divided by their number), over the sequences of one optimizer
 step: an iteration's batch is split into --minibatches consecutive parts, own rollouts first and peer
@@ -15,6 +17,7 @@ trajectories last (as HACPO's recipe and GRAFT order them), each one step, all a
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -93,6 +96,19 @@ def clipped_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.T
     return loss, sums
 
 
+@dataclass(frozen=True)
+class Remeasured:
+    """Rows trained on a sequence-level weight that the policy in training measures anew at every optimizer step,
+    with no per-token ratio: HACPO's recipe on peer samples (baselines/hacpo.py). In optimizer step m (0-based,
+    counted over the iteration) such a row's log s is its mean completion log-prob under the policy as it is then,
+    less `behaviour`, and each of its tokens takes the weight weight(log s, step=m), which carries no gradient, in
+    place of its token weight, with ratio 1: the row's gradient is weight x its mean of A grad log pi."""
+
+    behaviour: torch.Tensor                   # [N] float64: the mean log-prob of each row's text under the policy
+                                              #     that wrote it; NaN on the rows that keep their token weights
+    weight: Callable[..., torch.Tensor]       # (log s [n] float64, step=m) -> [n]
+
+
 @dataclass
 class TrainBatch:
     """What one GRPO update consumes; every [N, L-1] tensor is aligned with the targets input_ids[:, 1:]."""
@@ -102,10 +118,12 @@ class TrainBatch:
     mask: torch.Tensor                      # [N, L-1]  1 on completion targets
     advantages: torch.Tensor                # [N, L-1]  per-token advantages, 0 off the mask
     weights: torch.Tensor | None = None     # [N, L-1]  importance weights of shared experience; None = 1
+    remeasured: Remeasured | None = None    # rows whose weight the update re-measures at every step; None: none
 
 
 def build_batch(prompts: list[list[int]], completions: list[list[int]], token_advantages: list[torch.Tensor],
-                pad_id: int, token_weights: list[torch.Tensor] | None = None) -> TrainBatch:
+                pad_id: int, token_weights: list[torch.Tensor] | None = None,
+                remeasured: Remeasured | None = None) -> TrainBatch:
     """Pack sequences with their per-token advantages (and weights), each a [T_i] tensor per completion."""
     input_ids, attention, mask = pack_sequences(prompts, completions, pad_id)
     def place(values: list[torch.Tensor]) -> torch.Tensor:
@@ -116,7 +134,25 @@ def build_batch(prompts: list[list[int]], completions: list[list[int]], token_ad
             out[i, len(p) - 1:len(p) - 1 + len(v)] = v
         return out
     return TrainBatch(input_ids, attention, mask, place(token_advantages),
-                      place(token_weights) if token_weights is not None else None)
+                      place(token_weights) if token_weights is not None else None, remeasured)
+
+
+def remeasure(remeasured: Remeasured, rows: torch.Tensor, step: int, logp: torch.Tensor, old_logp: torch.Tensor,
+              weights: torch.Tensor | None, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """pi_old and the token weights [n, C] of a micro-batch of the batch's `rows` [n] in optimizer step `step`,
+    given its log-probs now, logp [n, C], its pi_old, old_logp [n, C], token weights [n, C] (None = 1) and
+    completion mask [n, C]: on the rows `remeasured` names, pi_old is logp itself (ratio 1, whose gradient is
+    grad log pi) and every token weighs remeasured.weight(log s, step) (Remeasured); elsewhere they are unchanged."""
+    behaviour = remeasured.behaviour.to(logp.device)[rows]                                       # [n]
+    chosen = ~behaviour.isnan()                                                                   # [n]
+    if not chosen.any():
+        return old_logp, weights
+    mean_now = (logp.detach().double() * mask).sum(1) / mask.sum(1)                               # [n]
+    weight = torch.zeros_like(mean_now)                                                           # [n]
+    weight[chosen] = remeasured.weight(mean_now[chosen] - behaviour[chosen], step=step)
+    weights = torch.ones_like(logp) if weights is None else weights
+    return (torch.where(chosen[:, None], logp.detach(), old_logp),
+            torch.where(chosen[:, None], weight.to(logp.dtype)[:, None].expand_as(logp), weights))
 
 
 def minibatch_rows(n: int, minibatches: int) -> list[range]:
@@ -189,17 +225,21 @@ def grpo_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: T
             ref_logp = [logprobs(ref_model, chunk)[0] for chunk in chunks]
     updates = epochs * minibatches
     totals = {"loss": 0.0, "clipped_tokens": 0.0, "kl_sum": 0.0, "entropy_sum": 0.0, "grad_norm": 0.0}
-    for _ in range(epochs):
+    for epoch in range(epochs):
         j = 0
-        for step, size in steps:
+        for m, (step, size) in enumerate(steps):
             optimizer.zero_grad(set_to_none=True)
             for groups in step:
                 logp, entropy = logprobs(model, groups)
                 if old_logp[j] is None:
                     old_logp[j] = logp.detach()
                 mask = groups.completion_mask
-                loss, sums = clipped_loss(logp, old_logp[j], cut("advantages", groups), mask, cfg,
-                                          cut("weights", groups), ref_logp[j], totals=size)
+                old, weights = old_logp[j], cut("weights", groups)
+                if batch.remeasured is not None:
+                    old, weights = remeasure(batch.remeasured, groups.rows, epoch * minibatches + m, logp, old,
+                                             weights, mask)
+                loss, sums = clipped_loss(logp, old, cut("advantages", groups), mask, cfg, weights, ref_logp[j],
+                                          totals=size)
                 check_finite("GRPO loss", loss)
                 loss.backward()
                 totals["loss"] += loss.item() / updates

@@ -30,6 +30,7 @@ advantages of its own rollouts and the peer trajectories it takes in, with metri
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -78,6 +79,9 @@ class Crossing:
     log_ratio: torch.Tensor          # [G'] log pi_receiver(g) - log pi_peer(g), untruncated, over the aligned
                                      #      groups that hold receiver tokens
     residual: float                  # share of the peer's bytes the receiver could not reproduce
+    behaviour: float | None = None   # the peer's mean log-prob of the text over its own tokens, where the update
+                                     # re-measures the sequence ratio at every optimizer step (Received.remeasure)
+                                     # and `weights` is only the exchange's measurement; None: `weights` trains
 
 
 @dataclass
@@ -89,6 +93,10 @@ class Received:
     metrics: dict[str, float] = field(default_factory=dict)
     kept: torch.Tensor | None = None                          # [B, G] bool: own rollouts left in the batch
                                                               # (GRAFT replaces groups); None keeps them all
+    remeasure: Callable[..., torch.Tensor] | None = None      # (log s [S], step=m) -> [S]: the token weight of a
+                                                              # crossing with a `behaviour`, from its sequence ratio
+                                                              # re-measured in optimizer step m (grpo.Remeasured;
+                                                              # HACPO's official variant); picklable
 
 
 @dataclass(frozen=True)
@@ -107,6 +115,7 @@ class ShareConfig:
     hacpo_window: int = field(kw_only=True, default=5)
     hacpo_capability_bound: float = field(kw_only=True, default=10.0)
     hacpo_delta_step: float = field(kw_only=True, default=0.025)
+    hacpo_variant: str = field(kw_only=True, default="ours")
     graft_delta: float = field(kw_only=True, default=0.8)
     minibatches: int = field(kw_only=True, default=1)
 

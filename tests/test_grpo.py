@@ -303,3 +303,56 @@ def test_prompt_groups_refuse_a_completion_mask_with_a_gap():
     batch.mask[0, 2] = 0
     with pytest.raises(ValueError, match="one span"):
         sequences.prompt_groups(batch.input_ids, batch.mask, [0])
+
+
+def test_remeasured_rows_take_the_weight_of_their_sequence_ratio_at_their_step_and_no_token_ratio():
+    gen = torch.Generator().manual_seed(2)
+    prompts = [torch.randint(1, 60, (n,), generator=gen).tolist() for n in (3, 5, 2, 4, 3)]
+    completions = [torch.randint(1, 60, (n,), generator=gen).tolist() for n in (2, 4, 3, 1, 5)]
+    advantages = [torch.full((len(c),), a) for c, a in zip(completions, (1.5, -1.0, 0.5, 2.0, -1.5))]
+    behaviour = torch.tensor([math.nan, math.nan, -4.0, -4.5, -3.5], dtype=torch.float64)   # rows 2-4 re-measured
+    calls = []
+
+    def weight(log_s, step):
+        calls.append((log_s.clone(), step))
+        return torch.exp(-(log_s ** 2)) + step     # any function of log s and the step, to see both reach it
+    batch = grpo.build_batch(prompts, completions, advantages, pad_id=0,
+                             token_weights=[torch.full((len(c),), 9.0) for c in completions],   # replaced
+                             remeasured=grpo.Remeasured(behaviour, weight))
+    # by hand: step 0 trains rows 0-2 (three of five), step 1 rows 3-4, each SGD on the mean over its rows of the
+    # token mean; an own row's ratio is against pi_old, the starting weights; a re-measured row has ratio 1 and
+    # the weight of its log s = mean log pi now - behaviour, at its step
+    reference = tiny.tiny_model("llama", tiny.TinyShape(32, 2, 4, 0), vocab_size=60, seed=0)
+
+    def logprobs(row):
+        logits = reference(torch.tensor([prompts[row] + completions[row]])).logits[0, :-1] / 0.7
+        positions = torch.arange(len(prompts[row]) - 1, len(prompts[row]) + len(completions[row]) - 1)
+        return torch.log_softmax(logits, -1)[positions, torch.tensor(completions[row])]
+    with torch.no_grad():
+        old = [logprobs(row) for row in range(5)]
+    wanted = []
+    for step, rows in enumerate(([0, 1, 2], [3, 4])):
+        reference.zero_grad()
+        losses = []
+        for row in rows:
+            logp, a = logprobs(row), advantages[row][0].item()
+            if math.isnan(behaviour[row]):
+                ratio = torch.exp(logp - old[row])
+                losses.append((-9.0 * torch.minimum(ratio * a, ratio.clamp(0.8, 1.2) * a)).mean())
+            else:
+                log_s = logp.mean().item() - behaviour[row].item()
+                wanted.append((log_s, step))
+                losses.append((-(math.exp(-log_s ** 2) + step) * a * logp).mean())
+        torch.stack(losses).mean().backward()
+        with torch.no_grad():
+            for p in reference.parameters():
+                p -= 0.1 * p.grad
+    model = tiny.tiny_model("llama", tiny.TinyShape(32, 2, 4, 0), vocab_size=60, seed=0)
+    grpo.grpo_step(model, torch.optim.SGD(model.parameters(), lr=0.1), batch, grpo.LossConfig(), micro_batch=2,
+                   max_grad_norm=1e9, temperature=0.7, minibatches=2)
+    got = sorted((step, s) for log_s, step in calls for s in log_s.tolist())
+    wanted = sorted((step, s) for s, step in wanted)
+    assert [step for step, _ in got] == [step for step, _ in wanted] == [0, 1, 1]
+    assert [s for _, s in got] == pytest.approx([s for _, s in wanted], abs=1e-5)
+    for p, r in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(p.detach(), r.detach(), atol=1e-5, rtol=1e-4)
