@@ -175,6 +175,29 @@ def marked_text(record: dict) -> str:
     return "\n".join(lines)
 
 
+def curation_summary(run_dir: Path) -> str:
+    """A few lines of what the curator did over a run, per source -> receiver: its offers, how many were admitted
+    at each level, rejected and inert, how many crossed as verified rescues, and the mean of each raw term over the
+    diagnosed ones; then where the fidelity report, with its hotspots, and the record are."""
+    run_dir = Path(run_dir)
+    records = [json.loads(line) for line in (run_dir / "fidelity.jsonl").read_text().splitlines() if line]
+    lines = [f"curation over {max((r['iteration'] for r in records), default=0)} iterations, per source -> receiver:"]
+    for src, rcv in sorted({(r["source"], r["receiver"]) for r in records}):
+        mine = [r for r in records if (r["source"], r["receiver"]) == (src, rcv)]
+        count = {outcome: sum(r["level"] == outcome for r in mine) for outcome in OUTCOMES}
+        rescued = sum(r["reason"].endswith("a verified rescue") for r in mine)
+        means = {t: [r["terms"][t] for r in mine if "terms" in r and r["terms"][t] is not None
+                     and not math.isnan(r["terms"][t])] for t in TERMS}
+        lines.append(f"  {src} -> {rcv}: {len(mine)} offers; admitted "
+                     + ", ".join(f"{level.upper()} {count[level]}" for level in LEVELS)
+                     + f"; rejected {count['rejected']}; inert {count['inert']}; rescued {rescued}; mean "
+                     + ", ".join(f"{t.upper()} {sum(v) / len(v):.3f}" if v else f"{t.upper()} -"
+                                 for t, v in means.items()))
+    lines.append(f"fidelity report, its most degraded trajectories' hotspots marked: {run_dir / 'report.md'}; every "
+                 f"decision: {run_dir / 'fidelity.jsonl'}")
+    return "\n".join(lines)
+
+
 def fidelity_report(run_dir: Path, worst: int = 5, windows: int = 4) -> str:
     """The curator's record of a cross-fidelity run (fidelity.jsonl): D and its terms per source -> receiver
     pair, which term dominates, how the decision depends on each term, admission shares over time, the

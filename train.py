@@ -40,6 +40,7 @@ from tqdm import tqdm
 import coevolution
 import curator
 import eval as evaluation
+import fidelity_record
 import grpo
 import learner
 import sharing
@@ -206,8 +207,11 @@ def progress(bar: tqdm, experiences: list[sharing.Experience], accuracy: dict[st
 
 
 def finish(run_dir: Path, metrics: metrics_log.MetricsLog, started: float) -> Path:
+    """Close the logs, write and print the run's report, and, for a curated run, what the curator did."""
     metrics.close()
     print(evaluation.write_report(run_dir))
+    if (run_dir / "fidelity.jsonl").exists():
+        print(fidelity_record.curation_summary(run_dir))
     print(f"done in {time.time() - started:.0f}s; report in {run_dir / 'report.md'}")
     return run_dir
 

@@ -4,6 +4,7 @@ cross-fidelity runs end to end."""
 import json
 import math
 import random
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -319,7 +320,7 @@ def fidelity_records(run_dir):
 @pytest.mark.parametrize("pair, admission", [("qwen-llama", "diagnosis"),
                                              pytest.param("trio", "diagnosis", marks=pytest.mark.slow),
                                              ("qwen-llama", "random")])
-def test_a_cross_fidelity_run_logs_decisions_that_follow_its_own_rules(tmp_path, cache_dir, pair, admission):
+def test_a_cross_fidelity_run_logs_decisions_that_follow_its_own_rules(tmp_path, cache_dir, pair, admission, capsys):
     # what holds on every path, whichever levels a seeded run happens to use on this machine
     args = tiny_args(tmp_path, cache_dir, pair=pair, share="cross-fidelity", iterations=2, thresholds="adaptive",
                      admission=admission)
@@ -348,6 +349,20 @@ def test_a_cross_fidelity_run_logs_decisions_that_follow_its_own_rules(tmp_path,
         low, high = min(r["step_credit"]) - 1e-6, max(r["step_credit"]) + 1e-6
         assert all(low <= c <= high for c in r["outside_credit"])
     assert "Fidelity" in (run_dir / "report.md").read_text() and "moved" in (run_dir / "report.md").read_text()
+    # the run ends with the curator's summary, a line per direction, its counts those of the record
+    printed = capsys.readouterr().out
+    summary = printed[printed.index("curation over 2 iterations, per source -> receiver:"):]
+    for src, rcv in {(r["source"], r["receiver"]) for r in records}:
+        mine = [r for r in records if (r["source"], r["receiver"]) == (src, rcv)]
+        line = re.search(rf"  {src} -> {rcv}: (\d+) offers; admitted PRP (\d+), XGRPO (\d+), SGT (\d+); rejected (\d+); "
+                         rf"inert (\d+); rescued (\d+); mean TBD ([\d.]+), CCM ([\d.]+), RSD ([\d.]+)", summary)
+        counts = [len(mine)] + [sum(r["level"] == level for r in mine)
+                                for level in ("prp", "xgrpo", "sgt", "rejected", "inert")]
+        assert [int(g) for g in line.groups()[:6]] == counts
+        assert int(line.group(7)) == sum("verified rescue" in r["reason"] for r in mine)
+        tbd = [r["terms"]["tbd"] for r in mine if "D" in r]
+        assert float(line.group(8)) == pytest.approx(sum(tbd) / len(tbd), abs=5e-4)
+    assert f"{run_dir / 'report.md'}; every decision: {run_dir / 'fidelity.jsonl'}" in summary
     if pair == "qwen-llama" and admission == "diagnosis":      # the README's sensitivity commands on this run
         for command in (["runs", str(run_dir)], ["ablation", str(run_dir), str(run_dir), "--source", "qwen"]):
             out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "curator_sensitivity.py"), *command],
