@@ -18,8 +18,9 @@ from testbed import arith, policies
 
 @dataclass
 class Args:
-    pair: Literal["qwen-llama", "qwen-qwen", "trio"] = "qwen-llama"
-    """which policies train together: cross-family, same family at two sizes, or three families"""
+    pair: Literal["qwen-llama", "qwen-qwen", "trio", "qwen-mistral", "llama-mistral"] = "qwen-llama"
+    """which policies train together: cross-family, same family at two sizes, or three families; qwen-mistral and
+    llama-mistral (tiny scale only) are the trio's other two pairs, each policy starting as in the trio"""
     scale: Literal["tiny", "small", "paper"] | None = None
     """model sizes (policies.py): tiny offline models; ~1B real models; the proposal's 3B-8B. Default: small on
     CUDA, tiny otherwise"""
@@ -85,6 +86,12 @@ class Args:
     """hacpo: capability ratios P_receiver / P_peer are clamped to [1/bound, bound]"""
     hacpo_delta_step: float = sharing.ShareConfig.hacpo_delta_step
     """hacpo: the clip range's lower bound rises by it with each optimizer step of an iteration (eq. 14)"""
+    hacpo_variant: Literal["ours", "official"] = sharing.ShareConfig.hacpo_variant
+    """hacpo: ours = this codebase's HACPO, as every registered hacpo run trained: the peer rollouts inside the clip
+    range when the exchange measures s, EOS included, each step's loss their mean with the own rollouts beside them;
+    official = as the authors' recipe trains (zzx-peter/HACRL-code): every peer rollout counts in its optimizer
+    step's mean, s (EOS left out) is re-measured by the policy in training at every step, with no per-token ratio,
+    and the group std is the sample std (hacpo.py's docstring lists each variant's departures)"""
     graft_delta: float = sharing.ShareConfig.graft_delta
     """graft: a peer trajectory crosses only with compatibility s >= delta, weighted min(s, 1)"""
     iterations: int = 100
@@ -197,8 +204,9 @@ class Args:
             raise ValueError(f"--minibatches {self.minibatches} exceeds the {self.prompts_per_iteration} x "
                              f"{self.group_size} rollouts of an iteration")
         if self.share == "hacpo" and self.epochs > 1:
-            raise ValueError("--share hacpo makes one pass per iteration (--epochs 1; --minibatches gives it several "
-                             "steps): its sequence ratios are measured once, and later epochs would reuse them")
+            raise ValueError("--share hacpo makes one pass per iteration (--epochs 1, the recipe's ppo_epochs; "
+                             "--minibatches gives it several steps): the variant ours measures its sequence ratios "
+                             "once, and later epochs would reuse them")
         try:   # here, not after the warm-up: the curator's own checks, in the flags' names
             self.curator_config
         except ValueError as err:
@@ -219,8 +227,8 @@ class Args:
                                    temperature=self.temperature, micro_batch=self.micro_batch,
                                    hacpo_alpha=self.hacpo_alpha, hacpo_delta=self.hacpo_delta,
                                    hacpo_window=self.hacpo_window, hacpo_capability_bound=self.hacpo_capability_bound,
-                                   hacpo_delta_step=self.hacpo_delta_step, graft_delta=self.graft_delta,
-                                   minibatches=self.minibatches)
+                                   hacpo_delta_step=self.hacpo_delta_step, hacpo_variant=self.hacpo_variant,
+                                   graft_delta=self.graft_delta, minibatches=self.minibatches)
 
     @property
     def loss_config(self) -> grpo.LossConfig:

@@ -26,12 +26,57 @@ The peer term's gradient (Appendix E, eq. 50 with 52) is w(j,k) A s^(1+alpha) ti
 grad log pi_k inside the clip range and 0 outside it, so a peer sample crosses as a trajectory with the constant
 token weight s^(1+alpha) and advantage w(j,k) A, and one outside [1 - delta, 1] does not cross.
 
+Two variants (--hacpo-variant), read against the authors' recipe (zzx-peter/HACRL-code, recipe/hacpo:
+hacpo_core_algos.py, hacpo_workers.py, hacpo_ray_trainer.py, hacpo_trajectory.py). Both compute the equations
+above; they differ in how a peer sample's gradient is normalized and measured, which sets the peer signal's
+strength ("stronger": a larger peer gradient beside the receiver's own).
+
+  ours      every registered `hacpo` run's, the default. Its departures from the recipe:
+    - normalization: only the peer rollouts with credit and s in [1 - delta, 1] are sent; they fill the last
+      optimizer steps of the batch (own rollouts, then the peers sent), sharing a step with the own rollouts
+      that do not fit the earlier ones, and a step's loss is the mean over its rows. The recipe's loss is the
+      mean over every sample of the minibatch, the clipped-out and zero-credit peers included, and with two
+      policies and two minibatches its own samples fill the first step alone. Stronger here: with G rollouts on
+      B prompts and S peers sent, each sent peer weighs 2BG / (BG + S) times the recipe's under --minibatches 2
+      (1.33x in issue 50's hand example, 1.2-1.8x in the matrix's block 4, median 1.6 for qwen, 1.5 for llama).
+    - the group std: the population std + 1e-4 (grpo.group_advantages'), the recipe's sample std + 1e-6: every
+      advantage, own and peer, is sqrt(M / (M - 1)) larger here (1.03 for M = 16 joint responses; 1.07 in the
+      hand example, whose peers weigh 1.43 here against 1.00 there): both stronger alike.
+    - off-policy handling: s is measured once, with the receiver before the iteration's first step, and the peer
+      tokens carry the per-token clipped ratio pi / pi_old as well as s^(1+alpha); the recipe re-measures s with
+      the policy as it is at each step and has no token ratio. Second order and of no fixed sign: the two
+      differ by what the earlier steps of the iteration moved.
+    - EOS: the receiver trains its EOS on a peer's text and both EOS log-probs are in s; the recipe drops the EOS
+      from both. Small: where both policies end confidently (EOS log-prob near 0) the extra term pulls log s
+      towards 0, so more peers fall in the clip range and weigh more: stronger here.
+  official  the recipe's normalization (every peer rollout sent, each counted in its step's mean; own rollouts
+            first), its off-policy handling (s re-measured by the policy in training at every optimizer step, no
+            token ratio: grpo.Remeasured), EOS off s and off the peer's text (without_eos), and its sample std.
+            What remains of the recipe's departures:
+    - own samples: GRPO's per-token clipped ratio (0.2) where the recipe has GSPO's sequence ratio clipped to
+      [1 - 3e-4, 1 + 4e-4], so that methods differ only in what crosses. Both give the same gradient in the
+      iteration's first step, which with two policies and --minibatches 2 (the matrix's protocol) holds every
+      own sample and nothing else: no difference there. With more steps, own samples in later steps train here
+      and are nearly all clipped there, so the peer signal is relatively weaker here. Own samples also keep
+      their EOS, which the recipe drops: nothing on the peers.
+    - the steps: --minibatches consecutive parts of sizes differing by at most one, where the recipe's
+      ppo_mini_batch_size cuts equal ones; the same wherever the batch divides.
+    - the mean over a step's samples is --aggregation sequence's (the default); under token aggregation the
+      peer rows' weight is spread over their tokens instead.
+    - a peer text the receiver's tokenizer cannot spell is dropped (sharing.cross), not counted; the recipe
+      encodes every text. The tiny presets' byte-level vocabularies spell any text.
+    - the baseline guard (outside the group's reward range here, above 1 there) and the capability (mean reward
+      here, the share of positive rewards there) agree on 0/1 rewards, the arithmetic task's.
+    - a KL term only with --beta (the recipe: 0.001 on own samples; the matrix's runs have none); learning rate,
+      temperature and batch sizes are the run's.
+
 The choices where the paper is silent, ambiguous or contradicts itself: DESIGN.md §4.16.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from functools import partial
 
 import torch
 
@@ -39,6 +84,12 @@ import grpo
 import sharing
 
 CAPABILITY_FLOOR = 1e-8   # a policy that never succeeded in the window still has a finite ratio to another one
+VARIANTS = ("ours", "official")
+"""--hacpo-variant: this codebase's HACPO, as every registered hacpo run trained, or the authors' recipe's
+(module docstring)"""
+GROUP_STD = {"ours": {"eps": 1e-4, "unbiased": False}, "official": {"eps": 1e-6, "unbiased": True}}
+"""each variant's group std in the advantage: grpo.group_advantages' population std + 1e-4, or the recipe's
+sample std + 1e-6 (compute_hacpo_advantages, hacpo_trainer.yaml)"""
 
 
 @dataclass
@@ -87,12 +138,13 @@ def capability_ratios(capability: torch.Tensor, bound: float) -> torch.Tensor:
 
 
 def capability_advantages(rewards: torch.Tensor, reweight: torch.Tensor, own: torch.Tensor,
-                          scale_by_std: bool = True, eps: float = 1e-4) -> torch.Tensor:
+                          scale_by_std: bool = True, eps: float = 1e-4, unbiased: bool = False) -> torch.Tensor:
     """[B, M] the advantage of every response of the joint groups for one receiver (eq. 6-7).
 
     rewards [B, M]: per prompt, the M responses of all policies; reweight [M]: w(receiver, source) of each column;
     own [M] bool: the receiver's own columns (the fallback baseline where the reweighted one leaves the group's
-    reward range). `scale_by_std` and `eps` as in grpo.group_advantages.
+    reward range). `scale_by_std` and `eps` as in grpo.group_advantages; `unbiased`: the sample std (divisor
+    M - 1, the recipe's) instead of the population std (GROUP_STD).
     """
     if rewards.ndim != 2 or rewards.shape[1] == 0 or not rewards.shape[1] == reweight.numel() == own.numel():
         raise ValueError(f"need rewards [B, M] with M > 0 and M column weights, got {tuple(rewards.shape)}, "
@@ -106,7 +158,7 @@ def capability_advantages(rewards: torch.Tensor, reweight: torch.Tensor, own: to
     baseline = torch.where((baseline < low) | (baseline > high), rewards[:, own].mean(1, keepdim=True), baseline)
     centred = rewards - baseline                                                                  # [B, M]
     if scale_by_std:
-        centred = centred / (rewards.std(1, keepdim=True, unbiased=False) + eps)                 # eq. 6
+        centred = centred / (rewards.std(1, keepdim=True, unbiased=unbiased) + eps)              # eq. 6
     # a uniform group's baseline is its reward, but a float mean of equal rewards can miss it by a rounding
     # residue, which the std's eps would blow up: no signal means exactly 0
     return torch.where(high > low, centred, torch.zeros_like(centred))
@@ -139,7 +191,8 @@ def cross_weights(log_ratio: torch.Tensor, alpha: float, delta: float, step: tor
     if torch.isnan(log_ratio).any():
         raise ValueError("sequence log ratios contain NaN")
     steps = torch.as_tensor(step).expand(log_ratio.shape)                                         # [S]
-    lower = torch.tensor([clip_lower(delta, int(m), delta_step) for m in steps.tolist()], dtype=log_ratio.dtype)
+    lower = torch.tensor([clip_lower(delta, int(m), delta_step) for m in steps.tolist()], dtype=log_ratio.dtype,
+                         device=log_ratio.device)                                                 # [S]
     inside = (log_ratio <= 0) & (log_ratio.exp() >= lower)                                        # [S]
     return torch.where(inside, torch.exp((1 + alpha) * log_ratio.clamp(max=0)), torch.zeros_like(log_ratio))
 
@@ -156,14 +209,29 @@ def accepted_share(weights: torch.Tensor, offered: int) -> float:
     return (weights > 0).sum().item() / offered if offered else 0.0
 
 
+def without_eos(experience: sharing.Experience) -> sharing.Experience:
+    """The experience with the closing EOS taken off each rollout's ids, log-probs and byte offsets, as the
+    recipe's trajectories carry them (hacpo_trajectory.py): its text then crosses without an EOS, and its mean
+    log-prob leaves the EOS out. A rollout that is an EOS alone keeps it, the one action it took."""
+    r, eos = experience.rollouts, experience.policy.tokenizer.eos_token_id
+    ends = [len(ids) - 1 if len(ids) > 1 and ids[-1].item() == eos else len(ids) for ids in r.completion_ids]
+    return replace(experience, rollouts=replace(
+        r, completion_ids=[ids[:e] for ids, e in zip(r.completion_ids, ends)],
+        logprobs=[logp[:e] for logp, e in zip(r.logprobs, ends)],
+        offsets=[spans[:e] for spans, e in zip(r.offsets, ends)]))
+
 
 def exchange(experiences: list[sharing.Experience], cfg: sharing.ShareConfig, capability: dict[str, float] | None,
              receiver_name: str | None = None) -> dict[str, sharing.Received]:
     """HACPO on one iteration, given each policy's capability: per receiver k (only `receiver_name`,
-    if given), the advantages of its own rollouts against its capability-aware baseline, and every peer rollout
-    that carries a gradient, retokenized by cross, with advantage w(j,k) A (eq. 10) and weight s^(1+alpha)
-    (eq. 11-13). `capability`: each policy's capability this iteration (Capabilities, kept by the trainer across
-    iterations)."""
+    if given), the advantages of its own rollouts against its capability-aware baseline, and the peer rollouts,
+    retokenized by cross, with advantage w(j,k) A (eq. 10) and weight s^(1+alpha) (eq. 11-13), as
+    cfg.hacpo_variant trains them (module docstring): ours sends those that carry a gradient, with s measured
+    here; official sends every one, EOS off, for the update to re-measure s at every step. `capability`: each
+    policy's capability this iteration (Capabilities, kept by the trainer across iterations)."""
+    if cfg.hacpo_variant not in VARIANTS:
+        raise ValueError(f"--hacpo-variant must be one of {VARIANTS}, got {cfg.hacpo_variant!r}")
+    official = cfg.hacpo_variant == "official"
     if capability is None:
         raise ValueError("--share hacpo needs the policies' capabilities of this iteration (hacpo.Capabilities, "
                          "kept across iterations)")
@@ -178,23 +246,30 @@ def exchange(experiences: list[sharing.Experience], cfg: sharing.ShareConfig, ca
     for k, receiver in enumerate(experiences):
         if receiver_name is not None and receiver.policy.name != receiver_name:
             continue
-        advantages = capability_advantages(rewards, ratios[k, source].float(), source == k,
-                                                 cfg.scale_by_std)                               # [B, M]
+        advantages = capability_advantages(rewards, ratios[k, source].float(), source == k, cfg.scale_by_std,
+                                           **GROUP_STD[cfg.hacpo_variant])                        # [B, M]
         offered = []
         for j, peer in enumerate(experiences):
             if j != k:
                 credit = (ratios[j, k] * advantages[:, source == j]).flatten().tolist()         # [B*G_j]
-                picks = [(i, a) for i, a in enumerate(credit) if a != 0]
+                # the recipe trains on every peer rollout, each counting in its step's mean whatever its credit
+                picks = list(enumerate(credit)) if official else [(i, a) for i, a in enumerate(credit) if a != 0]
+                peer = without_eos(peer) if official else peer
                 offered += [(peer, c) for c in sharing.cross(peer, picks, receiver.policy, cfg)]
         log_ratio = sequence_log_ratios(offered)                                                 # [S]
-        sent = cross_weights(log_ratio, cfg.hacpo_alpha, cfg.hacpo_delta) > 0               # [S]
+        # ours sends what lies in the clip range now; the recipe sends all, its s moving with every step
+        sent = (torch.ones_like(log_ratio, dtype=torch.bool) if official
+                else cross_weights(log_ratio, cfg.hacpo_alpha, cfg.hacpo_delta) > 0)             # [S]
         # the samples sent fill the iteration's last optimizer steps, whose clip ranges are tighter (eq. 14)
         own = advantages[:, source == k]                                                         # [B, G]
         steps = grpo.row_steps(own.numel() + int(sent.sum()), cfg.minibatches)[own.numel():]
         weights = cross_weights(log_ratio[sent], cfg.hacpo_alpha, cfg.hacpo_delta, torch.tensor(steps),
                                       cfg.hacpo_delta_step)                                       # [S']
-        crossings = [replace(c, weights=torch.full_like(c.weights, w))
-                     for (_, c), w in zip([o for o, s in zip(offered, sent.tolist()) if s], weights.tolist())]
+        if official:   # a forecast, the update re-measuring s: a rollout without credit never trains
+            weights = weights * torch.tensor([bool(c.advantages.any()) for _, c in offered])
+        crossings = [replace(c, weights=torch.full_like(c.weights, w),
+                             behaviour=source.rollouts.logprobs[c.index].double().mean().item() if official else None)
+                     for (source, c), w in zip([o for o, s in zip(offered, sent.tolist()) if s], weights.tolist())]
         peers = [j for j in range(len(experiences)) if j != k]
         metrics = {**{name: v for name, v in sharing.crossing_metrics(crossings, cfg.ratio_cap).items()
                       if "truncated" not in name},   # the ratio cap is PRP's; HACPO clips the sequence ratio
@@ -207,5 +282,7 @@ def exchange(experiences: list[sharing.Experience], cfg: sharing.ShareConfig, ca
             metrics["sharing/sequence_log_ratio_mean"] = log_ratio.mean().item()
             metrics["sharing/clipped_high"] = (log_ratio > 0).double().mean().item()
             metrics["sharing/clipped_low"] = (log_ratio.exp() < 1 - cfg.hacpo_delta).double().mean().item()
-        out[receiver.policy.name] = sharing.Received(own, crossings, metrics)
+        remeasure = (partial(cross_weights, alpha=cfg.hacpo_alpha, delta=cfg.hacpo_delta,
+                             delta_step=cfg.hacpo_delta_step) if official else None)
+        out[receiver.policy.name] = sharing.Received(own, crossings, metrics, remeasure=remeasure)
     return out

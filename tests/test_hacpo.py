@@ -1,0 +1,252 @@
+"""HACPO's two variants (hacpo.py, --hacpo-variant) against naive references: the issue's hand example trained by
+each variant's update written out sample by sample, the official one from the authors' recipe
+(zzx-peter/HACRL-code, recipe/hacpo: compute_hacpo_advantages, compute_hacpo_loss, the self-first minibatches),
+today's from DESIGN.md §4.16; what the official exchange sends; a run."""
+
+import copy
+import json
+import math
+import statistics
+
+import pytest
+import torch
+
+import grpo
+import learner
+import sharing
+import train
+from args import Args
+from baselines import hacpo
+from test_sharing import PROMPTS, experience, naive_logprobs, untrained  # noqa: F401
+from test_train import tiny_args
+
+TEMPERATURE = 0.7
+CAPABILITY = {"llama": 0.3, "qwen2": 0.6}                  # the receiver llama, the peer qwen2: w(peer, llama) = 2
+OWN = ["3 + 4 = 7\nAnswer: 7", "3 + 4 = 8\nAnswer: 8", "3 + 4 = 6\nAnswer: 6", "3 + 4 = 12\nAnswer: 12"]
+PEER = ["3 + 4 = 7\nAnswer: 7", "4 + 3 = 7\nAnswer: 7", "3 + 4 = 9\nAnswer: 9", "7\nAnswer: 7"]
+OWN_REWARDS, PEER_REWARDS = [1.0, 0.0, 0.0, 0.0], [1.0, 1.0, 0.0, 1.0]
+LOG_S = [-0.10, 0.05, -0.30, -0.15]       # each peer rollout's sequence ratio under the receiver before any step
+ALPHA, DELTA, DELTA_STEP, LR = 1.0, 0.2, 0.025, 0.01   # a step that moves log s by up to 0.015
+
+
+def token_logprobs(model, prompt, completion):
+    """log pi of each token of `completion` given `prompt` at TEMPERATURE, with its gradient: one plain forward."""
+    logits = model(torch.tensor([prompt + completion])).logits[0, :-1] / TEMPERATURE
+    positions = torch.arange(len(prompt) - 1, len(prompt) + len(completion) - 1)
+    return torch.log_softmax(logits, -1)[positions, torch.tensor(completion)]
+
+
+def sequence_logprob(model, prompt, completion):
+    """The mean log-prob of `completion` given `prompt` at TEMPERATURE, with its gradient."""
+    return token_logprobs(model, prompt, completion).mean()
+
+
+def hand_example(policies, variant):
+    """The issue's example as an exchange would see it: the peer's behaviour log-probs set so that each of its
+    rollouts has the sequence ratio exp(LOG_S) with the receiver as it is, measured over the tokens the variant
+    measures it on (EOS in for ours, out for official); returns (receiver, peer) experiences."""
+    llama, qwen = policies["llama"], policies["qwen2"]
+    receiver = experience(llama, PROMPTS[:1], [OWN], [OWN_REWARDS])
+    peer = experience(qwen, PROMPTS[:1], [PEER], [PEER_REWARDS])
+    prompt = llama.encode_prompt(PROMPTS[0])
+    means = [naive_logprobs(llama.model, prompt, llama.encode_completion(t, eos=variant == "ours"),
+                            TEMPERATURE).mean().item() for t in PEER]
+    peer.rollouts.logprobs = [torch.full((len(ids),), m - s) for ids, m, s in zip(peer.rollouts.completion_ids,
+                                                                                 means, LOG_S)]
+    return receiver, peer
+
+
+def trained(policies, variant):
+    """The implementation's iteration on the hand example, two optimizer steps of SGD: the gradient of each step."""
+    receiver, peer = hand_example(policies, variant)
+    settings = {} if variant == "ours" else {"hacpo_variant": variant}   # ours: the default, as registered runs use
+    cfg = sharing.ShareConfig("hacpo", temperature=TEMPERATURE, hacpo_alpha=ALPHA, hacpo_delta=DELTA,
+                              hacpo_delta_step=DELTA_STEP, minibatches=2, **settings)
+    received = hacpo.exchange([receiver, peer], cfg, CAPABILITY, "llama")["llama"]
+    batch = learner.training_batch(receiver.policy, receiver.rollouts, received)
+    model = copy.deepcopy(receiver.policy.model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+    grads = []
+    optimizer.register_step_pre_hook(lambda *_: grads.append([p.grad.clone() for p in model.parameters()]))
+    grpo.grpo_step(model, optimizer, batch, grpo.LossConfig(), micro_batch=3, max_grad_norm=1e9,
+                   temperature=TEMPERATURE, minibatches=2)
+    return grads
+
+
+def sgd_steps(model, losses):
+    """One SGD step of LR per loss function of the model, in order; the gradient of each step."""
+    grads = []
+    for loss in losses:
+        model.zero_grad()
+        loss(model).backward()
+        grads.append([p.grad.clone() for p in model.parameters()])
+        with torch.no_grad():
+            for p in model.parameters():
+                p -= LR * p.grad
+    return grads
+
+
+def recipe_iteration(policies, frozen=False):
+    """The authors' recipe on the hand example, sample by sample: the gradient of each optimizer step, and the
+    net coefficient of the peer samples' mean grad log pi in their step at the starting weights.
+
+    compute_hacpo_advantages: baseline = mean of R / clamp(P_source / P_learner, 1/10, 10) over the joint group
+    (the receiver's own mean if that exceeds 1, the mean if all rewards are equal), A = (R - baseline) /
+    (sample std + 1e-6). The trainer puts the receiver's samples first, then the peer's; ppo_mini_batch_size x n
+    cuts them into two minibatches of 4, one optimizer step each, whose loss is -mean of every sample's objective:
+    own, min(s A, clip(s, 1 - 3e-4, 1 + 4e-4) A); a peer's, c sg(c)^alpha w A with c = clip(s, 1 - delta + m
+    delta_step, 1) in step m and w = P_peer / P_learner clamped; s = exp(mean log pi_theta - the writer's mean
+    log-prob) over the text's tokens, EOS left out, with theta as it is at that step. The own samples keep their
+    EOS, as this codebase trains them (a departure DESIGN.md §4.16 names). `frozen`: s of the peers measured at the
+    starting weights instead, the recipe's re-measurement left out (to show the test sees it)."""
+    llama = policies["llama"]
+    model = copy.deepcopy(llama.model)
+    prompt = llama.encode_prompt(PROMPTS[0])
+    rewards, sources = OWN_REWARDS + PEER_REWARDS, ["llama"] * 4 + ["qwen2"] * 4
+    ratio = [min(max(CAPABILITY[s] / CAPABILITY["llama"], 0.1), 10.0) for s in sources]
+    baseline = statistics.mean(r / w for r, w in zip(rewards, ratio))
+    if baseline > 1:
+        baseline = statistics.mean(OWN_REWARDS)
+    advantage = [(r - baseline) / (statistics.stdev(rewards) + 1e-6) for r in rewards]
+    own_rows = [llama.encode_completion(t, eos=True) for t in OWN]
+    peer_rows = [llama.encode_completion(t, eos=False) for t in PEER]
+    with torch.no_grad():   # the own samples' writer is the receiver; a peer's behaviour mean sets its s
+        own_behaviour = [sequence_logprob(model, prompt, c).item() for c in own_rows]
+        peer_behaviour = [sequence_logprob(model, prompt, c).item() - s for c, s in zip(peer_rows, LOG_S)]
+
+    def own_step(model):
+        objectives = []
+        for c, behaviour, a in zip(own_rows, own_behaviour, advantage[:4]):
+            s = torch.exp(sequence_logprob(model, prompt, c) - behaviour)
+            objectives.append(torch.minimum(s * a, s.clamp(1 - 3e-4, 1 + 4e-4) * a))
+        return -torch.stack(objectives).mean()
+
+    def peer_step(model, m=1):
+        lower, objectives = min(1.0, 1 - DELTA + m * DELTA_STEP), []
+        for c, behaviour, a, w, log_s in zip(peer_rows, peer_behaviour, advantage[4:], ratio[4:], LOG_S):
+            log_s_now = sequence_logprob(model, prompt, c) - behaviour
+            if frozen:   # the starting s, with the gradient of log pi
+                log_s_now = log_s_now - log_s_now.detach() + log_s
+            clipped = torch.exp(log_s_now).clamp(lower, 1.0)
+            objectives.append(clipped * clipped.detach() ** ALPHA * w * a)
+        return -torch.stack(objectives).mean()
+
+    lower = min(1.0, 1 - DELTA + DELTA_STEP)
+    coefficient = sum(math.exp((1 + ALPHA) * s) * w * a for s, w, a in zip(LOG_S, ratio[4:], advantage[4:])
+                      if lower <= math.exp(s) <= 1) / 4
+    return sgd_steps(model, [own_step, peer_step]), coefficient
+
+
+def ours_iteration(policies):
+    """Today's HACPO on the hand example, sample by sample (DESIGN.md §4.16): the gradient of each optimizer step,
+    and the net coefficient of the peer samples' mean grad log pi in their step at the starting weights.
+
+    A = (R - baseline) / (population std + 1e-4), the baseline as the recipe's on 0/1 rewards; a peer sample's
+    credit is w A, w = P_peer / P_learner, and its s, EOS included, is measured once, before the first step; only
+    the peers with s in [1 - delta, 1] join the batch, after the 4 own samples; the 4 + S rows are cut into two
+    consecutive steps (the larger first), each the mean over its rows of the clipped surrogate's token mean, pi_old
+    the starting weights, a peer's tokens weighted s^(1 + alpha) where s lies in its step's clip range."""
+    llama = policies["llama"]
+    model = copy.deepcopy(llama.model)
+    prompt = llama.encode_prompt(PROMPTS[0])
+    rewards = OWN_REWARDS + PEER_REWARDS
+    reweighted = OWN_REWARDS + [r * CAPABILITY["llama"] / CAPABILITY["qwen2"] for r in PEER_REWARDS]
+    baseline = statistics.mean(reweighted)
+    advantage = [(r - baseline) / (statistics.pstdev(rewards) + 1e-4) for r in rewards]
+    credit = CAPABILITY["qwen2"] / CAPABILITY["llama"]
+    sent = [i for i, s in enumerate(LOG_S) if 1 - DELTA <= math.exp(s) <= 1]
+    # (completion, advantage, s or None for an own sample) per row, own first
+    rows = ([(llama.encode_completion(t, eos=True), a, None) for t, a in zip(OWN, advantage[:4])]
+            + [(llama.encode_completion(PEER[i], eos=True), credit * advantage[4 + i], math.exp(LOG_S[i]))
+               for i in sent])
+    first = math.ceil(len(rows) / 2)
+    parts = [range(first), range(first, len(rows))]
+    with torch.no_grad():
+        old = [token_logprobs(model, prompt, completion) for completion, _, _ in rows]
+
+    def weight(s, m):
+        return 1.0 if s is None else s ** (1 + ALPHA) if s >= min(1.0, 1 - DELTA + m * DELTA_STEP) else 0.0
+
+    def step(m):
+        def loss(model):
+            per_row = []
+            for i in parts[m]:
+                completion, a, s = rows[i]
+                ratio = torch.exp(token_logprobs(model, prompt, completion) - old[i])
+                per_row.append((-weight(s, m) * torch.minimum(ratio * a, ratio.clamp(0.8, 1.2) * a)).mean())
+            return torch.stack(per_row).mean()
+        return loss
+
+    coefficient = sum(weight(rows[i][2], 1) * rows[i][1] for i in parts[1] if rows[i][2] is not None)
+    return sgd_steps(model, [step(0), step(1)]), coefficient / len(parts[1])
+
+
+def assert_same_gradients(got, want):
+    for step_got, step_want in zip(got, want, strict=True):
+        for g, w in zip(step_got, step_want, strict=True):
+            torch.testing.assert_close(g, w, atol=1e-6, rtol=1e-4)
+
+
+def test_the_official_variant_trains_the_hand_example_as_the_recipe_does(untrained):
+    want, coefficient = recipe_iteration(untrained)
+    # the peers' net credit in their step: (s1^2 + s4^2) x 2 x 0.6875 / 0.5345 / 4, the two others clipped but
+    # counted in the mean over the step's 4 samples
+    assert coefficient == pytest.approx(1.0030, abs=1e-4)
+    got = trained(untrained, "official")
+    assert_same_gradients(got, want)
+    assert max(g.abs().max().item() for g in got[1]) > 0.1          # the peers' step trains
+    # the recipe's s moves with the first step: measured once instead, the peers' step would differ
+    frozen, _ = recipe_iteration(untrained, frozen=True)
+    assert max((g - f).abs().max().item() for g, f in zip(got[1], frozen[1])) > 1e-3
+
+
+def test_the_default_variant_weighs_the_peers_of_the_hand_example_about_1_43_times_the_recipe(untrained):
+    want, coefficient = ours_iteration(untrained)
+    # the two peers inside [0.825, 1] share their step with the last own sample, 3 rows: (s1^2 + s4^2) x 2 x
+    # 0.6875 / 0.5001 / 3
+    assert coefficient == pytest.approx(1.4293, abs=1e-4)
+    assert coefficient / recipe_iteration(untrained)[1] == pytest.approx(1.425, abs=1e-3)
+    assert_same_gradients(trained(untrained, "ours"), want)
+    assert sharing.ShareConfig("hacpo", temperature=1.0).hacpo_variant == Args().hacpo_variant == "ours"
+
+
+def test_the_official_variant_sends_every_peer_rollout_without_its_eos(untrained):
+    llama, qwen = untrained["llama"], untrained["qwen2"]
+    texts = [PEER[:2], ["", "9 + 9 = 19\nAnswer: 19"]]          # prompt 1: an EOS alone, and a failure
+    receiver = experience(llama, PROMPTS[:2], [OWN[:2], OWN[2:]], [[1.0, 0.0], [0.0, 0.0]])
+    peer = experience(qwen, PROMPTS[:2], texts, [[1.0, 1.0], [0.0, 0.0]])     # prompt 1: nobody succeeded
+    gen = torch.Generator().manual_seed(0)
+    peer.rollouts.logprobs = [-torch.rand(len(ids), generator=gen) for ids in peer.rollouts.completion_ids]
+    cfg = sharing.ShareConfig("hacpo", temperature=TEMPERATURE, minibatches=2, hacpo_variant="official")
+    received = hacpo.exchange([receiver, peer], cfg, CAPABILITY, "llama")["llama"]
+    crossings = received.crossings
+    assert [c.index for c in crossings] == [0, 1, 2, 3]         # the uniform prompt's too: they count in the mean
+    eos = qwen.tokenizer.eos_token_id
+    for c, text, ids, logp in zip(crossings, texts[0] + texts[1], peer.rollouts.completion_ids,
+                                  peer.rollouts.logprobs):
+        lone = text == ""
+        assert c.completion_ids == llama.encode_completion(text, eos=lone)   # an EOS alone keeps it
+        assert ids[-1] == eos
+        assert c.behaviour == pytest.approx(logp[:len(ids) if lone else -1].double().mean().item())
+    assert all(not c.advantages.any() for c in crossings[2:])
+    assert received.metrics["sharing/offered"] == received.metrics["sharing/received"] == 4
+    batch = learner.training_batch(llama, receiver.rollouts, received)
+    assert batch.remeasured.behaviour[:4].isnan().all()
+    torch.testing.assert_close(batch.remeasured.behaviour[4:], torch.tensor([c.behaviour for c in crossings],
+                                                                            dtype=torch.float64))
+    # the update's weight is the sequence ratio's, s^(1+alpha) inside the step's clip range [0.825, 1]
+    log_s = torch.tensor([-0.1, -0.2, 0.1], dtype=torch.float64)
+    torch.testing.assert_close(received.remeasure(log_s, step=1),
+                               torch.tensor([math.exp(-0.2), 0.0, 0.0], dtype=torch.float64))
+    ours = hacpo.exchange([receiver, peer], sharing.ShareConfig("hacpo", temperature=TEMPERATURE), CAPABILITY,
+                          "llama")["llama"]
+    assert learner.training_batch(llama, receiver.rollouts, ours).remeasured is None
+
+
+def test_a_run_of_the_official_variant_sends_every_peer_rollout(tmp_path, cache_dir):
+    run_dir = train.main(tiny_args(tmp_path, cache_dir, share="hacpo", hacpo_variant="official", minibatches=2))
+    updates = [r for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())
+               if "losses/policy_loss" in r]
+    assert len(updates) == 4 and all(math.isfinite(r["losses/policy_loss"]) for r in updates)
+    assert all(r["sharing/received"] == r["sharing/offered"] == 8 * 6 for r in updates)   # 8 prompts x 6
+    assert json.loads((run_dir / "config.json").read_text())["hacpo_variant"] == "official"
