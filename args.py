@@ -91,7 +91,7 @@ class Args:
     range when the exchange measures s, EOS included, each step's loss their mean with the own rollouts beside them;
     official = as the authors' recipe trains (zzx-peter/HACRL-code): every peer rollout counts in its optimizer
     step's mean, s (EOS left out) is re-measured by the policy in training at every step, with no per-token ratio,
-    and the group std is the sample std (hacpo.py's docstring lists each variant's departures)"""
+    and the group std is the sample std (DESIGN.md §4.16 lists each variant's departures)"""
     graft_delta: float = sharing.ShareConfig.graft_delta
     """graft: a peer trajectory crosses only with compatibility s >= delta, weighted min(s, 1)"""
     iterations: int = 100

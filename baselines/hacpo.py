@@ -26,51 +26,9 @@ The peer term's gradient (Appendix E, eq. 50 with 52) is w(j,k) A s^(1+alpha) ti
 grad log pi_k inside the clip range and 0 outside it, so a peer sample crosses as a trajectory with the constant
 token weight s^(1+alpha) and advantage w(j,k) A, and one outside [1 - delta, 1] does not cross.
 
-Two variants (--hacpo-variant), read against the authors' recipe (zzx-peter/HACRL-code, recipe/hacpo:
-hacpo_core_algos.py, hacpo_workers.py, hacpo_ray_trainer.py, hacpo_trajectory.py). Both compute the equations
-above; they differ in how a peer sample's gradient is normalized and measured, which sets the peer signal's
-strength ("stronger": a larger peer gradient beside the receiver's own).
-
-  ours      every registered `hacpo` run's, the default. Its departures from the recipe:
-    - normalization: only the peer rollouts with credit and s in [1 - delta, 1] are sent; they fill the last
-      optimizer steps of the batch (own rollouts, then the peers sent), sharing a step with the own rollouts
-      that do not fit the earlier ones, and a step's loss is the mean over its rows. The recipe's loss is the
-      mean over every sample of the minibatch, the clipped-out and zero-credit peers included, and with two
-      policies and two minibatches its own samples fill the first step alone. Stronger here: with G rollouts on
-      B prompts and S peers sent, each sent peer weighs 2BG / (BG + S) times the recipe's under --minibatches 2
-      (1.33x in issue 50's hand example, 1.2-1.8x in the matrix's block 4, median 1.6 for qwen, 1.5 for llama).
-    - the group std: the population std + 1e-4 (grpo.group_advantages'), the recipe's sample std + 1e-6: every
-      advantage, own and peer, is sqrt(M / (M - 1)) larger here (1.03 for M = 16 joint responses; 1.07 in the
-      hand example, whose peers weigh 1.43 here against 1.00 there): both stronger alike.
-    - off-policy handling: s is measured once, with the receiver before the iteration's first step, and the peer
-      tokens carry the per-token clipped ratio pi / pi_old as well as s^(1+alpha); the recipe re-measures s with
-      the policy as it is at each step and has no token ratio. Second order and of no fixed sign: the two
-      differ by what the earlier steps of the iteration moved.
-    - EOS: the receiver trains its EOS on a peer's text and both EOS log-probs are in s; the recipe drops the EOS
-      from both. Small: where both policies end confidently (EOS log-prob near 0) the extra term pulls log s
-      towards 0, so more peers fall in the clip range and weigh more: stronger here.
-  official  the recipe's normalization (every peer rollout sent, each counted in its step's mean; own rollouts
-            first), its off-policy handling (s re-measured by the policy in training at every optimizer step, no
-            token ratio: grpo.Remeasured), EOS off s and off the peer's text (without_eos), and its sample std.
-            What remains of the recipe's departures:
-    - own samples: GRPO's per-token clipped ratio (0.2) where the recipe has GSPO's sequence ratio clipped to
-      [1 - 3e-4, 1 + 4e-4], so that methods differ only in what crosses. Both give the same gradient in the
-      iteration's first step, which with two policies and --minibatches 2 (the matrix's protocol) holds every
-      own sample and nothing else: no difference there. With more steps, own samples in later steps train here
-      and are nearly all clipped there, so the peer signal is relatively weaker here. Own samples also keep
-      their EOS, which the recipe drops: nothing on the peers.
-    - the steps: --minibatches consecutive parts of sizes differing by at most one, where the recipe's
-      ppo_mini_batch_size cuts equal ones; the same wherever the batch divides.
-    - the mean over a step's samples is --aggregation sequence's (the default); under token aggregation the
-      peer rows' weight is spread over their tokens instead.
-    - a peer text the receiver's tokenizer cannot spell is dropped (sharing.cross), not counted; the recipe
-      encodes every text. The tiny presets' byte-level vocabularies spell any text.
-    - the baseline guard (outside the group's reward range here, above 1 there) and the capability (mean reward
-      here, the share of positive rewards there) agree on 0/1 rewards, the arithmetic task's.
-    - a KL term only with --beta (the recipe: 0.001 on own samples; the matrix's runs have none); learning rate,
-      temperature and batch sizes are the run's.
-
-The choices where the paper is silent, ambiguous or contradicts itself: DESIGN.md §4.16.
+The choices where the paper is silent, ambiguous or contradicts itself, and the two variants (--hacpo-variant: ours,
+every registered run's, and official, as the authors' recipe trains) with each one's departures from the recipe
+and their direction of effect on the peer signal: DESIGN.md §4.16.
 """
 
 from __future__ import annotations
