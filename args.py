@@ -164,7 +164,8 @@ class Args:
     """seeds models, warm-up, problems and sampling; a CPU run is repeatable"""
     name: str | None = None
     """run name; default PAIR-SHARE-sSEED, then the task, step format, TBD measure, ablations, thresholds,
-    process signal, scale and LoRA rank where they differ from their defaults (checkpoint.run_name)"""
+    process signal, CCM estimate, HACPO variant, scale and LoRA rank where they differ from their defaults
+    (checkpoint.run_name)"""
     runs_dir: str = "runs"
     """where run directories are made"""
     cache_dir: str | None = None

@@ -91,6 +91,9 @@ SETS = {
     **{f"matrix-h4-{pair}-{form}": MatrixSet(DESCRIPTIVE, (1009, 1010),
                                              (*PROTOCOL, "--pair", pair, "--step-format", form))
        for pair, form in (("qwen-qwen", "line"), ("qwen-qwen", "prose"), ("qwen-llama", "prose"))},
+    "hacpo-official": MatrixSet({"hacpo-official": ("--share", "hacpo", "--hacpo-variant", "official"),
+                                 "hacpo": ("--share", "hacpo", "--hacpo-variant", "ours"),
+                                 "sgt": ("--share", "sgt")}, tuple(range(7001, 7028)), PROTOCOL),
     "smoke": MatrixSet({name: PILOT_CONFIGURATIONS[name] for name in ("none", "hacpo", "graft")}, (1, 2),
                        ("--eval-size", "16", "--eval-every", "1", "--eval-samples", "0", "--minibatches", "2",
                         "--prompts-per-iteration", "4", "--group-size", "4", "--max-new-tokens", "16",
@@ -98,7 +101,8 @@ SETS = {
     "speed-check": MatrixSet({"none": ("--share", "none")}, (700, 900, 901), (*power.EVALUATION, "--minibatches", "2")),
 }
 """the named sets: the pre-registered pilot (results/preregistration.md); the matrix's, each run as its
-registration's blocks say (results/preregistration-matrix.md); the check of a change that alters metrics, the
+registration's blocks say (results/preregistration-matrix.md); HACPO as its authors wrote it against today's
+(results/preregistration-hacpo-official.md); the check of a change that alters metrics, the
 pilot's protocol on three seeds no comparison uses, run at the commits before and after it
 (benchmarks/speed_check.py); and a smoke test of the runner"""
 

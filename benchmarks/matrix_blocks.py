@@ -38,8 +38,11 @@ FAMILIES = {
                                                 ("cross-fidelity", "cross-fidelity-intrinsic", "component"))),
     "hacpo": ("matrix", range(1009, 1031), (("hacpo", "sgt", "lead"), ("cross-fidelity", "hacpo", "lead"))),
     "tbd": ("matrix-trio-prose", range(1009, 1012), (("cross-fidelity", "cross-fidelity-ablate-tbd", "component"),)),
+    "hacpo-official": ("hacpo-official", range(7001, 7028), (("hacpo-official", "sgt", "lead"),
+                                                             ("hacpo-official", "hacpo", "lead"))),
 }
-"""block -> (the set its runs are in, its registered seeds, its contrasts (A, B, how each is called))"""
+"""block -> (the set its runs are in, its registered seeds, its contrasts (A, B, how each is called)); the last,
+HACPO as its authors wrote it, is registered on its own (results/preregistration-hacpo-official.md)"""
 H4_CELLS = (
     ("qwen-llama", "line", "credit", "matrix", "cross-fidelity"),
     ("qwen-llama", "line", "hidden", "matrix", "cross-fidelity-hidden"),
@@ -262,7 +265,8 @@ def interval(values: list[float], cfg: ma.AnalysisConfig) -> tuple[float, float,
 def load_sets(root: Path) -> dict[str, list[dict]]:
     """set -> its summaries, for each set folder of the matrix under `root` that holds any (matrix_analysis.load
     checks each), refused where the folders' commits span more than one class of metric-equivalent commits (the
-    declarations of every folder read together)."""
+    declarations of every folder read together); and for each family's set registered on its own (not named
+    matrix*), its folder's summaries, at one class of commits of their own."""
     matrix = [f for f in sorted(Path(root).glob("matrix*")) if f.is_dir() and f.name != "matrix-main"]
     folders = [f for f in matrix if any(ma.is_summary(p) for p in f.glob("*.json"))]
     if not folders:
@@ -274,6 +278,10 @@ def load_sets(root: Path) -> dict[str, list[dict]]:
     if len({classes.get(c, c) for c in commits}) > 1:
         raise ValueError(f"the matrix's sets ran at commits {commits}, not declared metric-equivalent in "
                          f"{ma.EQUIVALENCE_FILE}; rerun them at one commit or declare them there")
+    for name in {set_name for set_name, _, _ in FAMILIES.values()} - {f.name for f in matrix}:
+        folder = Path(root) / name      # a set registered on its own: its commits are a class of their own
+        if any(ma.is_summary(p) for p in folder.glob("*.json")):
+            sets[name] = ma.load(folder)
     return sets
 
 

@@ -32,8 +32,8 @@ RESUMABLE = ("resume", "iterations", "backend", "devices", "ray_address", "cpus_
 train_ray.py give the same metrics on a CPU)"""
 
 
-NAMED = ("task", "step_format", "tbd_measure", "ablate", "thresholds", "process_signal", "ccm_estimate", "scale",
-         "lora_rank")
+NAMED = ("task", "step_format", "tbd_measure", "ablate", "thresholds", "process_signal", "ccm_estimate",
+         "hacpo_variant", "scale", "lora_rank")
 """settings that a default run name spells out where they differ from their defaults (beside pair, share, seed)"""
 
 

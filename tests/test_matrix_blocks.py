@@ -60,6 +60,9 @@ def test_the_families_are_the_registrations():
         "hacpo": ("matrix", range(1009, 1031), {("hacpo", "sgt", "lead"), ("cross-fidelity", "hacpo", "lead")}),
         "tbd": ("matrix-trio-prose", range(1009, 1012), {("cross-fidelity", "cross-fidelity-ablate-tbd",
                                                           "component")}),
+        # results/preregistration-hacpo-official.md
+        "hacpo-official": ("hacpo-official", range(7001, 7028), {("hacpo-official", "sgt", "lead"),
+                                                                 ("hacpo-official", "hacpo", "lead")}),
     }
     assert {k: (s, seeds, set(c)) for k, (s, seeds, c) in mb.FAMILIES.items()} == registered
     assert len(mb.H4_CELLS) == 10 and list(mb.H4_SEEDS) == [1009, 1010] and list(mb.H5_SEEDS) == list(range(1009, 1015))
