@@ -5,7 +5,8 @@ A policy is a causal LM with its own tokenizer. Three scales (PRESETS):
   tiny   random-initialized Qwen2 / Llama / Mistral architectures of about a million parameters, each with its
          family's real tokenizer trimmed to the task vocabulary (tiny.py), warmed up by a short supervised phase
          whose budget differs per policy (`supervised_warmup`): that gap is the capability gap CCM needs
-         (DESIGN.md §5).
+         (DESIGN.md §5). The pairs qwen-llama, qwen-mistral and llama-mistral are the trio's policies two at a
+         time, each seeded as in the trio, so that on a seed a policy starts from the same weights in all of them.
   small  real ~1B instruct models from the hub or a local directory.
   paper  the proposal's 3B-8B models (§3.1). The proposal's "Gemma-3-7B" does not exist; the nearest Gemma-3
          size, google/gemma-3-4b-it, stands in.
@@ -22,7 +23,7 @@ import functools
 import hashlib
 import importlib.util
 import json
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
 import torch
@@ -42,6 +43,16 @@ class PolicySpec:
     """tokenizer and architecture family: qwen2, llama or mistral"""
     hub_id: str | None = None
     tiny: tiny.TinyShape | None = None
+    seed_index: int | None = None
+    """a tiny policy's place in the preset it is drawn from (a pair's policy: its place in the trio), which seeds
+    its initialization and warm-up (`tiny_seed`); None: its position in its own preset"""
+
+
+def tiny_seed(spec: PolicySpec, index: int, seed: int) -> int:
+    """The seed a tiny policy at position `index` of its preset is initialized and warmed up with. A pair drawn
+    from the trio keeps each policy's place in the trio (`_from_trio`), so that the pair's runs and the trio's
+    start from the same weights on a seed."""
+    return seed + 1000 * (index if spec.seed_index is None else spec.seed_index)
 
 
 def _tiny(name: str, family: str, hidden: int, layers: int, warmup_steps: int) -> PolicySpec:
@@ -51,12 +62,25 @@ def _tiny(name: str, family: str, hidden: int, layers: int, warmup_steps: int) -
                                                    premature_share=0.7))
 
 
+_TINY_TRIO = [_tiny("qwen", "qwen2", 128, 4, 1000), _tiny("llama", "llama", 128, 4, 800),
+              _tiny("mistral", "mistral", 128, 4, 1000)]
+
+
+def _from_trio(trio: list[PolicySpec], *names: str) -> list[PolicySpec]:
+    """The trio's policies of these names, each as in the trio and seeded by its place there (H3 compares a
+    policy's trio run with its runs beside each peer alone, all from one start)."""
+    place = {spec.name: i for i, spec in enumerate(trio)}
+    return [replace(trio[place[name]], seed_index=place[name]) for name in names]
+
+
 PRESETS: dict[str, dict[str, list[PolicySpec]]] = {
     "tiny": {
-        "qwen-llama": [_tiny("qwen", "qwen2", 128, 4, 1000), _tiny("llama", "llama", 128, 4, 800)],
+        "qwen-llama": _from_trio(_TINY_TRIO, "qwen", "llama"),
         "qwen-qwen": [_tiny("qwen-small", "qwen2", 96, 3, 1000), _tiny("qwen-large", "qwen2", 160, 4, 1000)],
-        "trio": [_tiny("qwen", "qwen2", 128, 4, 1000), _tiny("llama", "llama", 128, 4, 800),
-                 _tiny("mistral", "mistral", 128, 4, 1000)],
+        "trio": _TINY_TRIO,
+        # only at this scale: the real trios have no Mistral
+        "qwen-mistral": _from_trio(_TINY_TRIO, "qwen", "mistral"),
+        "llama-mistral": _from_trio(_TINY_TRIO, "llama", "mistral"),
     },
     "small": {
         "qwen-llama": [PolicySpec("qwen", "qwen2", "Qwen/Qwen2.5-0.5B-Instruct"),
@@ -234,16 +258,24 @@ def supervised_warmup(policy: Policy, steps: int, task_cfg: arith.TaskConfig, se
 def warm_up_cached(policy: Policy, spec: PolicySpec, task_cfg: arith.TaskConfig, seed: int, cache_dir: str | None,
                    warmup_scale: float = 1.0) -> None:
     """Warm up a freshly built tiny policy (policies.Policy) in place, or load its warm-up from the on-disk cache,
-    keyed by everything the warm-up depends on."""
+    keyed by everything the warm-up depends on (`warmup_key`)."""
     steps = round(spec.tiny.warmup_steps * warmup_scale)
-    key = hashlib.sha256(json.dumps([asdict(spec), asdict(task_cfg), seed, steps, len(policy.tokenizer),
-                                     WARMUP_VERSION], sort_keys=True).encode()).hexdigest()[:16]
+    key = warmup_key(spec, task_cfg, seed, steps, len(policy.tokenizer))
     path = tiny.cache_root(cache_dir) / "warmup" / f"{spec.name}-{key}.pt"
     if path.exists():
         policy.model.load_state_dict(torch.load(path, map_location="cpu"))
         return
     supervised_warmup(policy, steps, task_cfg, seed, spec.tiny.premature_share)
     tiny.atomic_write(path, lambda handle: torch.save(policy.model.state_dict(), handle))
+
+
+def warmup_key(spec: PolicySpec, task_cfg: arith.TaskConfig, seed: int, steps: int, vocab_size: int) -> str:
+    """The cache key of a tiny policy's warm-up: a hash of everything its initialization and warm-up depend on."""
+    # the seed index is in the key through the seed it gives; left out of the spec's fields, a policy's key is
+    # the same in every preset that seeds it alike, and the keys from before the field existed still hold
+    described = {k: v for k, v in asdict(spec).items() if k != "seed_index"}
+    return hashlib.sha256(json.dumps([described, asdict(task_cfg), seed, steps, vocab_size, WARMUP_VERSION],
+                                     sort_keys=True).encode()).hexdigest()[:16]
 
 
 WARMUP_VERSION = 2
@@ -347,7 +379,7 @@ def load_policies(pair: str, scale: str, device: torch.device | list[torch.devic
 def preset(pair: str, scale: str) -> list[PolicySpec]:
     """The pair's policy specs at this scale; an unknown pair is refused with the known ones."""
     if pair not in PRESETS[scale]:
-        raise ValueError(f"unknown pair {pair!r}; choose from {sorted(PRESETS[scale])}")
+        raise ValueError(f"unknown pair {pair!r} at scale {scale}; choose from {sorted(PRESETS[scale])}")
     return PRESETS[scale][pair]
 
 
@@ -357,7 +389,7 @@ def load_policy(pair: str, scale: str, index: int, device: torch.device, task_cf
     """Policy `index` of the pair on `device`, built alone (a Ray actor builds only its own).
 
     A real policy loads from model_paths[name], else from model_dir/<last part of its hub id>, else the hub; a tiny
-    one is seeded by its index (seed + 1000 * index), so it is the same wherever it is built.
+    one is seeded by its place (`tiny_seed`), so it is the same wherever it is built.
     """
     specs, model_paths = preset(pair, scale), model_paths or {}
     unknown = set(model_paths) - {s.name for s in specs}
@@ -367,7 +399,7 @@ def load_policy(pair: str, scale: str, index: int, device: torch.device, task_cf
     if spec.name in model_paths:
         return load_hub_policy(spec, model_paths[spec.name], device, default_dtype(device))
     if spec.tiny is not None:
-        policy = load_tiny_policy(spec, task_cfg, seed + 1000 * index, cache_dir, warmup_scale)
+        policy = load_tiny_policy(spec, task_cfg, tiny_seed(spec, index, seed), cache_dir, warmup_scale)
         policy.model.to(device=device, dtype=default_dtype(device))
         policy.device = device
         return policy

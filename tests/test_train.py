@@ -41,13 +41,14 @@ def records(run_dir):
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-@pytest.mark.parametrize("pair", ["qwen-llama", "trio"])
+@pytest.mark.parametrize("pair", ["qwen-llama", "trio", "qwen-mistral", "llama-mistral"])
 def test_two_iterations_change_every_policy_and_log_the_documented_metrics(tmp_path, cache_dir, pair):
     args = tiny_args(tmp_path, cache_dir, pair=pair, beta=0.1, epochs=2)
     run_dir = train.main(args)
     specs = policies.PRESETS["tiny"][pair]
     for i, spec in enumerate(specs):
-        warm = policies.load_tiny_policy(spec, TASK, args.seed + 1000 * i, cache_dir, args.warmup_scale)
+        warm = policies.load_policy(pair, "tiny", i, torch.device("cpu"), TASK, args.seed, cache_dir,
+                                    warmup_scale=args.warmup_scale)
         trained = torch.load(run_dir / "checkpoints" / "iter-000002" / f"{spec.name}.pt")["model"]
         changed = [name for name, p in warm.model.state_dict().items() if not torch.equal(p, trained[name])]
         assert changed, f"{spec.name} did not change"
