@@ -42,6 +42,7 @@ import random
 import sys
 import tempfile
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -264,11 +265,13 @@ def spearman_interval(x: list[float], y: list[float], rng: random.Random, resamp
     """Spearman's rho of (x, y) and its percentile bootstrap interval over pairs resampled with replacement."""
     rho = scipy_stats.spearmanr(x, y).statistic
     draws = []
-    for _ in range(resamples):
-        picked = [rng.randrange(len(x)) for _ in x]
-        r = scipy_stats.spearmanr([x[i] for i in picked], [y[i] for i in picked]).statistic
-        if math.isfinite(r):
-            draws.append(r)
+    with warnings.catch_warnings():   # a resample whose values are all one is undefined: left out, not warned of
+        warnings.simplefilter("ignore", scipy_stats.ConstantInputWarning)
+        for _ in range(resamples):
+            picked = [rng.randrange(len(x)) for _ in x]
+            r = scipy_stats.spearmanr([x[i] for i in picked], [y[i] for i in picked]).statistic
+            if math.isfinite(r):
+                draws.append(r)
     draws.sort()
     tail = (1 - level) / 2
     return rho, draws[int(tail * len(draws))], draws[min(int((1 - tail) * len(draws)), len(draws) - 1)]
