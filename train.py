@@ -46,7 +46,7 @@ import learner
 import sharing
 from args import Args
 from baselines import hacpo
-from testbed import checkpoint, costs, data, metrics_log, policies, tasks
+from testbed import checkpoint, costs, data, metrics_log, policies, presets, tasks
 
 
 def prompt_sampler(seed: int, iteration: int) -> random.Random:
@@ -219,7 +219,7 @@ def finish(run_dir: Path, metrics: metrics_log.MetricsLog, started: float) -> Pa
 def run(args: Args) -> Path:
     # ---- set-up: tasks, run directory, policies, curator; a resumed run restores its last checkpoint ----------
     scale = args.scale or policies.default_scale()
-    devices = policies.policy_devices(args.devices, len(policies.preset(args.pair, scale)))
+    devices = policies.policy_devices(args.devices, len(presets.preset(args.pair, scale)))
     task, transfer = load_tasks(args)
     run_dir = open_run(args, scale, "local", f"devices={','.join(map(str, devices))}")
     started = time.time()

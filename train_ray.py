@@ -35,7 +35,7 @@ import learner
 import sharing
 import train
 from args import Args
-from testbed import checkpoint, costs, metrics_log, policies, tasks
+from testbed import checkpoint, costs, metrics_log, policies, presets, tasks
 
 REPO = str(Path(__file__).resolve().parent)
 
@@ -207,7 +207,7 @@ class RayTeam:
     def __init__(self, args: RayArgs):
         self.actors: list = []
         self.names: list[str] = []
-        count = len(policies.preset(args.pair, args.scale or "tiny"))     # every scale has as many policies
+        count = len(presets.preset(args.pair, args.scale or "tiny"))     # every scale has as many policies
         self.started = not ray.is_initialized()     # a Ray started by the caller (a test) is the caller's to stop
         if self.started:
             start_locally = args.ray_address is None and "RAY_ADDRESS" not in os.environ
@@ -235,7 +235,7 @@ class RayTeam:
         actor = ray.remote(PolicyActor).options(num_cpus=self.args.cpus_per_policy, num_gpus=self.gpus,
                                                 runtime_env={"env_vars": {"PYTHONPATH": path}})
         device = "cuda" if self.gpus else "cpu"   # Ray makes the actor's GPUs its only visible ones
-        for i, spec in enumerate(policies.preset(self.args.pair, self.scale)):
+        for i, spec in enumerate(presets.preset(self.args.pair, self.scale)):
             self.actors.append(actor.remote(self.args, self.scale, i, device, task, transfer))
             self.names.append(spec.name)
         peers = self.get([a.as_peer.remote() for a in self.actors])

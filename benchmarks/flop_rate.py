@@ -111,8 +111,8 @@ def main() -> None:
         wall_time.instrumented_run(Path(args.inner[0]), args.flags, Path(args.inner[1]), measure=counted)
         return
     from matrix import SETS
-    from testbed import policies
-    width = max(spec.tiny.hidden for spec in policies.PRESETS["tiny"]["qwen-llama"])
+    from testbed import presets
+    width = max(spec.tiny.hidden for spec in presets.PRESETS["tiny"]["qwen-llama"])
     with tempfile.TemporaryDirectory(prefix="flop-rate-") as tmp:
         work = Path(tmp)
         flags = ["--seed", str(args.seed), "--iterations", str(args.iterations), *SETS["pilot"].shared,

@@ -205,13 +205,13 @@ def fill_warm_up_cache(set_name: str, seed: int) -> None:
     import torch
     import tyro
 
-    from testbed import policies
+    from testbed import policies, presets
     from train import Args
     torch.set_num_threads(1)
     args = tyro.cli(Args, args=[*SETS[set_name].shared, "--seed", str(seed)])
     scale = args.scale or policies.default_scale()
     if scale == "tiny":
-        devices = [torch.device("cpu")] * len(policies.preset(args.pair, scale))
+        devices = [torch.device("cpu")] * len(presets.preset(args.pair, scale))
         policies.build_policies(args.policy_setup(scale), devices, args.task_config)
 
 

@@ -62,7 +62,7 @@ import sharing  # noqa: E402
 import train  # noqa: E402
 from args import Args  # noqa: E402
 from baselines import graft, hacpo  # noqa: E402
-from testbed import checkpoint, policies, sequences, tasks  # noqa: E402
+from testbed import checkpoint, policies, presets, sequences, tasks  # noqa: E402
 
 # ---------------------------------------------------------------------------------------------------------------
 # Gradients as flat vectors over the receiver's trained parameters
@@ -211,7 +211,7 @@ class Candidate:
 
 def trained_learners(args: Args) -> tuple[list[learner.Learner], object]:
     """The run's learners and curator after args.iterations iterations of train.run (none: as built)."""
-    learners = [learner.build(args, "tiny", i, torch.device("cpu")) for i in range(len(policies.preset(args.pair,
+    learners = [learner.build(args, "tiny", i, torch.device("cpu")) for i in range(len(presets.preset(args.pair,
                                                                                                        "tiny")))]
     if args.iterations == 0:
         return learners, train.make_curator(args, [l.name for l in learners])

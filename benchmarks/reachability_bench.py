@@ -27,6 +27,7 @@ from timing import best_of  # noqa: E402
 
 from testbed import arith  # noqa: E402
 from testbed import policies  # noqa: E402
+from testbed import presets  # noqa: E402
 import reachability  # noqa: E402
 from testbed import tiny  # noqa: E402
 
@@ -41,7 +42,7 @@ def main() -> None:
     device = torch.device(args.device)
     torch.manual_seed(0)
     cfg = arith.TaskConfig()
-    spec = policies.PRESETS["tiny"]["qwen-llama"][0]
+    spec = presets.PRESETS["tiny"]["qwen-llama"][0]
     policy = policies.load_tiny_policy(spec, cfg, seed=1, cache_dir=None, warmup_scale=args.warmup_scale)
     model = policy.model.to(device)
     policy.device = device

@@ -22,6 +22,7 @@ from testbed import checkpoint  # noqa: E402
 import eval as evaluation  # noqa: E402
 from testbed import arith  # noqa: E402
 from testbed import policies  # noqa: E402
+from testbed import presets  # noqa: E402
 from testbed import tasks  # noqa: E402
 import train  # noqa: E402
 from args import Args  # noqa: E402
@@ -48,8 +49,8 @@ def main() -> None:
     cli.add_argument("--threads", type=int, default=2)
     args = cli.parse_args()
     torch.set_num_threads(args.threads)
-    preset = policies.PRESETS["tiny"]["qwen-llama"]
-    policies.PRESETS["tiny"]["qwen-llama"] = [
+    preset = presets.PRESETS["tiny"]["qwen-llama"]
+    presets.PRESETS["tiny"]["qwen-llama"] = [
         replace(s, tiny=replace(s.tiny, premature_share=args.premature_share)) for s in preset]
     with tempfile.TemporaryDirectory() as tmp:
         run = Args(pair="qwen-llama", iterations=args.iterations, lr=args.lr, seed=args.seed, name="probe",

@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig  # noqa: E402
 
-from testbed import policies, tiny  # noqa: E402
+from testbed import presets, tiny  # noqa: E402
 
 ARCHITECTURES = {
     "Qwen/Qwen2.5-0.5B-Instruct": dict(
@@ -51,7 +51,7 @@ def shaped_config(hub_id: str, layers: int | None = None) -> PretrainedConfig:
     return AutoConfig.for_model(**{**ARCHITECTURES[hub_id], **({"num_hidden_layers": layers} if layers else {})})
 
 
-def write_shaped_model(spec: policies.PolicySpec, out: Path, device: str = "cpu", layers: int | None = None,
+def write_shaped_model(spec: presets.PolicySpec, out: Path, device: str = "cpu", layers: int | None = None,
                        seed: int = 0) -> Path:
     """Write `spec`'s stand-in under `out` and return its directory."""
     config = shaped_config(spec.hub_id, layers)
@@ -66,7 +66,7 @@ def write_shaped_model(spec: policies.PolicySpec, out: Path, device: str = "cpu"
 
 def write_pair(pair: str, out: Path, device: str = "cpu", layers: int | None = None) -> Path:
     """Every policy of the small `pair` as a stand-in under `out`, which is what --model-dir takes."""
-    for index, spec in enumerate(policies.preset(pair, "small")):
+    for index, spec in enumerate(presets.preset(pair, "small")):
         write_shaped_model(spec, out, device, layers, seed=index)
     return Path(out)
 

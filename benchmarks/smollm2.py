@@ -35,6 +35,7 @@ import grpo  # noqa: E402
 from testbed import costs  # noqa: E402
 from testbed import lora  # noqa: E402
 from testbed import policies  # noqa: E402
+from testbed import presets  # noqa: E402
 from testbed import tasks  # noqa: E402
 from memory_estimate import measure_update  # noqa: E402
 
@@ -43,7 +44,7 @@ GROUP, NEW_TOKENS = 4, 32
 
 
 def load_smollm2() -> policies.Policy:
-    return policies.load_hub_policy(policies.PRESETS["tiny"]["qwen-llama"][1], str(policies.packaged_gguf()),
+    return policies.load_hub_policy(presets.PRESETS["tiny"]["qwen-llama"][1], str(policies.packaged_gguf()),
                                     torch.device("cpu"), torch.float32)
 
 

@@ -1,15 +1,9 @@
-"""Policies: presets, a model with its tokenizer, batched rollouts, loading, the tiny policies' warm-up, and a
-run's policies as training starts (`build_policy`: on its device, with LoRA and checkpointing as configured).
+"""Policies: a model with its tokenizer, batched rollouts, loading, the tiny policies' warm-up, and a run's
+policies as training starts (`build_policy`: on its device, with LoRA and checkpointing as configured). Which
+policies each pair and scale trains is presets.py's.
 
-A policy is a causal LM with its own tokenizer. Three scales (PRESETS):
-  tiny   random-initialized Qwen2 / Llama / Mistral architectures of about a million parameters, each with its
-         family's real tokenizer trimmed to the task vocabulary (tiny.py), warmed up by a short supervised phase
-         whose budget differs per policy (`supervised_warmup`): that gap is the capability gap CCM needs
-         (DESIGN.md §5). The pairs qwen-llama, qwen-mistral and llama-mistral are the trio's policies two at a
-         time, each seeded as in the trio, so that on a seed a policy starts from the same weights in all of them.
-  small  real ~1B instruct models from the hub or a local directory.
-  paper  the proposal's 3B-8B models (§3.1). The proposal's "Gemma-3-7B" does not exist; the nearest Gemma-3
-         size, google/gemma-3-4b-it, stands in.
+A tiny policy (tiny.py) is warmed up by a short supervised phase whose budget differs per policy
+(`supervised_warmup`): that gap is the capability gap CCM needs (DESIGN.md §5).
 
 A rollout carries what sharing needs (DESIGN.md §4.2): the completion text, the sampled token ids, their
 log-probs under the sampling distribution (the model at the sampling temperature; top-p is not folded in), and
@@ -23,7 +17,7 @@ import functools
 import hashlib
 import importlib.util
 import json
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 import torch
@@ -32,75 +26,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from tqdm import tqdm
 
 from testbed import arith, data, lora, tiny
+from testbed.presets import PolicySpec, preset, tiny_seed
 from testbed.sequences import decode, logits_from, pack_sequences
 from testbed.token_bytes import byte_offsets, encode_text, token_bytes_table
-
-
-@dataclass(frozen=True)
-class PolicySpec:
-    name: str
-    family: str
-    """tokenizer and architecture family: qwen2, llama or mistral"""
-    hub_id: str | None = None
-    tiny: tiny.TinyShape | None = None
-    seed_index: int | None = None
-    """a tiny policy's place in the preset it is drawn from (a pair's policy: its place in the trio), which seeds
-    its initialization and warm-up (`tiny_seed`); None: its position in its own preset"""
-
-
-def tiny_seed(spec: PolicySpec, index: int, seed: int) -> int:
-    """The seed a tiny policy at position `index` of its preset is initialized and warmed up with. A pair drawn
-    from the trio keeps each policy's place in the trio (`_from_trio`), so that the pair's runs and the trio's
-    start from the same weights on a seed."""
-    return seed + 1000 * (index if spec.seed_index is None else spec.seed_index)
-
-
-def _tiny(name: str, family: str, hidden: int, layers: int, warmup_steps: int) -> PolicySpec:
-    # 70% premature warm-up targets: the policies learn the arithmetic, mostly answer after the first step under
-    # greedy decoding, and finish sometimes when sampled, a gap GRPO can close (docs/results.md, "Independent GRPO, default run")
-    return PolicySpec(name, family, tiny=tiny.TinyShape(hidden, layers, heads=4, warmup_steps=warmup_steps,
-                                                   premature_share=0.7))
-
-
-_TINY_TRIO = [_tiny("qwen", "qwen2", 128, 4, 1000), _tiny("llama", "llama", 128, 4, 800),
-              _tiny("mistral", "mistral", 128, 4, 1000)]
-
-
-def _from_trio(trio: list[PolicySpec], *names: str) -> list[PolicySpec]:
-    """The trio's policies of these names, each as in the trio and seeded by its place there (H3 compares a
-    policy's trio run with its runs beside each peer alone, all from one start)."""
-    place = {spec.name: i for i, spec in enumerate(trio)}
-    return [replace(trio[place[name]], seed_index=place[name]) for name in names]
-
-
-PRESETS: dict[str, dict[str, list[PolicySpec]]] = {
-    "tiny": {
-        "qwen-llama": _from_trio(_TINY_TRIO, "qwen", "llama"),
-        "qwen-qwen": [_tiny("qwen-small", "qwen2", 96, 3, 1000), _tiny("qwen-large", "qwen2", 160, 4, 1000)],
-        "trio": _TINY_TRIO,
-        # only at this scale: the real trios have no Mistral
-        "qwen-mistral": _from_trio(_TINY_TRIO, "qwen", "mistral"),
-        "llama-mistral": _from_trio(_TINY_TRIO, "llama", "mistral"),
-    },
-    "small": {
-        "qwen-llama": [PolicySpec("qwen", "qwen2", "Qwen/Qwen2.5-0.5B-Instruct"),
-                       PolicySpec("llama", "llama", "meta-llama/Llama-3.2-1B-Instruct")],
-        "qwen-qwen": [PolicySpec("qwen-0.5b", "qwen2", "Qwen/Qwen2.5-0.5B-Instruct"),
-                      PolicySpec("qwen-1.5b", "qwen2", "Qwen/Qwen2.5-1.5B-Instruct")],
-        "trio": [PolicySpec("qwen", "qwen3", "Qwen/Qwen3-0.6B"),
-                 PolicySpec("llama", "llama", "meta-llama/Llama-3.2-1B-Instruct"),
-                 PolicySpec("gemma", "gemma3", "google/gemma-3-1b-it")],
-    },
-    "paper": {
-        "qwen-llama": [PolicySpec("qwen", "qwen2", "Qwen/Qwen2.5-7B-Instruct"),
-                       PolicySpec("llama", "llama", "meta-llama/Llama-3.1-8B-Instruct")],
-        "qwen-qwen": [PolicySpec("qwen-3b", "qwen2", "Qwen/Qwen2.5-3B-Instruct"),
-                      PolicySpec("qwen-7b", "qwen2", "Qwen/Qwen2.5-7B-Instruct")],
-        "trio": [PolicySpec("qwen", "qwen3", "Qwen/Qwen3-4B"),
-                 PolicySpec("llama", "llama", "meta-llama/Llama-3.1-8B-Instruct"),
-                 PolicySpec("gemma", "gemma3", "google/gemma-3-4b-it")],
-    },
-}
 
 
 @dataclass
@@ -374,13 +302,6 @@ def load_policies(pair: str, scale: str, device: torch.device | list[torch.devic
     devices = device if isinstance(device, list) else [device] * count
     return [load_policy(pair, scale, i, devices[i], task_cfg, seed, cache_dir, model_paths, warmup_scale, model_dir)
             for i in range(count)]
-
-
-def preset(pair: str, scale: str) -> list[PolicySpec]:
-    """The pair's policy specs at this scale; an unknown pair is refused with the known ones."""
-    if pair not in PRESETS[scale]:
-        raise ValueError(f"unknown pair {pair!r} at scale {scale}; choose from {sorted(PRESETS[scale])}")
-    return PRESETS[scale][pair]
 
 
 def load_policy(pair: str, scale: str, index: int, device: torch.device, task_cfg: arith.TaskConfig, seed: int,

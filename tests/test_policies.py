@@ -6,7 +6,7 @@ import pytest
 import torch
 from tokenizers import Tokenizer
 
-from testbed import arith, checkpoint, policies, sequences, tiny, token_bytes
+from testbed import arith, checkpoint, policies, presets, sequences, tiny, token_bytes
 
 FAMILIES = ["qwen2", "llama", "mistral"]
 
@@ -65,7 +65,7 @@ def test_missing_tokenizer_package_says_what_to_install(monkeypatch):
 
 
 def test_rollout_returns_consistent_ids_logprobs_texts_and_offsets(cache_dir):
-    spec = policies.PRESETS["tiny"]["qwen-llama"][1]
+    spec = presets.PRESETS["tiny"]["qwen-llama"][1]
     policy = policies.load_tiny_policy(spec, arith.TaskConfig(), seed=0, cache_dir=cache_dir, warmup_scale=0.05)
     problems = arith.generate_problems(3, "train", 0)
     torch.manual_seed(0)
@@ -86,7 +86,7 @@ def test_rollout_returns_consistent_ids_logprobs_texts_and_offsets(cache_dir):
 
 
 def test_warmup_is_cached_on_disk(cache_dir, tmp_path):
-    spec = policies.PRESETS["tiny"]["qwen-llama"][0]
+    spec = presets.PRESETS["tiny"]["qwen-llama"][0]
     first = policies.load_tiny_policy(spec, arith.TaskConfig(), 0, str(tmp_path), warmup_scale=0.02)
     assert len(list((tmp_path / "warmup").glob("*.pt"))) == 1
     second = policies.load_tiny_policy(spec, arith.TaskConfig(), 0, str(tmp_path), warmup_scale=0.02)
@@ -99,7 +99,7 @@ def test_warmup_is_cached_on_disk(cache_dir, tmp_path):
 def test_two_warm_ups_of_one_policy_saved_at_once_both_succeed(tmp_path, monkeypatch):
     # the interleaving of two runs warming up the same policy: the second saves and renames while the first is
     # between its save and its rename
-    spec, save = policies.PRESETS["tiny"]["qwen-llama"][0], torch.save
+    spec, save = presets.PRESETS["tiny"]["qwen-llama"][0], torch.save
     def save_then_let_the_other_run_finish(obj, f):
         save(obj, f)
         monkeypatch.setattr(policies.torch, "save", save)
@@ -113,7 +113,7 @@ def test_two_warm_ups_of_one_policy_saved_at_once_both_succeed(tmp_path, monkeyp
 
 
 def test_hub_model_that_cannot_be_reached_says_how_to_use_local_weights(tmp_path):
-    spec = policies.PRESETS["small"]["qwen-llama"][0]
+    spec = presets.PRESETS["small"]["qwen-llama"][0]
     with pytest.raises(RuntimeError, match="--model-paths qwen="):
         policies.load_hub_policy(spec, str(tmp_path / "missing"), torch.device("cpu"), torch.float32)
 
@@ -135,7 +135,7 @@ def test_a_checkpoint_whose_head_outgrows_its_tokenizer_never_samples_the_paddin
         model.lm_head.weight[vocab:] *= 100.0
     model.save_pretrained(tmp_path)
     tok.save_pretrained(tmp_path)
-    policy = policies.load_hub_policy(policies.PRESETS["small"]["qwen-llama"][0], str(tmp_path), torch.device("cpu"),
+    policy = policies.load_hub_policy(presets.PRESETS["small"]["qwen-llama"][0], str(tmp_path), torch.device("cpu"),
                                       torch.float32)
     assert policy.model.get_output_embeddings().weight.shape[0] == vocab == policy.model.config.vocab_size
     assert policy.model.get_input_embeddings().weight.shape[0] == vocab
@@ -152,7 +152,7 @@ def test_unknown_pair_and_policy_names_are_refused():
         policies.load_policies("qwen-llama", "tiny", torch.device("cpu"), arith.TaskConfig(), 0,
                                model_paths={"gemma": "/x"})
     with pytest.raises(ValueError, match="unknown pair 'qwen-mistral' at scale small"):   # the real trios: no Mistral
-        policies.preset("qwen-mistral", "small")
+        presets.preset("qwen-mistral", "small")
 
 
 # the warm-up cache keys on seed 3 (line steps, the full warm-up) of the tiny presets that existed before a policy's
@@ -167,8 +167,8 @@ KEYS_BEFORE_SEED_INDEX = {
 
 @pytest.mark.parametrize("pair", KEYS_BEFORE_SEED_INDEX)
 def test_the_presets_from_before_seed_indices_keep_their_seeds_and_warm_up_keys(cache_dir, pair):
-    specs = policies.preset(pair, "tiny")
-    seeds = [policies.tiny_seed(spec, i, 3) for i, spec in enumerate(specs)]
+    specs = presets.preset(pair, "tiny")
+    seeds = [presets.tiny_seed(spec, i, 3) for i, spec in enumerate(specs)]
     assert seeds == [3, 1003, 2003][:len(specs)]                               # seed + 1000 * position
     keys = {spec.name: policies.warmup_key(spec, arith.TaskConfig(), seed, spec.tiny.warmup_steps,
                                            len(tiny.tiny_tokenizer(spec.family, "line", cache_dir)))
@@ -232,7 +232,7 @@ def test_decode_logprobs_equal_a_teacher_forced_forward_at_the_temperature(rando
 
 
 def test_rows_stop_at_eos_and_the_others_continue_unchanged(cache_dir):
-    spec = policies.PRESETS["tiny"]["qwen-llama"][1]
+    spec = presets.PRESETS["tiny"]["qwen-llama"][1]
     policy = policies.load_tiny_policy(spec, arith.TaskConfig(), seed=0, cache_dir=cache_dir, warmup_scale=0.05)
     model, tok = policy.model.eval(), policy.tokenizer
     prompts = [policy.encode_prompt(arith.prompt_text(p)) for p in arith.generate_problems(6, "train", 5)] * 4
@@ -281,7 +281,7 @@ def test_a_hub_model_offline_fails_within_seconds_saying_what_is_missing(tmp_pat
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", switched_off)      # whatever the environment running the tests
     monkeypatch.setattr(data, "hub_reachable", lambda endpoint, timeout_s=3.0: False)   # as offline
-    spec, started = policies.PRESETS["small"]["qwen-llama"][0], time.perf_counter()
+    spec, started = presets.PRESETS["small"]["qwen-llama"][0], time.perf_counter()
     with pytest.raises(policies.WeightsUnavailable, match=f"not in the Hugging Face cache .* {why}"):
         policies.load_hub_policy(spec, spec.hub_id, torch.device("cpu"), torch.float32)
     assert time.perf_counter() - started < 5

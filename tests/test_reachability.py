@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import reachability
-from testbed import arith, lora, policies, tiny
+from testbed import arith, lora, policies, presets, tiny
 
 TASK = arith.TaskConfig(num_steps=1, max_operand=9)  # the end-to-end tests' task: their warm-ups are shared
 
@@ -214,7 +214,7 @@ def test_step_token_ranges_and_bad_steps():
 
 
 def test_own_steps_are_more_reachable_than_those_of_a_policy_that_never_saw_the_task(cache_dir):
-    spec = policies.PRESETS["tiny"]["qwen-llama"][0]
+    spec = presets.PRESETS["tiny"]["qwen-llama"][0]
     trained = policies.load_tiny_policy(spec, TASK, seed=1, cache_dir=cache_dir, warmup_scale=0.15)
     untrained = policies.Policy("untrained", tiny.tiny_model(spec.family, spec.tiny, len(trained.tokenizer), 99),
                                 trained.tokenizer, use_chat_template=False)

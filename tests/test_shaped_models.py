@@ -13,7 +13,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import shaped_models  # noqa: E402
 
-from testbed import arith, policies, tiny  # noqa: E402
+from testbed import arith, policies, presets, tiny  # noqa: E402
 
 PUBLISHED_PARAMETERS = {"Qwen/Qwen2.5-0.5B-Instruct": 494_032_768, "Qwen/Qwen2.5-1.5B-Instruct": 1_543_714_304,
                         "meta-llama/Llama-3.2-1B-Instruct": 1_235_814_400}
@@ -28,7 +28,7 @@ def test_a_stand_in_has_its_models_published_parameter_count(hub_id):
 
 
 def test_a_model_without_a_recorded_shape_is_refused_with_the_ones_that_have_one(tmp_path):
-    gemma = next(s for s in policies.preset("trio", "small") if s.family == "gemma3")
+    gemma = next(s for s in presets.preset("trio", "small") if s.family == "gemma3")
     with pytest.raises(ValueError, match="Llama-3.2-1B-Instruct"):
         shaped_models.write_shaped_model(gemma, tmp_path)
     assert not any(tmp_path.iterdir())
@@ -38,7 +38,7 @@ def test_a_model_without_a_recorded_shape_is_refused_with_the_ones_that_have_one
 def test_the_runs_loader_reads_a_stand_in_pair_from_model_dir_and_rolls_out(tmp_path):
     model_dir = shaped_models.write_pair("qwen-llama", tmp_path, layers=1)
     task = arith.TaskConfig(num_steps=1, max_operand=9)
-    for index, spec in enumerate(policies.preset("qwen-llama", "small")):
+    for index, spec in enumerate(presets.preset("qwen-llama", "small")):
         policy = policies.load_policy("qwen-llama", "small", index, torch.device("cpu"), task, 0,
                                       model_dir=str(model_dir))
         shape = shaped_models.ARCHITECTURES[spec.hub_id]

@@ -13,7 +13,7 @@ import grpo
 import sharing
 import train
 from baselines import hacpo
-from testbed import arith, policies, tiny, token_bytes
+from testbed import arith, policies, presets, tiny, token_bytes
 from test_train import TASK, tiny_args
 
 EPS = 1e-4  # grpo.group_advantages' default
@@ -455,7 +455,7 @@ def test_a_sharing_run_trains_every_policy_and_logs_what_crossed(tmp_path, cache
     run_dir = train.main(tiny_args(tmp_path, cache_dir, pair=pair, share=share, iterations=2))
     logged = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     updates = [r for r in logged if "losses/policy_loss" in r]
-    names = [spec.name for spec in policies.PRESETS["tiny"][pair]]
+    names = [spec.name for spec in presets.PRESETS["tiny"][pair]]
     assert sorted({r["policy"] for r in updates}) == sorted(names) and len(updates) == 2 * len(names)
     assert all(math.isfinite(r["losses/policy_loss"]) and "sharing/received" in r for r in updates)
     if share in ("prp", "hacpo"):  # both directions: every policy took in peer rollouts

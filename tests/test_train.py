@@ -15,7 +15,7 @@ import grpo
 import train
 import train_ray
 from args import Args
-from testbed import arith, checkpoint, policies, tiny
+from testbed import arith, checkpoint, policies, presets, tiny
 
 TRAIN_KEYS = {"iteration", "policy", "time_s", "losses/policy_loss", "losses/clip_ratio", "losses/kl",
               "losses/entropy", "losses/grad_norm", "charts/completion_len", "charts/reward_mean",
@@ -45,7 +45,7 @@ def records(run_dir):
 def test_two_iterations_change_every_policy_and_log_the_documented_metrics(tmp_path, cache_dir, pair):
     args = tiny_args(tmp_path, cache_dir, pair=pair, beta=0.1, epochs=2)
     run_dir = train.main(args)
-    specs = policies.PRESETS["tiny"][pair]
+    specs = presets.PRESETS["tiny"][pair]
     for i, spec in enumerate(specs):
         warm = policies.load_policy(pair, "tiny", i, torch.device("cpu"), TASK, args.seed, cache_dir,
                                     warmup_scale=args.warmup_scale)
@@ -153,7 +153,7 @@ def test_a_resume_onto_other_starting_weights_is_refused_and_loses_nothing(tmp_p
     # a cache of this test's own, whose qwen warm-up is then made "on another machine": one weight moved by 1e-3
     cache = str(tmp_path / "cache")
     run = train.main(tiny_args(tmp_path, cache, iterations=1))
-    spec = policies.PRESETS["tiny"]["qwen-llama"][0]
+    spec = presets.PRESETS["tiny"]["qwen-llama"][0]
     warm = policies.load_tiny_policy(spec, TASK, 1, cache, 0.15)
     started = json.loads((run / checkpoint.START).read_text())
     assert started["fingerprints"]["qwen"] == checkpoint.weights_fingerprint(warm.model)
@@ -246,7 +246,7 @@ def test_settings_that_cannot_run_are_refused_as_the_arguments_are_parsed(tmp_pa
 
 
 def test_a_checkpoint_on_a_full_disk_says_so_and_an_unwritable_runs_folder_names_the_fix(tmp_path, monkeypatch):
-    spec = policies.PRESETS["tiny"]["qwen-llama"][0]
+    spec = presets.PRESETS["tiny"]["qwen-llama"][0]
     tok = tiny.tiny_tokenizer(spec.family)
     policy = policies.Policy("qwen", tiny.tiny_model(spec.family, spec.tiny, len(tok), 0), tok, False)
     optimizer = torch.optim.AdamW(policy.model.parameters())
