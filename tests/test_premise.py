@@ -12,7 +12,7 @@ import grpo
 import sharing
 from benchmarks import premise
 from testbed import arith, policies, tasks, tiny
-from test_sharing import PROMPTS, experience, naive_logprobs, untrained  # noqa: F401
+from test_sharing import PROMPTS, experience, naive_groups, naive_logprobs, untrained  # noqa: F401
 
 PROBLEM = arith.generate_problems(1, "train", seed=0, cfg=arith.TaskConfig())[0]
 
@@ -111,23 +111,6 @@ def test_a_step_leaves_the_weights_as_they_were(taught):
 # ---------------------------------------------------------------------------------------------------------------
 # The baselines' admission signals against naive computations
 # ---------------------------------------------------------------------------------------------------------------
-
-def naive_groups(src_bytes: list[int], tgt_bytes: list[int]) -> list[tuple[range, range]]:
-    """The aligned groups of two tokenizations of one text, by a walk: advance whichever side's byte count is behind
-    until both cover the same bytes; (source tokens, receiver tokens) of each."""
-    groups, i, j = [], 0, 0
-    while j < len(tgt_bytes):
-        i0, j0, a, b = i, j, 0, 0
-        while True:
-            if i < len(src_bytes) and (a <= b or j == len(tgt_bytes)):
-                a, i = a + src_bytes[i], i + 1
-            else:
-                b, j = b + tgt_bytes[j], j + 1
-            if a == b and (a > 0 or (i > i0 and j > j0)):
-                break
-        groups.append((range(i0, i), range(j0, j)))
-    return groups
-
 
 @pytest.fixture(scope="module")
 def crossed(untrained):

@@ -328,6 +328,23 @@ def test_prp_weights_are_one_for_a_peer_with_the_same_tokenizer_and_log_probs(un
         torch.testing.assert_close(c.weights, torch.ones(len(ids[c.index])), atol=1e-5, rtol=0)
 
 
+def naive_groups(src_bytes: list[int], tgt_bytes: list[int]) -> list[tuple[range, range]]:
+    """The aligned groups of two tokenizations of one text, by a walk: advance whichever side's byte count is behind
+    until both cover the same bytes; (source tokens, receiver tokens) of each."""
+    groups, i, j = [], 0, 0
+    while j < len(tgt_bytes):
+        i0, j0, a, b = i, j, 0, 0
+        while True:
+            if i < len(src_bytes) and (a <= b or j == len(tgt_bytes)):
+                a, i = a + src_bytes[i], i + 1
+            else:
+                b, j = b + tgt_bytes[j], j + 1
+            if a == b and (a > 0 or (i > i0 and j > j0)):
+                break
+        groups.append((range(i0, i), range(j0, j)))
+    return groups
+
+
 def test_prp_weights_equal_a_naive_group_ratio_across_tokenizers(untrained):
     qwen, llama = untrained["qwen2"], untrained["llama"]
     texts = [["123 + 456 = 579\nAnswer: 579", "98 - 76 = 22\nAnswer: 2"]]   # digits: Qwen 1 per token, Llama 3
@@ -344,21 +361,11 @@ def test_prp_weights_equal_a_naive_group_ratio_across_tokenizers(untrained):
         finished = c.index == 0
         assert (c.completion_ids[-1] == llama.tokenizer.eos_token_id) == finished
         tgt_logp = naive_logprobs(llama.model, llama.encode_prompt(PROMPTS[0]), c.completion_ids, 0.7)
-        # a naive group walk: advance whichever side's byte count is behind until both cover the same bytes
-        src_len = [len(qwen.token_bytes[i]) for i in src_ids]
-        tgt_len = [len(llama.token_bytes[i]) for i in c.completion_ids]
-        expected, i, j = [], 0, 0
-        while j < len(tgt_len):
-            i0, j0, a, b = i, j, 0, 0
-            while True:
-                if i < len(src_len) and (a <= b or j == len(tgt_len)):
-                    a, i = a + src_len[i], i + 1
-                else:
-                    b, j = b + tgt_len[j], j + 1
-                if a == b and (a > 0 or (i > i0 and j > j0)):
-                    break
-            ratio = math.exp(tgt_logp[j0:j].sum().item() - peer.rollouts.logprobs[c.index][i0:i].sum().item())
-            expected += [min(ratio, cap)] * (j - j0)
+        expected = []
+        for src, tgt in naive_groups([len(qwen.token_bytes[i]) for i in src_ids],
+                                     [len(llama.token_bytes[i]) for i in c.completion_ids]):
+            ratio = math.exp(tgt_logp[list(tgt)].sum().item() - peer.rollouts.logprobs[c.index][list(src)].sum().item())
+            expected += [min(ratio, cap)] * len(tgt)
         torch.testing.assert_close(c.weights, torch.tensor(expected), rtol=1e-4, atol=1e-6)
 
 
