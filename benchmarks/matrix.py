@@ -82,6 +82,10 @@ DESCRIPTIVE = {"cross-fidelity": CURATED, "cross-fidelity-hidden": MATRIX_CONFIG
 the trio, whose runs cost the most)"""
 PROTOCOL = (*power.EVALUATION, "--minibatches", "2")
 """the pilot's evaluation protocol and minibatch schedule, shared by every comparison set"""
+H3_CONFIGURATIONS = {"none": ("--share", "none"), "sgt": ("--share", "sgt"),
+                     "hacpo": ("--share", "hacpo", "--hacpo-variant", "ours"), "cross-fidelity": CURATED}
+H3_SEEDS = tuple(range(6001, 6009))
+"""H3's configurations in each of the trio's groupings, and its seeds (results/preregistration-h3.md)"""
 SETS = {
     "pilot": MatrixSet(PILOT_CONFIGURATIONS, tuple(range(1001, 1009)), PROTOCOL),
     "matrix": MatrixSet(MATRIX_CONFIGURATIONS, tuple(range(1009, 1031)), PROTOCOL),
@@ -94,6 +98,8 @@ SETS = {
     "hacpo-official": MatrixSet({"hacpo-official": ("--share", "hacpo", "--hacpo-variant", "official"),
                                  "hacpo": ("--share", "hacpo", "--hacpo-variant", "ours"),
                                  "sgt": ("--share", "sgt")}, tuple(range(7001, 7028)), PROTOCOL),
+    **{f"h3-{grouping}": MatrixSet(H3_CONFIGURATIONS, H3_SEEDS, (*PROTOCOL, "--pair", grouping))
+       for grouping in ("trio", "qwen-llama", "qwen-mistral", "llama-mistral")},
     "smoke": MatrixSet({name: PILOT_CONFIGURATIONS[name] for name in ("none", "hacpo", "graft")}, (1, 2),
                        ("--eval-size", "16", "--eval-every", "1", "--eval-samples", "0", "--minibatches", "2",
                         "--prompts-per-iteration", "4", "--group-size", "4", "--max-new-tokens", "16",
@@ -116,9 +122,12 @@ BLOCKS = {
                "matrix-h4-qwen-qwen-line", "matrix-h4-qwen-qwen-prose", "matrix-h4-qwen-llama-prose")),
            ("matrix-h4-trio-line", ("cross-fidelity",), range(1009, 1011))],
     "tbd": [("matrix-trio-prose", ("cross-fidelity", "cross-fidelity-ablate-tbd"), range(1009, 1012))],
+    "h3": [(f"h3-{grouping}", tuple(H3_CONFIGURATIONS), (seed,)) for seed in H3_SEEDS
+           for grouping in ("trio", "qwen-llama", "qwen-mistral", "llama-mistral")],
 }
 """the matrix's blocks 2-6 in the order they run, each a list of (set, configurations, seeds): a (configuration,
-seed) two blocks share runs once. Block 1 runs the pilot's set at the pilot's commit (the registration)"""
+seed) two blocks share runs once. Block 1 runs the pilot's set at the pilot's commit (the registration). H3, a
+registration of its own, runs seed by seed, the trio first so that its warm-ups serve the pairs"""
 
 
 GIT = threading.Lock()   # one git command at a time across the runner's threads
