@@ -57,9 +57,9 @@ H4_SEEDS = range(1009, 1011)
 H4_CLAIMS = (("same family mainly CCM", ("qwen-qwen",), "ccm"), ("cross family mainly TBD", ("qwen-llama", "trio"),
                                                                  "tbd"))
 """the proposal's H4 in two parts: (claim, the pairs it is read on, the term it says dominates)"""
-REPAIRS = {"tbd": (1031,)}
+REPAIRS = {"main": (1031,), "tbd": (1031,)}
 """block -> the fresh seeds that restore its count where a registered seed is unpaired (results/preregistration-
-repair.md), read once every run of the family is in on them; block 1's is in results/matrix-main (matrix_analysis)"""
+repair.md), read once every run of the block is in on them; block 1's ("main") in results/matrix-main"""
 UNDERPOWERED = {("ablations", None, "llama"), ("hacpo", "cross-fidelity - hacpo", "llama")}
 """(block, contrast or every one, policy) the registration says are underpowered at its seeds, and reported so"""
 H4_WAITS = ("estimate", "tbd")
@@ -318,7 +318,7 @@ def unpaired_lines(unpaired: dict[str, dict[int, str]], repaired: list[int], rep
              + "." for contrast, seeds in unpaired.items()]
     if repair:
         lines.append(f"Repair (results/preregistration-repair.md): fresh seed {', '.join(map(str, repair))} run in "
-                     f"full; " + (f"in, so read above." if list(repair) == repaired else "not yet in."))
+                     f"full; " + ("in, so read above." if list(repair) == repaired else "not yet in."))
     return lines
 
 

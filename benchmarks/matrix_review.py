@@ -20,8 +20,6 @@ from pathlib import Path
 import matrix_analysis as ma
 import matrix_blocks as mb
 
-REPAIR = (1031,)
-"""the fresh seed each affected block takes (results/preregistration-repair.md)"""
 BLOCK1 = (("pilot", "matrix-main"), tuple(range(1001, 1012)))
 """block 1: its folders under results/ and its registered seeds"""
 VIEWS = ("as published", "paired seeds alone", "with the repair")
@@ -29,7 +27,7 @@ VIEWS = ("as published", "paired seeds alone", "with the repair")
 
 def view_seeds(registered: tuple[int, ...], view: str) -> tuple[tuple[int, ...], bool]:
     """The seeds a view reads and whether it pairs runs by their start."""
-    return (registered + REPAIR if view == "with the repair" else registered), view != "as published"
+    return (registered + mb.REPAIRS["main"] if view == "with the repair" else registered), view != "as published"
 
 
 def block1(root: Path, cfg: ma.AnalysisConfig) -> list[dict]:
@@ -41,7 +39,7 @@ def block1(root: Path, cfg: ma.AnalysisConfig) -> list[dict]:
     summaries = ma.load(*(Path(root) / f for f in folders))
     configurations = {s["configuration"] for s in summaries}
     repaired = all(any(s["seed"] == seed and s["configuration"] == c for s in summaries)
-                   for seed in REPAIR for c in configurations)
+                   for seed in mb.REPAIRS["main"] for c in configurations)
     rows: dict[str, dict[str, str]] = {}
     for view in VIEWS:
         if view == "with the repair" and not repaired:
@@ -66,8 +64,8 @@ def block6(runs: list[dict], cfg: ma.AnalysisConfig) -> list[dict]:
     rows: dict[str, dict[str, str]] = {}
     for view in VIEWS:
         called = mb.family(runs, tuple(seeds), contrasts, replace(cfg, pair_by_start=view != "as published"),
-                           REPAIR if view == "with the repair" else ())
-        if view == "with the repair" and called["repaired"] != list(REPAIR):
+                           mb.REPAIRS["tbd"] if view == "with the repair" else ())
+        if view == "with the repair" and called["repaired"] != list(mb.REPAIRS["tbd"]):
             continue
         for r in called["rows"]:
             rows.setdefault(f"{r['contrast']} ({r['policy']})", {})[view] = (
@@ -82,7 +80,8 @@ def pooled(root: Path, cfg: ma.AnalysisConfig) -> list[dict]:
     repair's 1031 (results/pilot, results/matrix-main). Block 1's 1009-1011 are block 4's seeds too, so they are
     read once, from block 4."""
     block4 = ma.load(Path(root) / "matrix")
-    block1 = [s for s in ma.load(*(Path(root) / f for f in BLOCK1[0])) if s["seed"] < 1009 or s["seed"] in REPAIR]
+    block1 = [s for s in ma.load(*(Path(root) / f for f in BLOCK1[0]))
+              if s["seed"] < 1009 or s["seed"] in mb.REPAIRS["main"]]
     runs: dict[str, dict[int, dict]] = {}
     for s in block1 + [s for s in block4 if s["seed"] in mb.FAMILIES["hacpo"][1]]:
         runs.setdefault(s["configuration"], {})[s["seed"]] = s
@@ -96,8 +95,8 @@ def markdown(rows: list[dict], pooled_rows: list[dict]) -> list[str]:
     lines = ["## The repair of two unpaired seeds (results/preregistration-repair.md)\n",
              f"Each verdict of an affected block: as published (the registered seeds, the unpaired one included), on "
              f"the paired seeds alone, and with the repair (the paired seeds and fresh seed "
-             f"{', '.join(map(str, REPAIR))}, run in full on one machine; the registered call once its runs are "
-             f"in). Mean [95% bootstrap interval], seeds, and the call or the test's p.\n",
+             f"{', '.join(map(str, mb.REPAIRS['main']))}, run in full on one machine; the registered call once its "
+             f"runs are in). Mean [95% bootstrap interval], seeds, and the call or the test's p.\n",
              "| block | question | " + " | ".join(VIEWS) + " |", "|---" * (2 + len(VIEWS)) + "|"]
     lines += [f"| {r['block']} | {r['question']} | " + " | ".join(r.get(v, "not yet run") for v in VIEWS) + " |"
               for r in rows]
