@@ -17,7 +17,7 @@ policy's rollout and update tokens, so runs can be compared at an equal budget o
     python eval.py runs/A runs/B --budget update_tokens=2e6     # accuracy once each run has spent the budget
     python eval.py --matrix results/pilot                      # the comparison (benchmarks/matrix_analysis.py)
     python eval.py --matrix results/pilot results/matrix-main  # its seeds pooled with the matrix's main block
-    python eval.py --blocks results                            # the matrix's blocks 2-6 (benchmarks/matrix_blocks.py)
+    python eval.py --blocks results                            # blocks 2-6 and H3 (benchmarks/matrix_blocks.py)
 """
 
 from __future__ import annotations
@@ -292,8 +292,9 @@ if __name__ == "__main__":
                         "(benchmarks/matrix.py): the comparison's analysis of them pooled, written in the last "
                         "(benchmarks/matrix_analysis.py)")
     parser.add_argument("--blocks", type=Path, default=None, help="the folder holding the matrix's set folders "
-                        "(results): blocks 2-6, H4 and H5 by the registration's rules, and beside them the verdicts of "
-                        "the two blocks with an unpaired seed as published and repaired, written in its matrix/ "
+                        "(results): blocks 2-6, H4, H5 and H3 by the registrations' rules, and beside them the "
+                        "verdicts of the two blocks with an unpaired seed as published and repaired, written in its "
+                        "matrix/ "
                         "(benchmarks/matrix_blocks.py, benchmarks/matrix_review.py)")
     parser.add_argument("--target", type=float, default=0.9, help="accuracy that counts as converged")
     parser.add_argument("--out", type=Path, default=None, help="where a comparison goes (default: runs/compare)")

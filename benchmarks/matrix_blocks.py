@@ -1,6 +1,6 @@
 """The matrix's blocks 2-6, H4 and H5 from the run summaries alone, called by the rules of
-results/preregistration-matrix.md (issue 42). Block 1, the pilot's comparison at 11 seeds, is matrix_analysis's
-(`python eval.py --matrix results/pilot results/matrix-main`).
+results/preregistration-matrix.md (issue 42), and H3 by results/preregistration-h3.md (matrix_h3). Block 1, the
+pilot's comparison at 11 seeds, is matrix_analysis's (`python eval.py --matrix results/pilot results/matrix-main`).
 
     python eval.py --blocks results        # blocks.md, blocks.json (h5-plane.png) in results/matrix
 
@@ -24,6 +24,7 @@ from pathlib import Path
 
 import h5_path
 import matrix_analysis as ma
+import matrix_h3
 import matrix_pairing as pairing
 import matrix_plots
 
@@ -265,23 +266,34 @@ def interval(values: list[float], cfg: ma.AnalysisConfig) -> tuple[float, float,
 def load_sets(root: Path) -> dict[str, list[dict]]:
     """set -> its summaries, for each set folder of the matrix under `root` that holds any (matrix_analysis.load
     checks each), refused where the folders' commits span more than one class of metric-equivalent commits (the
-    declarations of every folder read together); and for each family's set registered on its own (not named
-    matrix*), its folder's summaries, at one class of commits of their own."""
+    declarations of every folder read together); for each family's set registered on its own (not named
+    matrix*), its folder's summaries, at one class of commits of their own; and H3's sets (matrix_h3.SETS), at one
+    class of commits of their own over all four."""
     matrix = [f for f in sorted(Path(root).glob("matrix*")) if f.is_dir() and f.name != "matrix-main"]
     folders = [f for f in matrix if any(ma.is_summary(p) for p in f.glob("*.json"))]
     if not folders:
         raise FileNotFoundError(f"no matrix summaries under {root} (results/matrix, results/matrix-*)")
     declarations = [f / ma.EQUIVALENCE_FILE for f in matrix]
-    sets = {f.name: ma.load(f, declarations=declarations) for f in folders}
-    classes = ma.equivalence_classes(declarations)
-    commits = sorted({c for runs in sets.values() for s in runs for c in s["commits"]})
-    if len({classes.get(c, c) for c in commits}) > 1:
-        raise ValueError(f"the matrix's sets ran at commits {commits}, not declared metric-equivalent in "
-                         f"{ma.EQUIVALENCE_FILE}; rerun them at one commit or declare them there")
+    sets = one_class({f.name: ma.load(f, declarations=declarations) for f in folders}, declarations,
+                     "the matrix's sets")
     for name in {set_name for set_name, _, _ in FAMILIES.values()} - {f.name for f in matrix}:
         folder = Path(root) / name      # a set registered on its own: its commits are a class of their own
         if any(ma.is_summary(p) for p in folder.glob("*.json")):
             sets[name] = ma.load(folder)
+    h3 = [Path(root) / name for name in matrix_h3.SETS.values()]     # H3's four sets: one class of their own
+    h3_declarations = [f / ma.EQUIVALENCE_FILE for f in h3]
+    return sets | one_class({f.name: ma.load(f, declarations=h3_declarations) for f in h3
+                             if any(ma.is_summary(p) for p in f.glob("*.json"))}, h3_declarations, "H3's sets")
+
+
+def one_class(sets: dict[str, list[dict]], declarations: list[Path], what: str) -> dict[str, list[dict]]:
+    """The sets, refused where their commits span more than one class of metric-equivalent commits (the
+    declarations read together)."""
+    classes = ma.equivalence_classes(declarations)
+    commits = sorted({c for runs in sets.values() for s in runs for c in s["commits"]})
+    if len({classes.get(c, c) for c in commits}) > 1:
+        raise ValueError(f"{what} ran at commits {commits}, not declared metric-equivalent in "
+                         f"{ma.EQUIVALENCE_FILE}; rerun them at one commit or declare them there")
     return sets
 
 
@@ -309,7 +321,7 @@ def analyze(sets: dict[str, list[dict]], cfg: ma.AnalysisConfig = ma.AnalysisCon
     def waiting(blocks: tuple[str, ...]) -> list[str]:
         return [b for b in blocks if not families[b]["rows"]]
     return {"config": ma.asdict(cfg), "families": families, "h4": h4(sets, waiting(H4_WAITS)),
-            "h5": h5(sets.get("matrix", []), cfg, waiting(H5_WAITS), records)}
+            "h5": h5(sets.get("matrix", []), cfg, waiting(H5_WAITS), records), "h3": matrix_h3.analyze(sets, cfg)}
 
 
 def unpaired_lines(unpaired: dict[str, dict[int, str]], repaired: list[int], repair: tuple[int, ...]) -> list[str]:
@@ -393,6 +405,7 @@ def markdown(result: dict) -> str:
         elif h["points"]:
             lines.append(f"  - {H5_ADAPTIVE}'s path: not drawn before every seed's per-iteration record is in "
                          f"(benchmarks/h5_path.py)")
+    lines += ["", *matrix_h3.markdown(result["h3"])]
     return "\n".join(lines) + "\n"
 
 
