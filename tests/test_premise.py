@@ -1,18 +1,32 @@
-"""Issue 52's building blocks (benchmarks/premise.py): usefulness U on a hand-built case whose answer is known, its
-lookahead, its gradients against grpo.grpo_step and a naive REINFORCE loop, and each baseline's admission signal
-against a naive computation."""
+"""Issue 52 (benchmarks/premise.py): usefulness U on a hand-built case whose answer is known, its lookahead, its
+gradients against grpo.grpo_step and a naive REINFORCE loop, each baseline's admission signal against a naive
+computation; the cluster bootstrap, Holm and the registered calls on hand-built rows; the gate's decision rules on
+hand-built lookahead numbers; `measure`'s resumability with a stubbed offer source; `report` end to end."""
 
+import itertools
+import json
 import math
+import random
+import sys
 from functools import partial
+from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
+from scipy import stats as scipy_stats
 
 import grpo
 import sharing
-from benchmarks import premise
 from testbed import arith, policies, tasks, tiny
 from test_sharing import PROMPTS, experience, naive_groups, naive_logprobs, untrained  # noqa: F401
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+import premise_measure  # noqa: E402
+import premise_report  # noqa: E402
+import premise_stats as stats  # noqa: E402
+import premise_usefulness as premise  # noqa: E402
 
 PROBLEM = arith.generate_problems(1, "train", seed=0, cfg=arith.TaskConfig())[0]
 
@@ -48,14 +62,14 @@ def test_the_receivers_own_success_is_useful_and_its_negation_harmful_as_the_loo
     task = first_token_task("7")
     # held-out set: that prompt alone; completions of one token, whose reward is whether it is "7"
     g_heldout = premise.heldout_gradient(policy, task, [PROBLEM], 256, 1, 1.0, torch.Generator().manual_seed(0))
-    measure = partial(premise.heldout_reward, task=task, problems=[PROBLEM], samples=1024, max_new_tokens=1,
+    measure = partial(premise.heldout_rewards, task=task, problems=[PROBLEM], samples=1024, max_new_tokens=1,
                       temperature=1.0, seed=0)
     before = measure(policy)
     for advantage in (1.0, -1.0):
         g = premise.offer_gradient(policy, prompt, [seven], torch.tensor([advantage]), None, 1.0)
         u = premise.usefulness(g, g_heldout)
         assert math.copysign(1, u) == advantage
-        assert math.copysign(1, premise.after_step(policy, g, 0.05, measure) - before) == advantage
+        assert math.copysign(1, (premise.after_step(policy, g, 0.05, measure) - before).item()) == advantage
 
 
 def test_the_offer_gradient_is_the_step_grpo_takes_on_the_offer_alone(untrained):
@@ -145,3 +159,200 @@ def test_each_admission_signal_equals_a_naive_computation(crossed, untrained):
         assert got["ftis_kl"] == pytest.approx(sum(math.exp(v) - v - 1 for v in x) / len(x), rel=1e-4)
         assert got["reward"] == peer.rewards.flatten()[c.index].item()
         assert got["advantage"] == peer.advantages.flatten()[c.index].item()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The statistics: the cluster bootstrap, Holm, the registered calls
+# ---------------------------------------------------------------------------------------------------------------
+
+def test_the_exact_cluster_bootstrap_is_every_ordered_draw_weighted_alike():
+    groups = [[1.0], [2.0, 4.0], [10.0]]
+    values = np.array([v for g in groups for v in g])
+    index = [[0], [1, 2], [3]]
+    draws, weights = stats.bootstrap([np.array(i) for i in index], lambda i: np.array([values[i].mean()]),
+                                     random.Random(0))
+    got: dict[float, float] = {}
+    for v, w in zip(draws[:, 0], weights):
+        got[round(v, 9)] = got.get(round(v, 9), 0) + w
+    want: dict[float, float] = {}
+    for picked in itertools.product(range(3), repeat=3):       # the 27 ordered draws, 1/27 each
+        v = round(float(np.mean([x for k in picked for x in groups[k]])), 9)
+        want[v] = want.get(v, 0) + 1 / 27
+    assert got.keys() == want.keys() and all(got[v] == pytest.approx(want[v]) for v in want)
+    # the interval and p of a statistic every resample puts above 0: the extremes, p = 0
+    result = stats.summary(values.mean(), draws[:, 0], weights)
+    assert result["p"] == 0 and result["low"] == pytest.approx(min(want)) and result["high"] == pytest.approx(10)
+
+
+def test_holm_steps_down_as_by_hand():
+    # m = 4: 0.01 <= 0.05/4; then 0.03 > 0.05/3 stops, so 0.04 is not rejected either
+    assert stats.holm({"a": 0.01, "b": 0.04, "c": 0.03, "d": 0.2}) == {"a": True, "b": False, "c": False, "d": False}
+    # 0.001 <= 0.05/3, 0.02 <= 0.05/2, 0.024 <= 0.05
+    assert stats.holm({"a": 0.02, "b": 0.001, "c": 0.024}) == {"a": True, "b": True, "c": True}
+
+
+def test_spearman_columns_match_scipy_with_ties():
+    gen = np.random.default_rng(0)
+    x, y = gen.integers(0, 4, (30, 3)).astype(float), gen.normal(size=30)
+    want = [scipy_stats.spearmanr(x[:, s], y).statistic for s in range(3)]
+    np.testing.assert_allclose(stats.spearman_columns(x, y), want)
+    assert math.isnan(stats.spearman([1, 1, 1], [1, 2, 3]))
+
+
+def hand_rows(gen: random.Random) -> list[dict]:
+    """Two directions of qwen-llama over 6 clusters (seeds 1-3 x iterations 10, 50), 10 offers each: in qwen ->
+    llama U falls with D by construction (U = -D plus noise a tenth of D's spread) and the repaired credit adds 1
+    to U; in llama -> qwen U is independent of D, the repair adds noise centred on 0, and TBD is 0 throughout."""
+    rows = []
+    for seed, stage, falls in itertools.product((1, 2, 3), (10, 50), (True, False)):
+        for _ in range(10):
+            d = gen.random()
+            u = -d + gen.gauss(0, 0.03) if falls else gen.gauss(0, 1)
+            terms = {"tbd": gen.random() if falls else 0.0, "ccm": gen.random(), "rsd": gen.random()}
+            rows.append({"source": "qwen" if falls else "llama", "receiver": "llama" if falls else "qwen",
+                         "seed": seed, "stage": stage, "D": d, "terms": terms, "scaled": terms, "U_halves": [u, u],
+                         "U_repaired": u + (1.0 if falls else gen.gauss(0, 1)), "prp_ratio": gen.random(),
+                         "hacpo_s": gen.random(), "graft_weight": gen.random(), "ftis_kl": gen.random(),
+                         "reward": float(gen.random() < 0.5), "advantage": gen.choice((-1, 1)) * (0.5 + gen.random()),
+                         "band": "prp"})
+    return rows
+
+
+def write_hand_rows(folder: Path) -> list[dict]:
+    rows = hand_rows(random.Random(0))
+    for seed, stage in itertools.product((1, 2, 3), (10, 50)):
+        premise_measure.write_rows(premise_measure.stage_file(folder, "qwen-llama", seed, stage),
+                                   [r for r in rows if (r["seed"], r["stage"]) == (seed, stage)])
+    return rows
+
+
+FALLS, INDEPENDENT = "qwen-llama: qwen -> llama", "qwen-llama: llama -> qwen"
+
+
+def test_the_registered_calls_on_rows_whose_answer_is_known(tmp_path):
+    rows = write_hand_rows(tmp_path)
+    loaded = premise_report.load(tmp_path)
+    assert len(loaded) == len(rows) and {r["direction"] for r in loaded} == {FALLS, INDEPENDENT}
+    numbers = {d: premise_report.per_direction(loaded, d, random.Random(0)) for d in (FALLS, INDEPENDENT)}
+    falls = [r for r in rows if r["source"] == "qwen"]
+    assert numbers[FALLS]["rho"]["D"]["value"] == pytest.approx(
+        scipy_stats.spearmanr([r["D"] for r in falls], [r["U_halves"][0] for r in falls]).statistic)
+    assert numbers[FALLS]["clusters"] == 6 and numbers[FALLS]["offers"] == 60
+    calls = premise_report.hypotheses(numbers)
+    assert calls["P1"][FALLS]["call"] == "supported" and calls["P1"][FALLS]["holm"]
+    assert calls["P1"][INDEPENDENT]["call"] == "not resolved"
+    # TBD is 0 on every offer of llama -> qwen: that direction leaves its family
+    assert set(calls["P2"]["tbd"]) == {FALLS} and set(calls["P2"]["ccm"]) == {FALLS, INDEPENDENT}
+    assert calls["P3"][FALLS]["value"] == 1 and calls["P3"][FALLS]["call"] == "supported"
+    assert calls["P3"][INDEPENDENT]["call"] == "not resolved"
+
+
+def test_a_rho_whose_interval_lies_above_the_trivial_bound_is_refuted():
+    assert stats.call_negative({"value": 0.02, "low": -0.05, "high": 0.1}, rejected=False) == "refuted"
+    assert stats.call_negative({"value": -0.3, "low": -0.4, "high": -0.2}, rejected=True) == "supported"
+    assert stats.call_negative({"value": -0.05, "low": -0.3, "high": 0.2}, rejected=False) == "not resolved"
+    assert stats.call_positive_median({"value": 0.1, "low": 0.05, "high": 0.2}, rejected=True) == "supported"
+    assert stats.call_positive_median({"value": 0.1, "low": -0.05, "high": 0.2}, rejected=False) == "not resolved"
+
+
+def test_report_writes_its_tables_and_figure_from_the_rows_alone(tmp_path):
+    write_hand_rows(tmp_path)
+    premise_report.report(tmp_path)
+    assert (tmp_path / "premise.png").stat().st_size > 0
+    text = (tmp_path / "report.md").read_text()
+    for title in ("P1", "P2: rho(tbd", "P3", "P4: |rho| with U (descriptive)", "P4: |rho| with U / |A|"):
+        section = text.split(f"### {title}")[1].split("###")[0]
+        assert FALLS in section
+        assert (INDEPENDENT in section) == (title != "P2: rho(tbd")
+    saved = json.loads((tmp_path / "report.json").read_text())
+    assert saved["P1"][FALLS]["call"] == "supported" and set(saved["directions"]) == {FALLS, INDEPENDENT}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The gate's decision rules on hand-built lookahead numbers
+# ---------------------------------------------------------------------------------------------------------------
+
+def test_paired_differences_by_hand():
+    got = stats.paired([1.0, 2.0, 3.0, 4.0])
+    se = math.sqrt(((1.5 ** 2 + 0.5 ** 2) * 2) / 3) / 2              # sample sd / sqrt(4)
+    assert got["mean"] == 2.5 and got["se"] == pytest.approx(se)
+    assert got["low"] == pytest.approx(2.5 - 1.959964 * se, rel=1e-6)
+
+
+def test_the_lr_ladder_takes_the_smallest_rung_three_standard_errors_out():
+    noise = [0.01, -0.01] * 25                          # sd 0.0101, se 0.00143: 3 se = 0.0043
+    moves = {lr: [lr * 0.0585 + e for e in noise] for lr in (0.01, 0.03, 0.1, 0.3)}     # 0.0006, 0.0018, 0.0059
+    assert stats.choose_lr(moves) == (0.1, True)
+    assert stats.choose_lr({lr: noise for lr in (0.01, 0.03, 0.1, 0.3)}) == (0.3, False)
+    assert stats.choose_lr({0.01: [-0.01] * 4, 0.03: [0.5] * 4}) == (0.01, True)      # a fall moves it too
+
+
+def test_each_pass_condition_by_hand():
+    up = list(range(30))
+    assert stats.rank_condition(up, [2 * x for x in up], random.Random(0))["passes"]
+    assert not stats.rank_condition(up, [-x for x in up], random.Random(0))["passes"]
+    assert stats.decile_condition([0.1, 0.2, 0.3, 0.2])["passes"]
+    assert not stats.decile_condition([0.1, -0.2, 0.3, -0.2])["passes"]
+    assert stats.deciles([5, 1, 9, 3, 7, 2, 8, 0, 6, 4, 11, 10, 13, 12, 15, 14, 17, 16, 19, 18]) == ([7, 1], [19, 18])
+
+
+def test_the_gate_judged_on_hand_built_lookaheads():
+    u = [float(i) for i in range(1, 21)]
+    noise = np.array([0.01, -0.01] * 25)
+
+    def decile_move(indices, lr):       # per prompt: lr x 0.003 x the offers' mean U, plus the draws' noise
+        return lr * 0.003 * np.mean([u[i] for i in indices]) + noise
+
+    # the top decile (19, 20) moves 0.0059 at lr 0.1, the first rung past 3 se; top - bottom = 0.1 x 0.003 x 18
+    judged = stats.judge([[3 * x, -x] for x in u], lambda lr: [lr * x for x in u], decile_move, random.Random(0))
+    assert judged["lr"] == 0.1 and judged["rank"]["value"] == pytest.approx(1)
+    assert judged["decile"]["mean"] == pytest.approx(0.1 * 0.003 * 18)
+    assert judged["rank"]["passes"] and judged["decile"]["passes"]
+    assert judged["split_half_rho"] == pytest.approx(-1) and not judged["passes"]     # halves disagree: fails
+    assert json.loads(json.dumps(judged))["lr"] == 0.1                                 # the verdict file takes it
+    assert stats.judge([[x, x] for x in u], lambda lr: [-x for x in u], decile_move, random.Random(0))["passes"]
+
+
+def test_unreliable_halves_double_the_samples_up_to_four_times():
+    seen = []
+
+    def attempt(split_half_at):
+        def run(samples):
+            seen.append(samples)
+            return {"split_half_rho": split_half_at.get(samples, 0.1)}
+        return run
+    assert len(stats.until_reliable(attempt({16: 0.2, 32: 0.4, 64: 0.6}), 16)) == 3 and seen == [16, 32, 64]
+    seen.clear()
+    assert len(stats.until_reliable(attempt({}), 16)) == 5 and seen == [16, 32, 64, 128, 256]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# measure: resumable, a file per (preset, seed, stage) written whole
+# ---------------------------------------------------------------------------------------------------------------
+
+def test_measure_skips_what_exists_and_writes_nothing_of_a_failed_stage(tmp_path):
+    calls = []
+
+    def rows_of(preset, seed, stage):
+        calls.append((preset, seed, stage))
+        if stage == 50 and len(calls) < 3:
+            raise RuntimeError("killed")
+        return [{"seed": seed, "stage": stage}]
+    with pytest.raises(RuntimeError):
+        premise_measure.measure(["qwen-llama"], [1], [50, 10], tmp_path, rows_of)
+    assert calls == [("qwen-llama", 1, 10), ("qwen-llama", 1, 50)]          # the stages in order
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["qwen-llama-s1-it010.jsonl"]
+    written = premise_measure.measure(["qwen-llama"], [1], [10, 50], tmp_path, rows_of)
+    assert calls[2:] == [("qwen-llama", 1, 50)] and [p.name for p in written] == ["qwen-llama-s1-it050.jsonl"]
+    assert premise_measure.read_rows(written[0]) == [{"seed": 1, "stage": 50}]
+    assert premise_measure.stage_of(written[0]) == ("qwen-llama", 1, 50)
+    assert premise_measure.measure(["qwen-llama"], [1], [10, 50], tmp_path, rows_of) == [] and len(calls) == 3
+
+
+def test_the_draw_caps_each_direction_and_ignores_the_others():
+    pool = [("a", "b", i) for i in range(10)] + [("b", "a", i) for i in range(3)]
+    direction = lambda item: item[:2]  # noqa: E731
+    drawn = premise_measure.draw(pool, 4, "k", direction)
+    assert sum(d[:2] == ("a", "b") for d in drawn) == 4 and sum(d[:2] == ("b", "a") for d in drawn) == 3
+    alone = premise_measure.draw(pool[:10], 4, "k", direction)
+    assert alone == [d for d in drawn if d[:2] == ("a", "b")]
