@@ -98,12 +98,16 @@ def clustered(clusters: list, statistic: Callable[[np.ndarray], np.ndarray], rng
     `clusters` (each the row indices of one (seed, stage))."""
     groups = [np.asarray(c) for c in clusters]
     value = statistic(np.concatenate(groups))
+    if len(groups) < 2:      # one cluster resamples to itself: no interval, no p, so no call
+        return [{"value": float(v), "low": math.nan, "high": math.nan, "p": math.nan} for v in np.atleast_1d(value)]
     draws, weights = bootstrap(groups, statistic, rng)
     return [summary(v, draws[:, s], weights) for s, v in enumerate(np.atleast_1d(value))]
 
 
 def holm(p: dict[str, float], alpha: float = registered.ALPHA) -> dict[str, bool]:
-    """Holm's step-down: the i-th smallest of m p-values is rejected while each so far is <= alpha / (m - i)."""
+    """Holm's step-down: the i-th smallest of m p-values is rejected while each so far is <= alpha / (m - i); an
+    undefined p (a statistic undefined on every resample) counts as 1."""
+    p = {key: value if math.isfinite(value) else 1.0 for key, value in p.items()}
     rejected, m = {}, len(p)
     for i, key in enumerate(sorted(p, key=p.get)):
         if p[key] > alpha / (m - i):

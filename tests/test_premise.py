@@ -184,11 +184,18 @@ def test_the_exact_cluster_bootstrap_is_every_ordered_draw_weighted_alike():
     assert result["p"] == 0 and result["low"] == pytest.approx(min(want)) and result["high"] == pytest.approx(10)
 
 
+def test_one_cluster_gives_no_interval_and_no_call():
+    result, = stats.clustered([[0, 1, 2]], lambda i: np.array([float(len(i))]), random.Random(0))
+    assert result["value"] == 3 and all(math.isnan(result[k]) for k in ("low", "high", "p"))
+    assert stats.call_negative(result, stats.holm({"d": result["p"]})["d"]) == "not resolved"
+
+
 def test_holm_steps_down_as_by_hand():
     # m = 4: 0.01 <= 0.05/4; then 0.03 > 0.05/3 stops, so 0.04 is not rejected either
     assert stats.holm({"a": 0.01, "b": 0.04, "c": 0.03, "d": 0.2}) == {"a": True, "b": False, "c": False, "d": False}
     # 0.001 <= 0.05/3, 0.02 <= 0.05/2, 0.024 <= 0.05
     assert stats.holm({"a": 0.02, "b": 0.001, "c": 0.024}) == {"a": True, "b": True, "c": True}
+    assert stats.holm({"a": math.nan, "b": 0.01}) == {"a": False, "b": True}      # 0.01 <= 0.05/2
 
 
 def test_spearman_columns_match_scipy_with_ties():
