@@ -185,7 +185,7 @@ def curation_summary(run_dir: Path) -> str:
     for src, rcv in sorted({(r["source"], r["receiver"]) for r in records}):
         mine = [r for r in records if (r["source"], r["receiver"]) == (src, rcv)]
         count = {outcome: sum(r["level"] == outcome for r in mine) for outcome in OUTCOMES}
-        rescued = sum(r["reason"].endswith("a verified rescue") for r in mine)
+        rescued = sum("a verified rescue" in r["reason"] for r in mine)
         means = {t: [r["terms"][t] for r in mine if "terms" in r and r["terms"][t] is not None
                      and not math.isnan(r["terms"][t])] for t in TERMS}
         lines.append(f"  {src} -> {rcv}: {len(mine)} offers; admitted "
