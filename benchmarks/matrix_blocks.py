@@ -27,6 +27,7 @@ import matrix_analysis as ma
 import matrix_h3
 import matrix_pairing as pairing
 import matrix_plots
+import matrix_stats as stats
 
 SMALLEST = 2.0
 """the registration's smallest difference that matters, in points"""
@@ -259,8 +260,8 @@ def load_records(folder: Path) -> dict[int, dict]:
 
 def interval(values: list[float], cfg: ma.AnalysisConfig) -> tuple[float, float, float]:
     """(mean, low, high): the values' mean and its 95% percentile bootstrap interval over seeds"""
-    means = ma.bootstrap_means(values, cfg.resamples, cfg.bootstrap_seed)
-    return (sum(values) / len(values), *ma.percentile_interval(means, 1 - cfg.alpha))
+    means = stats.bootstrap_means(values, cfg.resamples, cfg.bootstrap_seed)
+    return (sum(values) / len(values), *stats.percentile_interval(means, 1 - cfg.alpha))
 
 
 def load_sets(root: Path) -> dict[str, list[dict]]:
@@ -352,7 +353,7 @@ def markdown(result: dict) -> str:
             t_low, t_high = r["t_interval"]
             lines.append(f"| {r['contrast']} | {r['policy']} | {per_seed} | {r['mean']:+.2f} | [{low:+.2f}, "
                          f"{high:+.2f}] | [{t_low:+.2f}, {t_high:+.2f}] | {r['p']:.4f} "
-                         f"| {ma.p_text(r['sign_flip_p'])} | {r['holm_p']:.4f} "
+                         f"| {stats.p_text(r['sign_flip_p'])} | {r['holm_p']:.4f} "
                          f"| [{h_low:+.2f}, {h_high:+.2f}] "
                          f"| {r['verdict']}{' (underpowered, as registered)' if r['underpowered'] else ''} |")
         if not f["ran"]:

@@ -25,6 +25,7 @@ import numpy as np
 import matrix
 import matrix_analysis as ma
 import matrix_pairing as pairing
+import matrix_stats as stats
 
 GROUPINGS = ("trio", "qwen-llama", "qwen-mistral", "llama-mistral")
 SETS = {grouping: f"h3-{grouping}" for grouping in GROUPINGS}
@@ -115,11 +116,11 @@ def ratio_row(policy: str, configuration: str, by_grouping: dict[str, dict[int, 
     one-sided p-value (the share of resampled ratios at or below DIMINISHING; an undefined 0 / 0 counts there, and
     leaves the interval undefined, so not called), the denominator's own interval and the additive form's. The
     seeds are resampled once for every quantity: one bootstrap seed draws the same seeds for values of one length
-    (ma.bootstrap_means)."""
+    (stats.bootstrap_means)."""
     pair1, pair2 = pairs_of(policy)
     trio = np.array(list(by_grouping["trio"].values()))                                             # [seeds]
     pair_sum = np.array(list(by_grouping[pair1].values())) + np.array(list(by_grouping[pair2].values()))   # [seeds]
-    trio_means, sum_means, additive_means = (ma.bootstrap_means(list(v), cfg.resamples, cfg.bootstrap_seed)
+    trio_means, sum_means, additive_means = (stats.bootstrap_means(list(v), cfg.resamples, cfg.bootstrap_seed)
                                              for v in (trio, pair_sum, trio - pair_sum))      # each [resamples]
     with np.errstate(divide="ignore", invalid="ignore"):      # x / 0 is +-inf, 0 / 0 NaN
         ratios = trio_means / sum_means                                                       # [resamples]
@@ -128,11 +129,11 @@ def ratio_row(policy: str, configuration: str, by_grouping: dict[str, dict[int, 
     return {"policy": policy, "configuration": configuration, "seeds": list(by_grouping["trio"]),
             "gains": by_grouping, "trio_gain": float(trio.mean()),
             "pair_gains": {g: float(np.mean(list(by_grouping[g].values()))) for g in (pair1, pair2)},
-            "pair_sum": float(pair_sum.mean()), "denominator_interval": ma.percentile_interval(sum_means, level),
-            "ratio": ratio, "interval": ma.percentile_interval(ratios, level),
+            "pair_sum": float(pair_sum.mean()), "denominator_interval": stats.percentile_interval(sum_means, level),
+            "ratio": ratio, "interval": stats.percentile_interval(ratios, level),
             "p": float(np.mean(~(ratios > DIMINISHING))),
             "additive": float((trio - pair_sum).mean()),
-            "additive_interval": ma.percentile_interval(additive_means, level)}
+            "additive_interval": stats.percentile_interval(additive_means, level)}
 
 
 def holds(interval: tuple[float, float], value: float) -> bool:
@@ -178,7 +179,7 @@ def analyze(sets: dict[str, list[dict]], cfg: ma.AnalysisConfig) -> dict:
         return out
     rows = [ratio_row(p, c, gains(runs, p, c, [s for s in seeds if s not in unpaired.get((p, c), {})]), cfg)
             for p in POLICIES for c in CONFIGURATIONS]
-    adjusted, _, rejected = ma.holm([r["p"] for r in rows], cfg.alpha)
+    adjusted, _, rejected = stats.holm([r["p"] for r in rows], cfg.alpha)
     for row, p, reject in zip(rows, adjusted, rejected):
         row.update(holm_p=p, holm_rejected=reject, underpowered=row["policy"] in UNDERPOWERED)
         row.update(call=call(row), reading=reading(row))
@@ -214,8 +215,8 @@ def markdown(result: dict) -> list[str]:
         pairs = ", ".join(f"{g} {v:+.2f}" for g, v in r["pair_gains"].items())
         lines.append(f"| {r['policy']} | {r['configuration']} | {len(r['seeds'])} | {r['trio_gain']:+.2f} | {pairs} "
                      f"| {r['pair_sum']:+.2f} {interval_text(r['denominator_interval'])} "
-                     f"| {r['ratio']:.2f} {interval_text(r['interval'], '.2f')} | {ma.p_text(r['p'])} "
-                     f"| {ma.p_text(r['holm_p'])} | {r['call']}"
+                     f"| {r['ratio']:.2f} {interval_text(r['interval'], '.2f')} | {stats.p_text(r['p'])} "
+                     f"| {stats.p_text(r['holm_p'])} | {r['call']}"
                      f"{' (underpowered, as registered)' if r['underpowered'] else ''} | {r['reading']} "
                      f"| {r['additive']:+.2f} {interval_text(r['additive_interval'])} |")
     for u in result["unpaired"]:

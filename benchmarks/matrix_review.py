@@ -19,6 +19,7 @@ from pathlib import Path
 
 import matrix_analysis as ma
 import matrix_blocks as mb
+import matrix_stats as stats
 
 BLOCK1 = (("pilot", "matrix-main"), tuple(range(1001, 1012)))
 """block 1: its folders under results/ and its registered seeds"""
@@ -54,7 +55,7 @@ def block1(root: Path, cfg: ma.AnalysisConfig) -> list[dict]:
         for r in result["contrasts"]["auc"]:
             rows.setdefault(f"{r['contrast']} ({r['policy']})", {})[view] = (
                 f"{r['mean']:+.2f} [{r['interval'][0]:+.2f}, {r['interval'][1]:+.2f}], {len(r['differences'])} seeds, "
-                f"Holm p {r['holm_p']:.3f}, sign-flip p {ma.p_text(r['sign_flip_p'])}")
+                f"Holm p {r['holm_p']:.3f}, sign-flip p {stats.p_text(r['sign_flip_p'])}")
     return [{"block": 1, "question": q, **views} for q, views in rows.items()]
 
 
@@ -70,7 +71,7 @@ def block6(runs: list[dict], cfg: ma.AnalysisConfig) -> list[dict]:
         for r in called["rows"]:
             rows.setdefault(f"{r['contrast']} ({r['policy']})", {})[view] = (
                 f"{r['mean']:+.2f} [{r['interval'][0]:+.2f}, {r['interval'][1]:+.2f}], {len(r['differences'])} seeds, "
-                f"sign-flip p {ma.p_text(r['sign_flip_p'])}: {r['verdict']}")
+                f"sign-flip p {stats.p_text(r['sign_flip_p'])}: {r['verdict']}")
     return [{"block": 6, "question": q, **views} for q, views in rows.items()]
 
 
@@ -104,7 +105,7 @@ def markdown(rows: list[dict], pooled_rows: list[dict]) -> list[str]:
               "| policy | seeds | mean | 95% bootstrap interval | t interval | sign-flip p |", "|---" * 6 + "|"]
     lines += [f"| {r['policy']} | {len(r['differences'])} ({min(r['differences'])}-{max(r['differences'])}) "
               f"| {r['mean']:+.2f} | [{r['interval'][0]:+.2f}, {r['interval'][1]:+.2f}] "
-              f"| [{r['t_interval'][0]:+.2f}, {r['t_interval'][1]:+.2f}] | {ma.p_text(r['sign_flip_p'])} |"
+              f"| [{r['t_interval'][0]:+.2f}, {r['t_interval'][1]:+.2f}] | {stats.p_text(r['sign_flip_p'])} |"
               for r in pooled_rows]
     return lines
 

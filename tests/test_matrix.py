@@ -15,6 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 import matrix  # noqa: E402
 import matrix_analysis as analysis  # noqa: E402
+import matrix_stats as stats  # noqa: E402
 import matrix_pairing as pairing  # noqa: E402
 import power  # noqa: E402
 
@@ -256,38 +257,38 @@ def test_at_equal_cost_both_runs_are_read_at_what_the_cheaper_one_spent():
 
 def test_the_bootstrap_interval_and_p_value_by_hand():
     # every resample of [1, 1, 1] has mean 1
-    means = analysis.bootstrap_means([1.0, 1.0, 1.0], 1000, 0)
-    assert analysis.percentile_interval(means, 0.95) == (1.0, 1.0) and analysis.bootstrap_p(means) == 0.0
+    means = stats.bootstrap_means([1.0, 1.0, 1.0], 1000, 0)
+    assert stats.percentile_interval(means, 0.95) == (1.0, 1.0) and stats.bootstrap_p(means) == 0.0
     # [0, 1]: resampled means 0, 1/2, 1 with probabilities 1/4, 1/2, 1/4; the 95% interval is [0, 1] and the
     # p-value twice P(mean <= 0) = 1/2
-    means = analysis.bootstrap_means([0.0, 1.0], 100_000, 0)
+    means = stats.bootstrap_means([0.0, 1.0], 100_000, 0)
     assert set(np.unique(means)) == {0.0, 0.5, 1.0} and (means == 0.5).mean() == pytest.approx(0.5, abs=0.01)
-    assert analysis.percentile_interval(means, 0.95) == (0.0, 1.0)
-    assert analysis.percentile_interval(means, 0.4) == (0.5, 0.5)
-    assert analysis.bootstrap_p(means) == pytest.approx(0.5, abs=0.01)
+    assert stats.percentile_interval(means, 0.95) == (0.0, 1.0)
+    assert stats.percentile_interval(means, 0.4) == (0.5, 0.5)
+    assert stats.bootstrap_p(means) == pytest.approx(0.5, abs=0.01)
 
 
 def test_holm_by_hand():
     # sorted 0.01, 0.03, 0.04 tested at 0.05/3, 0.05/2, 0.05: the first rejected, the second not (0.03 > 0.025),
     # so neither is the third; adjusted 3 x 0.01, max(0.03, 2 x 0.03), max(0.06, 0.04)
-    adjusted, levels, rejected = analysis.holm([0.01, 0.04, 0.03], 0.05)
+    adjusted, levels, rejected = stats.holm([0.01, 0.04, 0.03], 0.05)
     assert adjusted == pytest.approx([0.03, 0.06, 0.06]) and levels == pytest.approx([0.05 / 3, 0.05, 0.025])
     assert rejected == [True, False, False]
-    assert analysis.holm([0.001, 0.01, 0.04], 0.05)[2] == [True, True, True]
-    assert analysis.holm([0.9, 0.8], 0.05)[0] == [1.0, 1.0]
+    assert stats.holm([0.001, 0.01, 0.04], 0.05)[2] == [True, True, True]
+    assert stats.holm([0.9, 0.8], 0.05)[0] == [1.0, 1.0]
 
 
 @pytest.mark.parametrize("p, dof, table", [(0.2, 1, 0.0642), (0.2, 5, 2.343), (0.2, 7, 3.822), (0.2, 10, 6.179),
                                            (0.95, 7, 14.067), (0.05, 20, 10.851)])
 def test_chi_square_quantiles_match_the_printed_table(p, dof, table):
-    assert analysis.chi2_quantile(p, dof) == pytest.approx(table, abs=2e-3)
+    assert stats.chi2_quantile(p, dof) == pytest.approx(table, abs=2e-3)
 
 
 def test_the_seed_rule_by_hand():
     # 8 pilot seeds: the SD's upper 80% bound is sd * sqrt(7 / 3.822)
-    assert analysis.sd_upper_bound(2.0, 8, 0.8) == pytest.approx(2.0 * math.sqrt(7 / 3.822), rel=1e-3)
+    assert stats.sd_upper_bound(2.0, 8, 0.8) == pytest.approx(2.0 * math.sqrt(7 / 3.822), rel=1e-3)
     # its 95% interval from the printed chi2(7) quantiles 16.013 (0.975) and 1.690 (0.025)
-    assert analysis.sd_interval(2.0, 8, 0.95) == pytest.approx((2.0 * math.sqrt(7 / 16.013),
+    assert stats.sd_interval(2.0, 8, 0.95) == pytest.approx((2.0 * math.sqrt(7 / 16.013),
                                                                 2.0 * math.sqrt(7 / 1.690)), rel=1e-3)
     cfg = analysis.AnalysisConfig()
     # at SD 2 against 2 points: n >= (t_.975 + t_.8)^2 with n - 1 dof; n = 10 gives (2.262 + 0.883)^2 = 9.9
@@ -635,10 +636,10 @@ def test_the_sign_flip_p_value_equals_a_naive_enumeration_of_signs(differences):
             for signs in itertools.product((1, -1), repeat=len(differences))]
     observed = abs(sum(differences))
     naive = sum(total >= observed - 1e-9 for total in sums) / len(sums)
-    assert analysis.sign_flip_p(differences) == pytest.approx(naive)
+    assert stats.sign_flip_p(differences) == pytest.approx(naive)
 
 
 def test_beyond_twenty_differences_the_sign_flip_p_value_is_drawn_and_never_0():
-    assert 0 < analysis.sign_flip_p([1.0] * 25) < 1e-5           # exactly 2 / 2^25 by enumeration
-    assert analysis.sign_flip_p([1.0, -1.0] * 11) == 1.0          # every assignment as far out as the observed 0
-    assert analysis.p_text(0.0312) == "0.031" and analysis.p_text(3e-7) == "< 0.001"
+    assert 0 < stats.sign_flip_p([1.0] * 25) < 1e-5           # exactly 2 / 2^25 by enumeration
+    assert stats.sign_flip_p([1.0, -1.0] * 11) == 1.0          # every assignment as far out as the observed 0
+    assert stats.p_text(0.0312) == "0.031" and stats.p_text(3e-7) == "< 0.001"

@@ -14,6 +14,7 @@ from test_matrix import ROOT, summary, write_summaries   # it puts benchmarks/ o
 
 import h5_path  # noqa: E402
 import matrix_analysis as ma  # noqa: E402
+import matrix_stats as stats  # noqa: E402
 import matrix_blocks as mb  # noqa: E402
 import matrix_h3  # noqa: E402
 import matrix_plots  # noqa: E402
@@ -97,8 +98,8 @@ def test_a_family_is_called_on_its_registered_seeds_with_holm_over_all_four_hypo
         [min(1, max((4 - k) * p for k, p in enumerate(ps[:i + 1]))) for i in range(4)])
     # and each row's interval at the level Holm tests it at: 0.05 / 4 for the smallest p, ..., 0.05 for the largest
     for k, r in enumerate(ranked):
-        means = ma.bootstrap_means(list(r["differences"].values()), cfg.resamples, cfg.bootstrap_seed)
-        assert r["holm_interval"] == pytest.approx(ma.percentile_interval(means, 1 - 0.05 / (4 - k)))
+        means = stats.bootstrap_means(list(r["differences"].values()), cfg.resamples, cfg.bootstrap_seed)
+        assert r["holm_interval"] == pytest.approx(stats.percentile_interval(means, 1 - 0.05 / (4 - k)))
     assert out["ran"] == {"cross-fidelity-last2 - cross-fidelity": 11, "cross-fidelity-last2 - sgt": 11}
     assert out["unpaired"] == {} and out["repaired"] == []
 
