@@ -21,6 +21,7 @@ from scipy import stats as scipy_stats
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import matrix_stats  # noqa: E402
 import premise_registered as registered  # noqa: E402
 
 EXACT_LIMIT = 30_000
@@ -105,15 +106,11 @@ def clustered(clusters: list, statistic: Callable[[np.ndarray], np.ndarray], rng
 
 
 def holm(p: dict[str, float], alpha: float = registered.ALPHA) -> dict[str, bool]:
-    """Holm's step-down: the i-th smallest of m p-values is rejected while each so far is <= alpha / (m - i); an
-    undefined p (a statistic undefined on every resample) counts as 1."""
-    p = {key: value if math.isfinite(value) else 1.0 for key, value in p.items()}
-    rejected, m = {}, len(p)
-    for i, key in enumerate(sorted(p, key=p.get)):
-        if p[key] > alpha / (m - i):
-            break
-        rejected[key] = True
-    return {key: rejected.get(key, False) for key in p}
+    """Holm's step-down (matrix_stats.holm) over named p-values: whether each is rejected; an undefined p (a
+    statistic undefined on every resample) counts as 1."""
+    keys = list(p)
+    _, _, rejected = matrix_stats.holm([p[k] if math.isfinite(p[k]) else 1.0 for k in keys], alpha)
+    return dict(zip(keys, rejected))
 
 
 def call_negative(result: dict, rejected: bool) -> str:
