@@ -11,7 +11,7 @@ time of its iterations (perf/iteration_s: rollouts, rewards, exchange and update
 policy's rollout and update tokens, so runs can be compared at an equal budget of any of them
 (`accuracy_within_budget`, --budget).
 
-    python eval.py runs/qwen-llama-none-s1                     # one run: report.md and curves.png in it
+    python eval.py runs/qwen-llama-cross-fidelity-s1           # one run: report.md and curves.png in it
     python eval.py runs/A runs/B runs/C --out runs/compare     # side by side
     python eval.py runs/A --task gsm8k --data-dir data/gsm8k   # transfer: the last checkpoint on another task
     python eval.py runs/A runs/B --budget update_tokens=2e6     # accuracy once each run has spent the budget

@@ -24,9 +24,10 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_FLAGS = ("--share", "cross-fidelity", "--iterations", "2", "--seed", "900", "--eval-size", "64",
-                 "--eval-every", "1", "--eval-samples", "0", "--warmup-scale", "0.1", "--minibatches", "2")
-"""a curated run of two iterations on the timing seed with the pilot's minibatch schedule, a minute a side"""
+DEFAULT_FLAGS = ("--share", "cross-fidelity", "--ccm-estimate", "exact", "--iterations", "2", "--seed", "900",
+                 "--eval-size", "64", "--eval-every", "1", "--eval-samples", "0", "--warmup-scale", "0.1", "--minibatches", "2")
+"""a curated run with the registered runs' CCM estimate, two iterations on the timing seed with the pilot's minibatch
+schedule, a minute a side"""
 RECORDS = ("metrics.jsonl", "fidelity.jsonl")
 
 

@@ -228,8 +228,9 @@ def test_a_resumed_run_purges_the_tensorboard_events_after_its_checkpoint(tmp_pa
 def test_default_run_names_spell_out_the_settings_that_differ_from_their_defaults():
     defaults = asdict(Args())
     name = lambda **changed: checkpoint.run_name({**defaults, **changed}, defaults)
-    assert name() == "qwen-llama-none-s1"
-    assert name(task="gsm8k") == "qwen-llama-none-s1-gsm8k"
+    assert name() == "qwen-llama-cross-fidelity-s1"
+    assert name(share="none", task="gsm8k") == "qwen-llama-none-s1-gsm8k"
+    assert name(ccm_estimate="exact") == "qwen-llama-cross-fidelity-s1-ccm-exact"
     assert name(share="cross-fidelity", ablate=("ccm", "rsd"), thresholds="adaptive", tbd_measure="hidden",
                 step_format="prose", lora_rank=16) == (
         "qwen-llama-cross-fidelity-s1-prose-tbd-hidden-ablate-ccm-rsd-adaptive-lora16")
