@@ -49,8 +49,17 @@ PHASES = {   # phase -> (module, qualified name) of the functions timed as it, w
                     ("testbed.checkpoint", "commit_checkpoint")],
     "report": [("eval", "write_report")],
 }
+CURATION_PHASES = {
+    "curation: cheap diagnosis": [("diagnosis", "ReceiverSide.offers")],
+    "curation: predictor": [("curator", "Curator._predict"), ("coevolution", "FidelityPredictor.learn")],
+    "curation: calibration": [("curator", "Curator.calibrate")],
+    "curation: admission": [("curator", "admit")],
+    "curation: crossing and repair": [("diagnosis", "ReceiverSide.cross")],
+    "curation: record": [("fidelity_record", "offer_record")],
+}
+"""curation's own phases, timed where a commit has them (they came after ab554c1); the gradient norms above"""
 NESTED = {"warm-up": "start-up", "gradient norms": "curation", "norms: forward": "gradient norms",
-          "norms: from factors": "gradient norms"}   # timed inside another phase: shown, not added twice
+          "norms: from factors": "gradient norms", **dict.fromkeys(CURATION_PHASES, "curation")}
 
 
 def timed(seconds: dict[str, float], phase: str, fn):
@@ -73,8 +82,8 @@ def instrumented_run(repo: Path, flags: list[str], out: Path, measure=timed) -> 
     import importlib
 
     import tyro
-    totals = dict.fromkeys(PHASES, 0.0)
-    for phase, targets in PHASES.items():
+    totals = dict.fromkeys([*PHASES, *CURATION_PHASES], 0.0)
+    for phase, targets in {**PHASES, **CURATION_PHASES}.items():
         wrapped = 0
         for module_name, qualified in targets:
             try:
@@ -86,7 +95,7 @@ def instrumented_run(repo: Path, flags: list[str], out: Path, measure=timed) -> 
             if hasattr(holder, name):   # a function that moved is timed where the commit has it
                 setattr(holder, name, measure(totals, phase, getattr(holder, name)))
                 wrapped += 1
-        if not wrapped:
+        if not wrapped and phase in PHASES:
             raise RuntimeError(f"{repo} has none of {targets} to time as {phase}: add where it lives now to PHASES")
     train = importlib.import_module("train")
     start = time.perf_counter()
@@ -112,7 +121,7 @@ def run_one(repo: Path, flags: list[str], out: Path, script: str = __file__) -> 
 def table(name: str, sides: dict[str, dict[str, float]]) -> str:
     lines = [f"\n{name}", "| phase | " + " | ".join(sides) + (" | after / before |" if len(sides) == 2 else " |"),
              "|---|" + "---|" * (len(sides) + (len(sides) == 2))]
-    for phase in [*PHASES, "other", "total"]:
+    for phase in [*PHASES, *CURATION_PHASES, "other", "total"]:
         values = [s[phase] for s in sides.values()]
         ratio = f" | {values[1] / values[0]:.2f} |" if len(values) == 2 and values[0] > 0 else (
             " | — |" if len(values) == 2 else " |")

@@ -154,10 +154,49 @@ def estimate(model: torch.nn.Module, work: Workload) -> Estimate:
               "logits": 4 * work.micro_batch * work.max_new_tokens * vocab * 4,
               "kv_cache": kv_cache_bytes(layers, kv_heads, head_dim, work.rollouts, seq, size),
               "rollout_logits": work.rollouts * work.max_new_tokens * vocab * 4}
-    multiplying = sum(p.numel() for p in params if p.ndim == 2) - (embedding.numel() if embedding is not head else 0)
-    backward = 2 + (2 if trainable == n_params else 0)  # activation gradients always, weight gradients if trained
-    flops = 2 * multiplying * work.rollouts * seq + (2 + backward) * multiplying * work.train_sequences * seq
-    return Estimate(n_params, trainable, memory, float(flops), work.train_sequences > work.micro_batch)
+    flops = sum(iteration_flops(model, work).values())
+    return Estimate(n_params, trainable, memory, flops, work.train_sequences > work.micro_batch)
+
+
+def multiplying_parameters(model: torch.nn.Module) -> int:
+    """The parameters that multiply an activation: every matrix but an input embedding not tied to the head (a
+    lookup)."""
+    embedding, head = model.get_input_embeddings().weight, model.get_output_embeddings().weight
+    matrices = sum(p.numel() for p in model.parameters() if p.ndim == 2)
+    return matrices - (embedding.numel() if embedding is not head else 0)
+
+
+def iteration_flops(model: torch.nn.Module, work: Workload) -> dict[str, float]:
+    """FLOPs of one iteration's rollouts (one pass over their tokens) and update (a forward and a backward of its
+    sequences: activation gradients always, weight gradients where every weight trains)."""
+    multiplying, seq = multiplying_parameters(model), work.prompt_len + work.max_new_tokens
+    trains_all = all(p.requires_grad for p in model.parameters())
+    backward = 2 + (2 if trains_all else 0)
+    return {"rollouts": float(2 * multiplying * work.rollouts * seq),
+            "update": float((2 + backward) * multiplying * work.train_sequences * seq)}
+
+
+def curation_flops(model: torch.nn.Module, scope: tuple[list, list | None], diagnosed: int, crossed: int, seq: int,
+                   steps: int) -> dict[str, float]:
+    """FLOPs of one receiver's curation in one iteration, beside `iteration_flops`: CCM's per-step gradient norms
+    over `diagnosed` trajectories (peer offers and the receiver's own calibration rollouts) of `seq` tokens and
+    `steps` steps each, over `scope` (a CCM estimate's parameters and modules, reachability.ccm_scope), and the
+    receiver's forward over the `crossed` offers whose tokens it trains on. The norms (reachability._rows_sq_norms) cost a forward over every matrix;
+    a backward batched over the steps, each step's cotangent multiplying every matrix it passes through once
+    (activation gradients only: the scope's matrices and, for `exact`, all below them to the lowest trained
+    one); and per weight of the scope the cheaper of its ghost norm, T^2 (steps out + in), and its formed
+    per-step gradients, steps T out in. Attention's own products, the diagnosis's bookkeeping and the norm
+    layers are left out, as in `iteration_flops`."""
+    multiplying, (params, modules) = multiplying_parameters(model), scope
+    scoped = {id(p) for p in params}
+    linears = [m for m in (model.modules() if modules is None else modules) if isinstance(m, torch.nn.Linear)]
+    passed = multiplying if modules is None else sum(m.weight.numel() for m in {id(m): m for m in linears}.values())
+    ghost = sum(min(seq * seq * (steps * out + inp), steps * seq * out * inp)
+                for m in linears if id(m.weight) in scoped for out, inp in [m.weight.shape])
+    return {"norms: forward": float(2 * multiplying * seq * diagnosed),
+            "norms: batched backward": float(2 * passed * seq * steps * diagnosed),
+            "norms: from factors": float(2 * ghost * diagnosed),
+            "crossing": float(2 * multiplying * seq * crossed)}
 
 
 def kv_cache_bytes(layers: int, kv_heads: int, head_dim: int, sequences: int, length: int, element_size: int) -> int:

@@ -200,3 +200,28 @@ def test_the_flop_count_is_the_matmuls_of_a_forward(family):
     matmuls = sum(count for op, count in counter.get_flop_counts()["Global"].items() if "attention" not in str(op))
     est = costs.estimate(model, costs.Workload(3, 6, 4, 3, train_sequences=0))
     assert est.flops == matmuls      # an untied input embedding is a lookup, not a matmul
+
+
+@pytest.mark.parametrize("estimate, lora_rank", [("exact", 0), ("last:2", 0), ("last:0", 0), ("exact", 4)])
+def test_curation_flops_count_what_the_gradient_norms_multiply(estimate, lora_rank):
+    # the reference: torch's own count of every matrix product one real call of the norms makes; the model is a
+    # cost estimate, within 10% (under LoRA it counts a few products the backward need not take)
+    from torch.utils.flop_counter import FlopCounterMode
+    tok = tiny.tiny_tokenizer("qwen2")
+    model = tiny.tiny_model("qwen2", tiny.TinyShape(64, 3, 4, 0), len(tok), 0)
+    model = lora.add_lora(model, lora_rank, 2 * lora_rank) if lora_rank else model
+    rows, seq, steps = 5, 40, 4
+    ids = torch.randint(1, len(tok), (rows, seq), generator=torch.Generator().manual_seed(0))
+    spans = [[(16 + 6 * k, 22 + 6 * k) for k in range(steps - 1)] + [(34, seq)] for _ in range(rows)]
+    scope = reachability.ccm_scope(model, estimate)
+    with FlopCounterMode(display=False) as counter:
+        reachability.step_grad_norms(model, ids, torch.ones_like(ids), spans, *scope)
+    modelled = costs.curation_flops(model, scope, diagnosed=rows, crossed=0, seq=seq, steps=steps)
+    norms = sum(v for k, v in modelled.items() if k.startswith("norms"))
+    assert norms == pytest.approx(counter.get_total_flops(), rel=0.1)
+    assert modelled["crossing"] == 0
+    with FlopCounterMode(display=False) as counter:
+        with torch.no_grad():
+            model(input_ids=ids)
+    crossing = costs.curation_flops(model, scope, diagnosed=0, crossed=rows, seq=seq, steps=steps)["crossing"]
+    assert crossing == pytest.approx(counter.get_total_flops(), rel=0.1)
