@@ -225,3 +225,13 @@ def test_curation_flops_count_what_the_gradient_norms_multiply(estimate, lora_ra
             model(input_ids=ids)
     crossing = costs.curation_flops(model, scope, diagnosed=0, crossed=rows, seq=seq, steps=steps)["crossing"]
     assert crossing == pytest.approx(counter.get_total_flops(), rel=0.1)
+
+
+def test_curation_cost_at_scale_orders_the_estimates_by_what_they_differentiate():
+    import curation_cost
+    model = curation_cost.meta_model("Qwen/Qwen2.5-0.5B-Instruct", lora_rank=0)
+    row = curation_cost.rows(model, costs.Workload(128, 100, 40, 8, 256), offers=128, own=32, steps=4)
+    assert row["curation, last:0"] < row["curation, last:2"] < row["curation, exact"]
+    # every estimate runs the receiver forward over each diagnosed and each crossed trajectory at least
+    forwards = 2 * costs.multiplying_parameters(model) * 140 * (128 + 32 + 128) / 1e12
+    assert row["curation, last:0"] > forwards
