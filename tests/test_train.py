@@ -225,6 +225,22 @@ def test_a_resumed_run_purges_the_tensorboard_events_after_its_checkpoint(tmp_pa
     assert starts == [5]   # TensorBoard hides every earlier event from step 5 on
 
 
+def test_the_default_command_runs_the_curator_and_ends_with_what_it_did(tmp_path, cache_dir, capsys):
+    # `python train.py --pair qwen-llama`, shortened: no --share, so the method itself
+    short = (f"--pair qwen-llama --iterations 1 --prompts-per-iteration 4 --group-size 4 --max-new-tokens 16 "
+             f"--eval-size 8 --train-size 200 --num-steps {TASK.num_steps} --max-operand {TASK.max_operand} "
+             f"--warmup-scale 0.15 --temperature 1.0 --runs-dir {tmp_path} --cache-dir {cache_dir}")
+    run_dir = train.main(tyro.cli(Args, args=shlex.split(short)))
+    assert json.loads((run_dir / "config.json").read_text())["share"] == "cross-fidelity"
+    assert json.loads((run_dir / "config.json").read_text())["ccm_estimate"] == "last:2"
+    printed = capsys.readouterr().out
+    summary = printed[printed.index("curation over 1 iterations, per source -> receiver:"):]
+    directions = re.findall(r"  (\w+) -> (\w+): (\d+) offers; admitted PRP \d+, XGRPO \d+, SGT \d+; rejected", summary)
+    assert {(s, r) for s, r, _ in directions} == {("qwen", "llama"), ("llama", "qwen")}
+    assert all(int(n) == 4 * 4 for _, _, n in directions)   # every peer rollout offered to its receiver
+    assert f"{run_dir / 'report.md'}; every decision: {run_dir / 'fidelity.jsonl'}" in summary
+
+
 def test_default_run_names_spell_out_the_settings_that_differ_from_their_defaults():
     defaults = asdict(Args())
     name = lambda **changed: checkpoint.run_name({**defaults, **changed}, defaults)
