@@ -1,9 +1,11 @@
-"""The layout DESIGN.md §2 promises: the proposal's concept files and the loops alone at the top level, support in
-its package folders; no import circle among the project's modules, counting every import (at module level, inside
+"""The layout the README's table describes and DESIGN.md §2 explains: the proposal's concept files and the loops
+alone at the top level, support in its package folders, every file and folder in the table; no import circle among the project's modules, counting every import (at module level, inside
 functions, for type checking) but a demo's under `if __name__ == "__main__":`; small files with short module
 docstrings."""
 
 import ast
+import re
+import subprocess
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -107,3 +109,23 @@ def test_files_stay_small_and_their_docstrings_short():
         docstring = ast.get_docstring(ast.parse(text), clean=False) or ""
         assert text.count("\n") <= 450, f"{path.name}: {text.count(chr(10))} lines, probably two ideas"
         assert docstring.count("\n") < 32, f"{path.name}: a module docstring of {docstring.count(chr(10)) + 1} lines"
+
+
+def layout_table() -> dict[str, str]:
+    """The README's layout table: each row's first cell (a file or folder) -> its second."""
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("\n## Layout\n"):]
+    section = section[:section.index("\n## ", 1)]
+    return dict(re.findall(r"^\| `([^`]+)` \| (.+) \|$", section, re.M))
+
+
+def test_the_readme_layout_table_lists_every_file_and_folder_at_the_top_level_and_nothing_else():
+    table = layout_table()
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    top = {path.split("/")[0] + ("/" if "/" in path else "") for path in tracked}
+    wanted = {name for name in top if not name.startswith(".") and (name.endswith(".py") or name.endswith("/"))}
+    assert set(table) == wanted, (f"in the tree, not in the table: {sorted(wanted - set(table))}; in the table, not in "
+                                  f"the tree: {sorted(set(table) - wanted)}")
+    for package in PACKAGES:   # and a package's row names each of its modules
+        listed = set(re.findall(r"`(\w+\.py)`", table[f"{package}/"]))
+        assert listed == {p.name for p in (ROOT / package).glob("*.py") if p.name != "__init__.py"}, package
