@@ -27,6 +27,7 @@ import math
 import random
 import time
 from collections import defaultdict, deque
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 
 import torch
@@ -260,63 +261,86 @@ class Curator:
 
     def _receive(self, receiver: sharing.Experience, side: ReceiverSide, peers: list[sharing.Experience],
                  examples: list, share: sharing.ShareConfig, iteration: int) -> tuple[sharing.Received, list[dict]]:
-        """The curation of one receiver: the receiver's side diagnoses (diagnosis.ReceiverSide), the curator
-        predicts, scores, learns and admits, the receiver's side crosses what was admitted."""
-        cfg, name = self.cfg, receiver.policy.name
-        timer, clock = defaultdict(float), [time.perf_counter()]
+        """The curation of one receiver, phase by phase: the receiver's side diagnoses every offer cheaply, the
+        curator predicts which need no gradient norms, the receiver's side measures the rest, the curator scores
+        them (D and its band), fits the predictor and admits, the receiver's side crosses what was admitted, and
+        every offer is recorded."""
+        name, timer = receiver.policy.name, PhaseTimer()
+        with timer("diagnosis"):
+            gaps = {p.policy.name: p.rewards.mean().item() - receiver.rewards.mean().item() for p in peers}
+            levels = {source: self.level(source, name, gap) for source, gap in gaps.items()}
+            offers, records = side.offers(examples, self.stats)
+            inert = inert_offers(offers, receiver.rewards)
+        with timer("prediction"):
+            features, predicted, prob, sure, skipped = self._predict(receiver, offers, inert, gaps, share)
+        with timer("gradnorms"):
+            measured = [k for k, (skip, idle) in enumerate(zip(skipped, inert)) if not skip and not idle]
+            self._measure(name, side, offers, measured)
+        with timer("scoring"):
+            thetas, scores = self._score(name, offers, measured, levels)
+        with timer("predictor_fit"):
+            self._fit_predictor(name, features, predicted, sure, scores, measured)
+        with timer("admission"):
+            bands = [None if inert[k] else int(predicted[k]) if sc is None else sc.band for k, sc in enumerate(scores)]
+            if self.cfg.admission == "random":
+                bands = permuted_bands(bands, [o.source.policy.name for o in offers],
+                                       random.Random(f"admission/{self.seed}/{iteration}/{name}"))
+            decisions, picks, advantages = admit(offers, bands, receiver, share)
+        with timer("crossing"):
+            crossed, received = side.cross({k: a for k, (_, a) in picks.items()}, advantages, self.stats[name])
+        records += self._records(name, offers, scores, bands, decisions, crossed, thetas, predicted, prob, skipped)
+        for r in records:
+            r.update(iteration=iteration, receiver=name)
+        accuracy = self.predictor.accuracy(name) if self.predictor else None
+        metrics = {**received.metrics, **fidelity_record.fidelity_metrics(records, thetas, accuracy),
+                   **{f"fidelity/threshold_level/{source}": float(level) for source, level in levels.items()
+                      if self.bandit},
+                   **{f"fidelity/time_s/{phase}": t for phase, t in timer.seconds.items()},
+                   "fidelity/time_s/curation": sum(timer.seconds.values())}
+        return sharing.Received(received.advantages, received.crossings, metrics), records
 
-        def lap(phase: str) -> None:
-            now = time.perf_counter()
-            timer[phase] += now - clock[0]
-            clock[0] = now
-        gaps = {p.policy.name: p.rewards.mean().item() - receiver.rewards.mean().item() for p in peers}
-        levels = {source: self.level(source, name, gap) for source, gap in gaps.items()}
-        offers, records = side.offers(examples, self.stats)
-        inert = inert_offers(offers, receiver.rewards)
-        lap("diagnosis")
-
-        features, predicted, prob, sure, skipped = self._predict(receiver, offers, inert, gaps, share)
-        lap("prediction")
-
-        measured = [k for k, (skip, idle) in enumerate(zip(skipped, inert)) if not skip and not idle]
+    def _measure(self, name: str, side: ReceiverSide, offers: list[Offer], measured: list[int]) -> None:
+        """The gradient norms of the offers at `measured`, R calibrated on the receiver's own norms of its last
+        `reach_window` iterations, which this iteration's own norms then join."""
         window = self.own_norms[name]
-        diagnoses, own = side.reach(measured, list(window)[len(window) - cfg.reach_window + 1:])
+        diagnoses, own = side.reach(measured, list(window)[len(window) - self.cfg.reach_window + 1:])
         for k, d in zip(measured, diagnoses):     # the same objects in this process, copies from an actor
             offers[k].diagnosis = d
         if own.numel():
             window.append(own)
-        lap("gradnorms")
 
-        scales = self.calibrate(name, [offers[k].diagnosis.terms(cfg) for k in measured])
+    def _score(self, name: str, offers: list[Offer], measured: list[int], levels: dict[str, int]
+               ) -> tuple[dict[str, tuple[float, float]], list[Score | None]]:
+        """Each source's thresholds this cycle (the receiver's level-0 ones raised by the pair's level), and the
+        score of each measured offer (None for the others), on the calibration its terms have just joined."""
+        scales = self.calibrate(name, [offers[k].diagnosis.terms(self.cfg) for k in measured])
         step = self.bandit.cfg.step if self.bandit else 0.0
         thetas = ({source: tuple(t + level * step for t in self.base[name]) for source, level in levels.items()}
                   if name in self.base else {})
         scores: list[Score | None] = [None] * len(offers)
         for k in measured:
-            scores[k] = score(offers[k], cfg, thetas[offers[k].source.policy.name], scales)
-        lap("scoring")
+            scores[k] = score(offers[k], self.cfg, thetas[offers[k].source.policy.name], scales)
+        return thetas, scores
 
+    def _fit_predictor(self, name: str, features: torch.Tensor, predicted: torch.Tensor, sure: list[bool],
+                       scores: list[Score | None], measured: list[int]) -> None:
+        """The predictor learns the measured offers' bands, and is audited on those it was sure of."""
         if self.predictor and measured:
             self.predictor.learn(features[measured], torch.tensor([scores[k].band for k in measured]))
             for k in measured:
                 if sure[k]:
                     self.predictor.audited(name, int(predicted[k]) == scores[k].band)
-        lap("predictor_fit")
 
-        bands = [None if inert[k] else int(predicted[k]) if sc is None else sc.band for k, sc in enumerate(scores)]
-        if cfg.admission == "random":
-            bands = permuted_bands(bands, [o.source.policy.name for o in offers],
-                                   random.Random(f"admission/{self.seed}/{iteration}/{name}"))
-        decisions, picks, advantages = admit(offers, bands, receiver, share)
-        lap("admission")
-
-        crossed, received = side.cross({k: a for k, (_, a) in picks.items()}, advantages, self.stats[name])
-        lap("crossing")
-
+    def _records(self, name: str, offers: list[Offer], scores: list[Score | None], bands: list[int | None],
+                 decisions: list, crossed: dict, thetas: dict, predicted: torch.Tensor, prob: torch.Tensor,
+                 skipped: list[bool]) -> list[dict]:
+        """One record per offer (fidelity_record.offer_record); each scored offer moves its pair's recent D and CCM
+        (the predictor's features)."""
+        records = []
         for k, (o, s) in enumerate(zip(offers, scores)):
             level, what, reason = decisions[k]
             reason += " (predicted, diagnosis skipped)" if skipped[k] else ""
-            if cfg.admission == "random" and s is not None and bands[k] != s.band:
+            if self.cfg.admission == "random" and s is not None and bands[k] != s.band:
                 reason += f" (random admission; the diagnosis gave {LEVELS[s.band]})"
             if s is not None:
                 pair = (o.source.policy.name, name)
@@ -325,16 +349,22 @@ class Curator:
             records.append(fidelity_record.offer_record(o, asdict(s) if s else None, level, what, reason,
                                                         crossed.get(k), thetas.get(o.source.policy.name),
                                                         int(predicted[k]), prob[k].item(), skipped[k]))
-        for r in records:
-            r.update(iteration=iteration, receiver=name)
-        accuracy = self.predictor.accuracy(name) if self.predictor else None
-        metrics = {**received.metrics, **fidelity_record.fidelity_metrics(records, thetas, accuracy),
-                   **{f"fidelity/threshold_level/{source}": float(level) for source, level in levels.items()
-                      if self.bandit},
-                   **{f"fidelity/time_s/{phase}": t for phase, t in timer.items()},
-                   "fidelity/time_s/curation": sum(timer.values())}
-        return sharing.Received(received.advantages, received.crossings, metrics), records
+        return records
 
+
+class PhaseTimer:
+    """Seconds per named phase: `with timer("scoring"): ...` adds the block's wall time to seconds["scoring"]."""
+
+    def __init__(self):
+        self.seconds: dict[str, float] = defaultdict(float)
+
+    @contextmanager
+    def __call__(self, phase: str):
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[phase] += time.perf_counter() - started
 
 if __name__ == "__main__":
     # One iteration of the two tiny policies shared at each fixed level, then curated: what each offered
