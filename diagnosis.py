@@ -27,7 +27,6 @@ and `cross` (the admitted offers with their repaired credit, which stay where th
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -337,9 +336,10 @@ class ReceiverSide:
             aligned = {self.offered[k].index: (self.offered[k].src, self.offered[k].tgt, self.offered[k].alignment)
                        for k, _ in mine.values()}
             picks = [(i, a) for i, (_, a) in sorted(mine.items())]
-            for c in sharing.cross(peer, picks, self.receiver.policy, self.share, aligned):
-                k, a = mine[c.index]
-                tokens, crossed[k] = repair_credit(self.offered[k], a, stats, cfg)
-                crossings.append(dataclasses.replace(c, advantages=tokens))
+            repaired = {i: repair_credit(self.offered[k], a, stats, cfg) for i, (k, a) in mine.items()}
+            for c in sharing.cross(peer, picks, self.receiver.policy, self.share, aligned,
+                                   {i: tokens for i, (tokens, _) in repaired.items()}):
+                crossed[mine[c.index][0]] = repaired[c.index][1]
+                crossings.append(c)
         metrics = sharing.crossing_metrics(crossings, self.share.ratio_cap)
         return crossed, sharing.Received(advantages, crossings, metrics)

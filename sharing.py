@@ -195,12 +195,15 @@ def aligned_rollout(source: Experience, index: int, receiver: policies.Policy) -
 
 
 def cross(source: Experience, picks: list[tuple[int, float]], receiver: policies.Policy, cfg: ShareConfig,
-          aligned: dict[int, Aligned] | None = None) -> list[Crossing]:
-    """Move the source's rollouts `picks` = (flat index, sequence advantage) into the receiver's tokenization.
+          aligned: dict[int, Aligned] | None = None, credit: dict[int, torch.Tensor] | None = None
+          ) -> list[Crossing]:
+    """Move the source's rollouts `picks` = (flat index, sequence advantage) into the receiver's tokenization, each
+    receiver token carrying the sequence advantage redistributed by alignment proportion (tokalign.redistribute).
 
     `aligned` holds rollouts already retokenized and aligned for this receiver, by flat index (the curator's
-    offers), so that none is done twice. A rollout that `aligned_rollout` cannot move is dropped (counted by
-    crossing_metrics as sharing/dropped).
+    offers), so that none is done twice; `credit`, by flat index, the per-token credit [m] the caller has
+    already repaired (the curator's), which then crosses in place of the redistributed advantage. A rollout that
+    `aligned_rollout` cannot move is dropped (counted by crossing_metrics as sharing/dropped).
     """
     group_size = source.rollouts.group_size
     moved = []
@@ -216,13 +219,13 @@ def cross(source: Experience, picks: list[tuple[int, float]], receiver: policies
                                      cfg.micro_batch)
     crossings = []
     for (index, advantage, src, tgt, alignment), prompt, logp in zip(moved, prompt_ids, tgt_logprobs):
-        src_advantages = torch.full((len(src.ids),), float(advantage))                           # [n]
         log_ratio = tokalign.group_log_ratio(alignment, source.rollouts.logprobs[index].float(), logp)  # [G_align]
         weights = truncated_weights(log_ratio, cfg.ratio_cap)[alignment.group_ids("tgt")]        # [m]
         carried = torch.tensor([t1 > t0 for t0, t1 in alignment.tgt])  # a cut source tail weighs no receiver token
+        tokens = (credit[index] if credit is not None
+                  else tokalign.redistribute(alignment, src, tgt, torch.full((len(src.ids),), float(advantage))))
         crossings.append(Crossing(source.policy.name, index, source.rewards.flatten()[index].item(), prompt,
-                                  tgt.ids, tokalign.redistribute(alignment, src, tgt, src_advantages), weights,
-                                  logp, log_ratio[carried], alignment.residual))
+                                  tgt.ids, tokens, weights, logp, log_ratio[carried], alignment.residual))
     return crossings
 
 
