@@ -1,8 +1,10 @@
 """One policy in training, and its part of each phase of a GRPO iteration (DESIGN.md §3).
 
 A `Learner` is a policy with its optimizer and KL reference. The functions below are its phases, each pure but for
-the learner's own state (its weights, its optimizer): train.py's loop calls them for every policy in turn, and
-train_ray.py's actors call them where each policy lives, so both loops compute the same thing.
+the learner's own state (its weights, its optimizer). A `PolicyWorker` holds one learner and, between phases, the
+iteration's state (its rollouts, its experience, what its peers shared, what it received): train.py's loop calls
+every policy's worker in turn in its own process, or each in a Ray actor of its own (train_ray.py), so the same
+code runs either way.
 
 Determinism: each policy samples from a generator of its own, seeded by (phase, seed, iteration, policy) alone, so
 neither the order the policies run in nor the process they run in changes a draw: on a CPU a run gives the same
@@ -15,9 +17,9 @@ import math
 import random
 import time
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -26,7 +28,8 @@ import grpo
 import sharing
 from args import Args
 from baselines import graft, hacpo
-from testbed import checkpoint, lora, policies, tasks
+from diagnosis import ReceiverSide
+from testbed import checkpoint, costs, lora, policies, tasks
 
 
 @dataclass
@@ -156,6 +159,138 @@ def save(learner: Learner, folder: Path) -> None:
 
 def load(learner: Learner, folder: Path) -> None:
     checkpoint.load_policy(folder, learner.policy, learner.optimizer)
+
+
+@dataclass(frozen=True)
+class Peer:
+    """What an experience carries of its policy once it leaves its worker: its name and its token table (sent once,
+    at start), which a receiver needs to retokenize the completions."""
+
+    name: str
+    token_bytes: tuple[bytes, ...] = ()
+
+
+def as_shared(experience: sharing.Experience) -> sharing.Experience:
+    """An experience as it leaves its worker: the policy's name for the policy, and the rollouts without the prompt
+    ids and byte offsets, which no peer reads (a receiver encodes the prompts and aligns the completions itself)."""
+    return replace(experience, policy=Peer(experience.policy.name),
+                   rollouts=replace(experience.rollouts, prompt_ids=[], offsets=[]))
+
+
+class PolicyWorker:
+    """One policy in training and, between the phases of an iteration, its state: the prompts and rollouts, its
+    experience, its peers' as they shared it, its side of curation (diagnosis.ReceiverSide) and what it received.
+    Each method is a policy's part of one phase; what goes in and out of them is what would cross a process
+    boundary (experiences as `as_shared` makes them, metrics, decisions), never weights."""
+
+    def __init__(self, args: Args, scale: str, index: int, device: str | torch.device, task: tasks.Task,
+                 transfer: tasks.Task | None):
+        self.args, self.task, self.transfer = args, task, transfer
+        self.learner = build(args, scale, index, torch.device(device))
+        self.name = self.learner.name
+        self.peers: dict[str, Peer] = {}
+        self.prompts: list[str] = []
+        self.rollouts: policies.Rollouts | None = None
+        self.own: sharing.Experience | None = None
+        self.from_peers: list[sharing.Experience] = []
+        self.side: ReceiverSide | None = None
+        self.received: sharing.Received | None = None
+
+    def __repr__(self) -> str:      # Ray names an actor by it in the errors it raises
+        return f"{type(self).__name__}({self.name})"
+
+    def as_peer(self) -> Peer:
+        return Peer(self.name, tuple(self.learner.policy.token_bytes))
+
+    def set_peers(self, *peers: Peer) -> None:
+        self.peers = {p.name: p for p in peers if p.name != self.name}
+
+    def longest_prompt(self, texts: list[str]) -> int:
+        return longest_prompt(self.learner, texts)
+
+    def estimate(self, work: costs.Workload) -> tuple[str, str, int, int | None]:
+        return costs.policy_estimate(self.learner.policy, work)
+
+    def rollout(self, iteration: int, prompts: list[str]) -> dict[str, float]:
+        """Phase 1; the rollouts stay here, their speed goes back."""
+        self.prompts = prompts
+        self.rollouts, perf = rollout(self.learner, self.args, iteration, prompts)
+        return perf
+
+    def experience(self, problems: list) -> sharing.Experience:
+        """Phase 2, and the experience as it is shared (the hidden TBD measure's states cross with it)."""
+        a = self.args
+        self.own = experience(self.learner, a, self.task, problems, self.prompts, self.rollouts)
+        if a.share == "cross-fidelity" and a.curator_config.measures_hidden_tbd:
+            self.own = sharing.with_hidden_states(self.own)
+        return as_shared(self.own)
+
+    def accept_shared(self, *peers: sharing.Experience) -> None:
+        """Phase 3 begins: the peers' shared experience arrives."""
+        self.from_peers = [replace(e, policy=self.peers[e.policy.name]) for e in peers]
+        if self.args.share == "cross-fidelity":
+            self.side = ReceiverSide(self.own, self.from_peers, self.task, self.args.curator_config,
+                                     self.args.share_config)
+
+    def receive(self, capability: dict[str, float] | None) -> sharing.Received:
+        """Phase 3 at a fixed level; the crossings stay here, where the update trains on them."""
+        self.received = receive(self.own, self.from_peers, self.args.share_config, capability)
+        return replace(self.received, crossings=[])
+
+    def offers(self, examples: list, stats: dict) -> tuple[list, list[dict]]:
+        """diagnosis.ReceiverSide.offers; each offer goes back with its source's name in place of its source's
+        experience, which the loop holds already."""
+        offers, records = self.side.offers(examples, stats)
+        return [replace(o, source=o.source.policy.name) for o in offers], records
+
+    def reach(self, positions: list[int], window: list[torch.Tensor]):
+        """diagnosis.ReceiverSide.reach; each offer's norms in storage of their own, since a pickled view would
+        carry every offer's."""
+        diagnoses, own = self.side.reach(positions, window)
+        for d in diagnoses:
+            d.norms = d.norms.clone() if d.norms is not None else None
+        return diagnoses, own
+
+    def cross(self, credit: dict[int, float], advantages: torch.Tensor, stats) -> tuple[dict, sharing.Received]:
+        """diagnosis.ReceiverSide.cross; the crossings stay here, where the update trains on them."""
+        crossed, self.received = self.side.cross(credit, advantages, stats)
+        return crossed, replace(self.received, crossings=[], metrics=dict(self.received.metrics))
+
+    def update(self, measure_kl: bool) -> dict[str, float]:
+        return update(self.learner, self.args, self.rollouts, self.received, measure_kl)
+
+    def evaluate(self, iteration: int) -> dict[str, float]:
+        return evaluate(self.learner, self.args, self.task, self.transfer, iteration)
+
+    def save(self, folder: Path) -> None:
+        save(self.learner, folder)
+
+    def fingerprint(self) -> str:
+        return fingerprint(self.learner)
+
+    def load(self, folder: Path) -> None:
+        load(self.learner, folder)
+
+
+class WorkerSide:
+    """A receiver's side of curation (diagnosis.ReceiverSide) as the curator calls it: in the receiver's worker,
+    through `call(method, *args)` (a plain call, or a Ray actor's call waited for), each step waiting for its
+    result since the next depends on it. The offers come back with their sources' names, swapped back here for
+    the loop's copies of the sources' experiences."""
+
+    def __init__(self, call: Callable[..., Any], experiences: list[sharing.Experience]):
+        self.call = call
+        self.sources = {e.policy.name: e for e in experiences}
+
+    def offers(self, examples: list, stats: dict) -> tuple[list, list[dict]]:
+        offers, records = self.call("offers", examples, stats)
+        return [replace(o, source=self.sources[o.source]) for o in offers], records
+
+    def reach(self, positions: list[int], window: list[torch.Tensor]):
+        return self.call("reach", positions, window)
+
+    def cross(self, credit: dict[int, float], advantages: torch.Tensor, stats) -> tuple[dict, sharing.Received]:
+        return self.call("cross", credit, advantages, stats)
 
 
 @contextmanager

@@ -8,7 +8,8 @@
     python train.py --share cross-fidelity            # the curator (curator.py): diagnose, repair, admit
     python train.py --name my-run --resume            # continue a killed run from its last checkpoint
 
-The flags are args.py's. One iteration, read top to bottom in `run`; each policy's part of a phase is learner.py's:
+The flags are args.py's. One iteration, read top to bottom in `run`; each policy's part of a phase is its worker's
+(learner.PolicyWorker), every worker in this process (`LocalTeam`) or each in a Ray actor (train_ray.py):
   1. rollouts     one set of prompts for all policies (so groups on the same prompt exist for sharing), G
                   completions per prompt from every policy;
   2. rewards      outcome rewards and each policy's own group advantages (grpo.py);
@@ -17,7 +18,7 @@ The flags are args.py's. One iteration, read top to bottom in `run`; each policy
   4. updates      a GRPO update per policy on its own rollouts and what it received (--minibatches steps, own
                   rollouts first);
   5. bookkeeping  metrics, held-out evaluation, checkpoint.
-train_ray.py runs the same loop with each policy in a Ray actor of its own, and gives the same metrics.
+train_ray.py runs this loop with each policy in a Ray actor of its own, and gives the same metrics.
 Metrics go to runs/NAME/metrics.jsonl, one line per policy and iteration, under stable names (charts/, losses/,
 sharing/, fidelity/, eval/, perf/), with --tensorboard as TensorBoard events too (metrics_log.py); a
 cross-fidelity run logs every curation decision to runs/NAME/fidelity.jsonl; checkpoints go to
@@ -153,12 +154,6 @@ def draw_problems(args: Args, task: tasks.Task, iteration: int) -> tuple[list, l
     return problems, [task.prompt(q) for q in problems]
 
 
-def judge(curation: curator.Curator | None, experiences: list[sharing.Experience]) -> dict[str, list[str] | None]:
-    """The stability guard's verdict on each policy's previous cycle, now that the rollouts its update produced
-    exist (adaptive thresholds only)."""
-    return {e.policy.name: curation.judge(e.policy.name, e.rewards) for e in experiences} if curation else {}
-
-
 def iteration_records(experiences: list[sharing.Experience], rollout_perf: list[dict], updates: list[dict],
                       received: dict[str, sharing.Received], verdicts: dict, iteration_s: float
                       ) -> list[dict[str, float]]:
@@ -175,14 +170,6 @@ def iteration_records(experiences: list[sharing.Experience], rollout_perf: list[
         stats["perf/iteration_s"] = iteration_s   # the method's cost: no evaluation in it
         records.append(stats)
     return records
-
-
-def hand_to_guard(curation: curator.Curator | None, names: list[str], records: list[dict]) -> None:
-    """Each policy's iteration (its update's KL and gradient norm, its reward spread) joins the cycle the stability
-    guard judges once the next rollouts exist (adaptive thresholds only)."""
-    if curation is not None:
-        for name, record in zip(names, records):
-            curation.updated(name, record)
 
 
 def log_lines(metrics: metrics_log.MetricsLog, iteration: int, started: float, names: list[str],
@@ -216,75 +203,124 @@ def finish(run_dir: Path, metrics: metrics_log.MetricsLog, started: float) -> Pa
     return run_dir
 
 
-def run(args: Args) -> Path:
+class LocalTeam:
+    """Every policy in this process, one learner.PolicyWorker each, its part of a phase called policy by policy;
+    train_ray.RayTeam is the same team with each worker in a Ray actor of its own."""
+
+    backend = "local"
+
+    def __init__(self, args: Args):
+        self.args = args
+        self.scale = args.scale or policies.default_scale()
+        self.devices = policies.policy_devices(args.devices, len(presets.preset(args.pair, self.scale)))
+        self.placement = f"devices={','.join(map(str, self.devices))}"
+        self.workers: list[learner.PolicyWorker] = []
+
+    @property
+    def names(self) -> list[str]:
+        return [w.name for w in self.workers]
+
+    def start(self, task: tasks.Task, transfer: tasks.Task | None) -> None:
+        """One worker per policy (its policy built, warmed up or loaded); then every policy's token table to every
+        other one."""
+        self.workers = [learner.PolicyWorker(self.args, self.scale, i, device, task, transfer)
+                        for i, device in enumerate(self.devices)]
+        peers = [w.as_peer() for w in self.workers]
+        for w in self.workers:
+            w.set_peers(*peers)
+
+    def submit(self, method: str, *args) -> list:
+        """`method` of every worker with the same arguments: here, done as it returns."""
+        return [getattr(w, method)(*args) for w in self.workers]
+
+    def get(self, results: list) -> list:
+        return results
+
+    def call(self, method: str, *args) -> list:
+        return self.get(self.submit(method, *args))
+
+    def share(self, shared: list) -> None:
+        """Each worker receives every other one's shared experience (phase 3 begins)."""
+        for i, w in enumerate(self.workers):
+            w.accept_shared(*(e for j, e in enumerate(shared) if j != i))
+
+    def sides(self, experiences: list[sharing.Experience]) -> dict[str, learner.WorkerSide]:
+        """Each receiver's side of curation, in its worker (curator.Curator.exchange)."""
+        return {w.name: learner.WorkerSide(lambda method, *a, w=w: getattr(w, method)(*a), experiences)
+                for w in self.workers}
+
+
+def run(args: Args, team: LocalTeam | None = None) -> Path:
+    """One run of `team`'s policies (default: every policy in this process)."""
+    team = team or LocalTeam(args)
     # ---- set-up: tasks, run directory, policies, curator; a resumed run restores its last checkpoint ----------
-    scale = args.scale or policies.default_scale()
-    devices = policies.policy_devices(args.devices, len(presets.preset(args.pair, scale)))
     task, transfer = load_tasks(args)
-    run_dir = open_run(args, scale, "local", f"devices={','.join(map(str, devices))}")
+    run_dir = open_run(args, team.scale, team.backend, team.placement)
     started = time.time()
-    learners = [learner.build(args, scale, i, device) for i, device in enumerate(devices)]
-    names = [l.name for l in learners]
-    warn_off_task(args, scale, names)
-    samples = prompt_samples(task)
-    work = workload(args, max(learner.longest_prompt(l, samples) for l in learners), len(names))
-    print_estimates([costs.policy_estimate(l.policy, work) for l in learners])
-    built = {l.name: learner.fingerprint(l) for l in learners}
+    team.start(task, transfer)
+    names = team.names
+    warn_off_task(args, team.scale, names)
+    work = workload(args, max(team.call("longest_prompt", prompt_samples(task))), len(names))
+    print_estimates(team.call("estimate", work))
+    built = dict(zip(names, team.call("fingerprint")))
     start, folder, curation, capabilities = start_state(args, run_dir, names)
     if folder is not None:
-        for l in learners:
-            learner.load(l, folder)
-    checkpoint.record_sitting(run_dir, start, built, {l.name: learner.fingerprint(l) for l in learners}
+        team.call("load", folder)
+    checkpoint.record_sitting(run_dir, start, built, dict(zip(names, team.call("fingerprint")))
                               if folder is not None else built, args.allow_other_start)
     metrics = open_metrics(args, run_dir, start)
     accuracy = {name: float("nan") for name in names}
     if start == 0:
-        evaluations = [learner.evaluate(l, args, task, transfer, 0) for l in learners]
+        evaluations = team.call("evaluate", 0)
         log_lines(metrics, 0, started, names, evaluations)
         accuracy = accuracies(names, evaluations)
     # the stability guard reads losses/update_kl, which costs one more forward per update
-    measure_update_kl = curation is not None and curation.bandit is not None
+    guarded = curation is not None and curation.bandit is not None
 
     bar = tqdm(range(start, args.iterations), initial=start, total=args.iterations, desc="train")
     for it in bar:
-        # ---- 1. rollouts -------------------------------------------------------------------------------------
+        # ---- 1. rollouts, every policy on the same prompts ------------------------------------------------------
         iteration_started = time.time()
         problems, prompts = draw_problems(args, task, it)
-        sampled = [learner.rollout(l, args, it, prompts) for l in learners]
-        rollouts, rollout_perf = [r for r, _ in sampled], [perf for _, perf in sampled]
+        sampled = team.submit("rollout", it, prompts)
 
-        # ---- 2. rewards and advantages -------------------------------------------------------------------------
-        experiences = [learner.experience(l, args, task, problems, prompts, r) for l, r in zip(learners, rollouts)]
-        verdicts = judge(curation, experiences)
+        # ---- 2. rewards and advantages ---------------------------------------------------------------------------
+        shared = team.submit("experience", problems)   # on Ray, futures handed on to the peers as they are
+        rollout_perf = team.get(sampled)      # first, so that a failed rollout is the error reported
+        experiences = team.get(shared)
+        # the stability guard judges each policy's last cycle now that the rollouts its update produced exist
+        verdicts = {e.policy.name: curation.judge(e.policy.name, e.rewards) for e in experiences} if guarded else {}
 
-        # ---- 3. exchange: a fixed level per receiver, or the curator over all of them ------------------------
+        # ---- 3. exchange: trajectories cross to every peer; a fixed level per receiver, or the curator -----------
+        if args.share != "none":
+            team.share(shared)
         if curation is not None:
-            received, decisions = curation.exchange(experiences, task, problems, args.share_config, it + 1)
+            received, decisions = curation.exchange(experiences, task, problems, args.share_config, it + 1,
+                                                    team.sides(experiences))
             for record in decisions:
                 metrics_log.append_line(run_dir / "fidelity.jsonl", record)
         else:
             capability = (capabilities.update({e.policy.name: e.rewards for e in experiences})
                           if capabilities is not None else None)
-            received = {e.policy.name: learner.receive(e, [p for p in experiences if p is not e],
-                                                       args.share_config, capability) for e in experiences}
+            received = dict(zip(names, team.call("receive", capability)))
 
         # ---- 4. updates ----------------------------------------------------------------------------------------
-        updates = [learner.update(l, args, e.rollouts, received[l.name], measure_update_kl)
-                   for l, e in zip(learners, experiences)]
+        updates = team.call("update", guarded)
 
         # ---- 5. log, evaluate, checkpoint ----------------------------------------------------------------------
         iteration_s = time.time() - iteration_started
         records = iteration_records(experiences, rollout_perf, updates, received, verdicts, iteration_s)
-        hand_to_guard(curation, names, records)
+        if guarded:   # each policy's update (its KL, gradient norm, reward spread) joins the cycle the guard judges
+            for name, record in zip(names, records):
+                curation.updated(name, record)
         log_lines(metrics, it + 1, started, names, records)
         evaluate_now, save_now = due(args, it + 1)
         if evaluate_now:
-            evaluations = [learner.evaluate(l, args, task, transfer, it + 1) for l in learners]
+            evaluations = team.call("evaluate", it + 1)
             log_lines(metrics, it + 1, started, names, evaluations)
             accuracy = accuracies(names, evaluations)
         if save_now:
-            for l in learners:
-                learner.save(l, checkpoint.checkpoint_folder(run_dir, it + 1))
+            team.call("save", checkpoint.checkpoint_folder(run_dir, it + 1))
             checkpoint.commit_checkpoint(run_dir, it + 1, names, curation if curation is not None else capabilities)
         progress(bar, experiences, accuracy)
     return finish(run_dir, metrics, started)
