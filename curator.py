@@ -230,11 +230,11 @@ class Curator:
         for receiver in experiences:
             peers = [e for e in experiences if e is not receiver]
             side = sides[receiver.policy.name] if sides else ReceiverSide(receiver, peers, task, self.cfg, share)
-            out[receiver.policy.name], mine = self._receive(receiver, side, peers, examples, share, iteration)
+            out[receiver.policy.name], its_records = self._receive(receiver, side, peers, examples, share, iteration)
             metrics = out[receiver.policy.name].metrics
             metrics["fidelity/time_s/statistics"] = stats_s / len(experiences)
             metrics["fidelity/time_s/curation"] += stats_s / len(experiences)
-            records += mine
+            records += its_records
         return out, records
 
     def _predict(self, receiver: sharing.Experience, offers: list[Offer], inert: list[bool],

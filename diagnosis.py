@@ -167,8 +167,8 @@ class Offer:
 
     source: sharing.Experience
     index: int                               # flat index in the source's rollouts
-    src: tokalign.Encoding
-    tgt: tokalign.Encoding
+    source_encoding: tokalign.Encoding         # the completion in the source's tokens
+    receiver_encoding: tokalign.Encoding       # its text retokenized by the receiver
     alignment: tokalign.Alignment
     steps: list[tuple[int, int]]             # K byte spans, each covered by receiver tokens
     ranges: list[tuple[int, int]]            # K receiver token ranges of the steps
@@ -217,7 +217,8 @@ def credit_record(offer: Offer, advantage: float, credit: torch.Tensor, tokens: 
     """Where the repairs acted on a crossing: the advantage it carries, each step's repaired credit, the credit of
     the receiver's tokens outside every step (separators and EOS, which close the step before them), and the
     proposal's phantom advantage P = mean_k |A| (1 - R_k) of the credit carried (None without R)."""
-    outside = [t for t, (s, e) in enumerate(offer.tgt.offsets) if not any(s < b and e > a for a, b in offer.steps)]
+    outside = [t for t, (s, e) in enumerate(offer.receiver_encoding.offsets)
+               if not any(s < b and e > a for a, b in offer.steps)]
     reach = offer.diagnosis.reach
     return {"repairs": repairs, "carried": advantage, "step_credit": credit.tolist(),
             "outside_credit": [tokens[t].item() for t in outside],
@@ -231,7 +232,8 @@ def repair_credit(offer: Offer, advantage: float, target: reward_drift.StepStats
     each of the receiver's tokens, and what the repairs did (`credit_record`). target: the receiver's step
     statistics."""
     steps, recalibrated = step_credit(advantage, offer.process, offer.diagnosis, target, cfg)
-    tokens = tokalign.token_credit(offer.src, offer.tgt, offer.alignment, offer.steps, steps, "tbd" not in cfg.ablate)
+    tokens = tokalign.token_credit(offer.source_encoding, offer.receiver_encoding, offer.alignment, offer.steps, steps,
+                                   "tbd" not in cfg.ablate)
     acted = {"tbd": bool((offer.diagnosis.tbd > 0).any()), "ccm": offer.diagnosis.reach is not None,
              "rsd": bool(recalibrated.any())}
     repairs = [t for t in TERMS if t not in cfg.ablate and acted[t]]
@@ -247,12 +249,12 @@ def measure_hidden_tbd(offers: list[Offer], receiver: sharing.Experience) -> Non
         if source.hidden is None:
             raise ValueError(f"{source.policy.name}'s experience came without its hidden states, which the hidden TBD "
                              "measure needs: make it with sharing.with_hidden_states")
-        mine = [o for o in offers if o.source is source]
-        h_tgt = q.hidden_states([q.encode_prompt(receiver.prompts[o.prompt_index]) for o in mine],
-                                [o.tgt.ids for o in mine])
+        from_source = [o for o in offers if o.source is source]
+        h_tgt = q.hidden_states([q.encode_prompt(receiver.prompts[o.prompt_index]) for o in from_source],
+                                [o.receiver_encoding.ids for o in from_source])
         measured = boundary_drift.hidden_measure([(o.alignment, source.hidden[o.index], ht, o.steps)
-                                                  for o, ht in zip(mine, h_tgt)])
-        for o, values in zip(mine, measured):
+                                                  for o, ht in zip(from_source, h_tgt)])
+        for o, values in zip(from_source, measured):
             o.diagnosis.tbd = values
 
 
@@ -267,7 +269,7 @@ def offer_features(offer: Offer, cfg: CuratorConfig, recent: tuple[float, float]
     terms = torch.nan_to_num(offer.diagnosis.terms(cfg))
     modes = offer.alignment.modes
     logprobs = offer.source.rollouts.logprobs[offer.index]
-    return torch.tensor([len(offer.tgt.ids) / 50, sum(m != "1:1" for m in modes) / max(len(modes), 1),
+    return torch.tensor([len(offer.receiver_encoding.ids) / 50, sum(m != "1:1" for m in modes) / max(len(modes), 1),
                          len(offer.steps) / 5, offer.reward, abs(offer.advantage), terms[0].item(), terms[2].item(),
                          *recent, gap, logprobs.float().mean().item() if len(logprobs) else 0.0], dtype=torch.float64)
 
@@ -310,10 +312,10 @@ class ReceiverSide:
             return [o.diagnosis for o in offers], torch.zeros(0)
         params, modules = reachability.ccm_scope(q.model, cfg.ccm_estimate)
         prompt_ids = {b: q.encode_prompt(self.receiver.prompts[b]) for b in {o.prompt_index for o in offers}}
-        items = [(prompt_ids[o.prompt_index], o.tgt.ids, o.ranges) for o in offers]
+        items = [(prompt_ids[o.prompt_index], o.receiver_encoding.ids, o.ranges) for o in offers]
         norms = reachability.step_norms(q, items, params, modules)
-        mine = reachability.own_steps(q, self.receiver.rollouts, self.task.step_spans, cfg.calibration_rollouts)
-        own = torch.cat(reachability.step_norms(q, mine, params, modules)) if mine else torch.zeros(0)
+        own_items = reachability.own_steps(q, self.receiver.rollouts, self.task.step_spans, cfg.calibration_rollouts)
+        own = torch.cat(reachability.step_norms(q, own_items, params, modules)) if own_items else torch.zeros(0)
         sample = torch.cat([*window, own])
         if sample.numel() == 0:
             raise ValueError(f"{q.name}'s rollouts have no step to calibrate reachability on yet")
@@ -332,14 +334,15 @@ class ReceiverSide:
         their sharing/ metrics."""
         cfg, crossings, crossed = self.cfg, [], {}
         for peer in self.peers:
-            mine = {self.offered[k].index: (k, a) for k, a in credit.items() if self.offered[k].source is peer}
-            aligned = {self.offered[k].index: (self.offered[k].src, self.offered[k].tgt, self.offered[k].alignment)
-                       for k, _ in mine.values()}
-            picks = [(i, a) for i, (_, a) in sorted(mine.items())]
-            repaired = {i: repair_credit(self.offered[k], a, stats, cfg) for i, (k, a) in mine.items()}
+            # this peer's admitted offers by their index in its rollouts: (position among the offers, advantage)
+            by_index = {self.offered[k].index: (k, a) for k, a in credit.items() if self.offered[k].source is peer}
+            aligned = {i: (self.offered[k].source_encoding, self.offered[k].receiver_encoding,
+                           self.offered[k].alignment) for i, (k, _) in by_index.items()}
+            picks = [(i, a) for i, (_, a) in sorted(by_index.items())]
+            repaired = {i: repair_credit(self.offered[k], a, stats, cfg) for i, (k, a) in by_index.items()}
             for c in sharing.cross(peer, picks, self.receiver.policy, self.share, aligned,
                                    {i: tokens for i, (tokens, _) in repaired.items()}):
-                crossed[mine[c.index][0]] = repaired[c.index][1]
+                crossed[by_index[c.index][0]] = repaired[c.index][1]
                 crossings.append(c)
         metrics = sharing.crossing_metrics(crossings, self.share.ratio_cap)
         return crossed, sharing.Received(advantages, crossings, metrics)

@@ -180,7 +180,7 @@ def markdown_table(rows: list[dict], target: float) -> str:
         f"| {r['run']} | {r['policy']} | {cell(r['start_accuracy'])} | {cell(r['final_accuracy'])} "
         f"| {cell(r['best_accuracy'])} | {cell(r['mean_train_reward'])} | {cell(r['reward_var'])} "
         f"| {cell(r['iterations_to_target']) if r['iterations_to_target'] is not None else 'not reached'} "
-        f"| {cell(r['received_per_iteration'])} | " + " | ".join(whole(r[cost]) for cost in COSTS)
+        f"| {cell(r['received_per_iteration'])} | " + " | ".join(rounded_cell(r[cost]) for cost in COSTS)
         + f" | {cell(standard_error(r['final_accuracy'], r['heldout']))} | {r['iterations']} / {r['planned'] or '?'} "
         f"| {r['heldout'] or '?'} |\n" for r in rows)
 
@@ -201,7 +201,7 @@ def mismatch_warning(rows: list[dict]) -> str:
     return f"**Warning: the runs differ in {' and '.join(differ)}** ({counts}): compare with care.\n\n"
 
 
-def whole(v: float) -> str:
+def rounded_cell(v: float) -> str:
     return "—" if math.isnan(v) else f"{v:.0f}"
 
 

@@ -43,13 +43,15 @@ def offer_record(offer: Offer, scored: dict | None, level: str, crossed: str, re
     step with its values and the terms it is a hotspot of."""
     d = offer.diagnosis
     hot = hotspot_steps(d)
-    text = offer.src.data.decode("utf-8", errors="replace")
-    steps = [{"text": offer.src.data[a:b].decode("utf-8", errors="replace"), "tbd": d.tbd[k].item(),
+    sent = offer.source_encoding.data
+    text = sent.decode("utf-8", errors="replace")
+    steps = [{"text": sent[a:b].decode("utf-8", errors="replace"), "tbd": d.tbd[k].item(),
               "ccm": None if d.reach is None else 1 - d.reach[k].item(),
               "rsd": None if math.isnan(d.rsd[k].item()) else d.rsd[k].item(),
               "hot": [t for t in TERMS if k in hot[t]]} for k, (a, b) in enumerate(offer.steps)]
     return {"source": offer.source.policy.name, "index": offer.index, "prompt": offer.prompt_index,
-            "reward": offer.reward, "advantage": offer.advantage, "level": level, "crossed": crossed, "reason": reason, "repairs": [],
+            "reward": offer.reward, "advantage": offer.advantage, "level": level, "crossed": crossed, "reason": reason,
+            "repairs": [],
             **(credit or {}), "theta": list(theta) if theta else None,
             "predicted": LEVELS[predicted] if predicted >= 0 else None,
             "predicted_prob": prob, "skipped": skipped, "tbd_jaccard": offer.jaccard,
@@ -61,8 +63,9 @@ def tbd_bytes(offer: Offer) -> list[tuple[int, int]]:
     """Byte spans of the TBD hotspot tokens: groups the receiver could not reproduce, and the token of the side
     that straddles a step boundary the other side does not."""
     spans = [span for span, ok in zip(offer.alignment.span, offer.alignment.exact) if not ok and span[1] > span[0]]
-    for k, side in boundary_drift.boundary_hotspots(offer.src, offer.tgt, offer.steps):
-        encoding = offer.src if side == "source" else offer.tgt
+    sides = offer.source_encoding, offer.receiver_encoding
+    for k, side in boundary_drift.boundary_hotspots(*sides, offer.steps):
+        encoding = sides[0] if side == "source" else sides[1]
         last = offer.steps[k][1] - 1
         spans += [(a, b) for a, b in encoding.offsets if a <= last < b]
     return sorted(spans)

@@ -182,7 +182,7 @@ def accuracies(names: list[str], evaluations: list[dict]) -> dict[str, float]:
     return {name: record["eval/heldout_accuracy"] for name, record in zip(names, evaluations)}
 
 
-def due(args: Args, done: int) -> tuple[bool, bool]:
+def evaluation_and_checkpoint_due(args: Args, done: int) -> tuple[bool, bool]:
     """Whether iteration `done` ends with an evaluation, and with a checkpoint."""
     last = done == args.iterations
     return done % args.eval_every == 0 or last, done % args.checkpoint_every == 0 or last
@@ -314,7 +314,7 @@ def run(args: Args, team: LocalTeam | None = None) -> Path:
             for name, record in zip(names, records):
                 curation.updated(name, record)
         log_lines(metrics, it + 1, started, names, records)
-        evaluate_now, save_now = due(args, it + 1)
+        evaluate_now, save_now = evaluation_and_checkpoint_due(args, it + 1)
         if evaluate_now:
             evaluations = team.call("evaluate", it + 1)
             log_lines(metrics, it + 1, started, names, evaluations)

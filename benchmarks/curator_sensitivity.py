@@ -209,7 +209,7 @@ def reach_stability(args: Args, redraws: int) -> list[float]:
         q = receiver.policy
         params, modules = reachability.ccm_scope(q.model, cfg.ccm_estimate)
         offers = live_offers(it, receiver)
-        norms = reachability.step_norms(q, [(q.encode_prompt(prompts[o.prompt_index]), o.tgt.ids, o.ranges)
+        norms = reachability.step_norms(q, [(q.encode_prompt(prompts[o.prompt_index]), o.receiver_encoding.ids, o.ranges)
                                             for o in offers], params, modules)
         pool = [torch.cat(reachability.step_norms(q, reachability.own_steps(
             q, r, task.step_spans, cfg.calibration_rollouts), params, modules))

@@ -262,7 +262,7 @@ def candidates(args: Args, learners: list[learner.Learner], curation, task: task
             record = scored.get((name, offer.source.policy.name, offer.index))
             if record is None or offer.advantage == 0:
                 continue
-            aligned = {offer.index: (offer.src, offer.tgt, offer.alignment)}
+            aligned = {offer.index: (offer.source_encoding, offer.receiver_encoding, offer.alignment)}
             crossing, = sharing.cross(offer.source, [(offer.index, offer.advantage)], receiver.policy,
                                       args.share_config, aligned)
             repaired, _ = diagnosis.repair_credit(offer, offer.advantage, curation.stats[name], args.curator_config)

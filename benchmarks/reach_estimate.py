@@ -68,7 +68,7 @@ def measure(args: Args, iterations: int, estimates: list[str], repeats: int) -> 
         it = sampled_iteration(args, pols, iteration, generator)
         for receiver in it.experiences:
             q, offers = receiver.policy, live_offers(it, receiver)
-            items = [(q.encode_prompt(it.prompts[o.prompt_index]), o.tgt.ids, o.ranges) for o in offers]
+            items = [(q.encode_prompt(it.prompts[o.prompt_index]), o.receiver_encoding.ids, o.ranges) for o in offers]
             own = reachability.own_steps(q, receiver.rollouts, it.task.step_spans, cfg.calibration_rollouts)
             for estimate in estimates:
                 params, modules = reachability.ccm_scope(q.model, estimate)

@@ -31,8 +31,9 @@ def test_offer_features_carry_the_ccm_proxies_by_hand():
     from types import SimpleNamespace as Fake
     rollouts = Fake(logprobs=[torch.tensor([-0.5, -1.5]), torch.tensor([-2.0])])
     diag = diagnosis.Diagnosis(torch.tensor([0.2, 0.0]), torch.tensor([0.3, math.nan]), None, None)
-    offer = Fake(diagnosis=diag, alignment=Fake(modes=["1:1", "1:n", "1:1", "1:1"]), tgt=Fake(ids=[0] * 25),
-                 steps=[(0, 1), (2, 3)], reward=1.0, advantage=-0.5, source=Fake(rollouts=rollouts), index=0)
+    offer = Fake(diagnosis=diag, alignment=Fake(modes=["1:1", "1:n", "1:1", "1:1"]),
+                 receiver_encoding=Fake(ids=[0] * 25), steps=[(0, 1), (2, 3)], reward=1.0, advantage=-0.5,
+                 source=Fake(rollouts=rollouts), index=0)
     features = diagnosis.offer_features(offer, diagnosis.CuratorConfig(theta1=0.1, theta2=0.2), recent=(0.12, 0.3),
                                         gap=0.25)
     expected = [0.5, 0.25, 0.4, 1.0, 0.5, 0.1, 0.3, 0.12, 0.3, 0.25, -1.0]
@@ -48,7 +49,7 @@ def test_the_ccm_term_is_the_phantom_share_and_the_record_carries_the_phantom_ad
     reach = torch.tensor([0.5, 0.9])
     diag = diagnosis.Diagnosis(torch.zeros(2), torch.full((2,), math.nan), reach, torch.ones(2))
     assert diag.terms(diagnosis.CuratorConfig(theta1=0.1, theta2=0.2))[1].item() == pytest.approx(0.3)
-    offer = Fake(diagnosis=diag, steps=[(0, 2), (3, 5)], tgt=Fake(offsets=[(0, 2), (2, 3), (3, 5), (5, 5)]))
+    offer = Fake(diagnosis=diag, steps=[(0, 2), (3, 5)], receiver_encoding=Fake(offsets=[(0, 2), (2, 3), (3, 5), (5, 5)]))
     record = diagnosis.credit_record(offer, -2.0, torch.tensor([-1.0, -1.8]),
                                            torch.tensor([-1.0, -1.0, -1.8, -1.8]), ["ccm"])
     assert record["phantom"] == pytest.approx(0.6) and record["outside_credit"] == pytest.approx([-1.0, -1.8])
