@@ -8,7 +8,7 @@ For each sharing mode, three runs of one seed at the default shape (16 prompts x
            arrive, once per receiver, as Ray moves them) and its result, pickled with protocol 5 as Ray pickles
            them. Weighing waits for each call, so this run is not timed.
 Seconds per iteration are the gaps between consecutive iterations' last update records after the first
-(curation_overhead.per_iteration), which leaves out the start-up and the evaluations. The round trips are then
+(`iteration_walls`), which leaves out the start-up and the evaluations. The round trips are then
 replayed on a Ray echo actor, one iteration's calls one after the other with the same bytes each way: an upper
 bound on what the boundary costs an iteration, since the loop overlaps the policies' calls.
 
@@ -21,6 +21,7 @@ Timings are wall clock: on a loaded machine they move with the load; the bytes a
 from __future__ import annotations
 
 import argparse
+import json
 import pickle
 import statistics
 import sys
@@ -37,12 +38,21 @@ import train  # noqa: E402
 
 from args import Args  # noqa: E402
 import train_ray  # noqa: E402
-from curation_overhead import per_iteration  # noqa: E402
 
 SET_UP = ("as_peer", "set_peers", "longest_prompt", "estimate", "evaluate", "save", "load")
 """calls made at start, at evaluations and at checkpoints, not by every iteration"""
 CALLS: dict[int, list[tuple[str, int, int]]] = defaultdict(list)
 """per iteration, each actor call's method and the bytes of its arguments and of its result"""
+
+
+def iteration_walls(run_dir: Path, skip: int) -> list[float]:
+    """Each iteration's wall time after the first `skip`: the gap between consecutive iterations' last update
+    records (evaluations run before the first and after the last)."""
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    updates = [r for r in records if "losses/policy_loss" in r]
+    last = max(r["iteration"] for r in updates)
+    stamp = {i: max(r["time_s"] for r in updates if r["iteration"] == i) for i in range(1, last + 1)}
+    return [stamp[i] - stamp[i - 1] for i in range(max(skip + 1, 2), last + 1)]
 
 
 class WeighedActor:
@@ -122,7 +132,7 @@ def main() -> None:
             on_ray = dict(cpus_per_policy=flags.cpus_per_policy)
             walls = {"local": train.main(Args(**settings, name=f"{share}-local")),
                      "ray": train_ray.main(train_ray.RayArgs(**settings, **on_ray, name=f"{share}-ray"))}
-            walls = {k: statistics.mean(per_iteration(run, skip=1)[0]) for k, run in walls.items()}
+            walls = {k: statistics.mean(iteration_walls(run, skip=1)) for k, run in walls.items()}
             CALLS.clear()
             start, close = train_ray.RayTeam.start, train_ray.RayTeam.close
             train_ray.RayTeam.start, train_ray.RayTeam.close = weighing(start, close)
