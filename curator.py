@@ -100,13 +100,16 @@ class Score:
 
 def score(offer: Offer, cfg: CuratorConfig, theta: tuple[float, float],
           calibration: term_scales.Calibration | None) -> Score:
-    """D of the scaled terms (raw without a calibration), and its band."""
-    weights = cfg.weights
-    raw = offer.diagnosis.terms(cfg)
-    scaled = calibration.scaled(raw) if calibration is not None else raw
+    """§2.1 for one offer: D = sum_i lambda_i s_i(term_i), and the band it gives under `theta`. term_i: the
+    diagnosis's three terms (Diagnosis.terms: mean TBD, mean 1 - R_k, mean RSD bound); s_i: each on the scale of
+    the receiver's calibration sample (term_scales.Calibration.scaled; the raw term without a calibration);
+    lambda_i: the weights (--fidelity-lambdas, 0 for an ablated term)."""
+    terms = offer.diagnosis.terms(cfg)                                                           # [3]
+    scaled = calibration.scaled(terms) if calibration is not None else terms                     # [3] s_i(term_i)
+    weights = cfg.weights                                                                        # [3] lambda_i
     d = degradation(scaled, weights)
     dominant = TERMS[int((torch.nan_to_num(scaled) * weights).argmax())]
-    return Score(d, admission_band(d, *theta), dominant, dict(zip(TERMS, raw.tolist())),
+    return Score(d, admission_band(d, *theta), dominant, dict(zip(TERMS, terms.tolist())),
                  dict(zip(TERMS, scaled.tolist())))
 
 

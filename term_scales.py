@@ -29,8 +29,7 @@ TERMS = ("tbd", "ccm", "rsd")
 PERCENTILES = 101
 
 
-def weights(ablate: tuple[str, ...] = (), lambdas: tuple[float, float, float] = (1 / 3, 1 / 3, 1 / 3)
-            ) -> torch.Tensor:
+def weights(ablate: tuple[str, ...], lambdas: tuple[float, float, float]) -> torch.Tensor:
     """[3] the terms' weights in D: the lambdas, 0 for an ablated term; the others keep theirs."""
     w = torch.tensor([0.0 if t in ablate else l for t, l in zip(TERMS, lambdas)], dtype=torch.float64)
     if w.sum() <= 0:
