@@ -5,8 +5,8 @@
     python benchmarks/same_metrics.py --before 7b89147 --after-flags="--ccm-estimate exact"   # here only
 
 A refactor must not move a number, and runs of the comparison made at two commits are paired only where the
-commits are declared metric-equivalent (results/pilot/equivalent-commits.txt), each declaration backed by such a
-check. The earlier commit is checked out in a temporary worktree; both sides train `python train.py FLAGS` on one
+commits are declared metric-equivalent (the set's FOLDER/equivalent-commits.txt, e.g.
+results/matrix/equivalent-commits.txt), each declaration backed by such a check. The earlier commit is checked out in a temporary worktree; both sides train `python train.py FLAGS` on one
 thread, each with a fresh warm-up cache of its own (so a change to the warm-up shows too). Compared: every line
 of metrics.jsonl and, where the run curates, of fidelity.jsonl, every value exactly as written (JSON text, so 1
 and 1.0 differ), except wall-clock values (time_s, perf/*_s, fidelity/time_s/*); token counts are compared.
