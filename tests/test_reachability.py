@@ -184,17 +184,16 @@ def test_parameter_subsets():
             reachability.parameter_subset(model, bad)
 
 
-def test_reachability_calibration_phantom_and_repair_by_hand():
+HAND = reachability.Calibration(zero=3.0, alpha=math.log(2))
+"""a calibration by hand: R = 1 up to a norm of 3, R = 1/2 at 4"""
+REACH = torch.tensor([1.0, 1.0, 0.5, 2 ** -10])
+"""R of the norms 0, 3, 4 and 13 under HAND"""
+
+
+def test_calibration_puts_the_zero_at_the_median_and_a_half_at_the_quantile_by_hand():
     own = torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0])
     calibration = reachability.calibrate(own, quantile=0.75, zero_quantile=0.5)   # zero at 3, R = 1/2 at 4
-    assert calibration.zero == pytest.approx(3.0) and calibration.alpha == pytest.approx(math.log(2))
-    reach = reachability.reachability(torch.tensor([0.0, 3.0, 4.0, 13.0]), calibration)
-    assert reach.tolist() == pytest.approx([1.0, 1.0, 0.5, 2 ** -10])             # own typical steps: R = 1
-    advantages = torch.tensor([2.0, 2.0, 2.0, -1.0])
-    phantom = reachability.phantom_advantage(advantages, reach)
-    assert phantom.tolist() == pytest.approx([0.0, 0.0, 1.0, -(1 - 2 ** -10)])
-    assert reachability.ccm_hotspots(phantom, threshold=0.5) == [2]
-    assert reachability.repair(advantages, reach, beta=2.0).tolist() == pytest.approx([2.0, 2.0, 0.5, -(2 ** -20)])
+    assert calibration.zero == pytest.approx(HAND.zero) and calibration.alpha == pytest.approx(HAND.alpha)
     equal = reachability.calibrate(torch.full((4,), 2.0))                          # no spread: a scale of 2/1000
     assert equal.zero == pytest.approx(2.0) and equal.alpha == pytest.approx(math.log(2) / 2e-3)
     for bad in (torch.tensor([]), torch.tensor([float("nan")]), torch.zeros(3)):
@@ -202,6 +201,26 @@ def test_reachability_calibration_phantom_and_repair_by_hand():
             reachability.calibrate(bad)
     with pytest.raises(ValueError, match="zero_quantile"):
         reachability.calibrate(own, quantile=0.5, zero_quantile=0.5)
+
+
+def test_reachability_is_one_up_to_the_zero_point_and_halves_per_scale_by_hand():
+    reach = reachability.reachability(torch.tensor([0.0, 3.0, 4.0, 13.0]), HAND)
+    assert reach.tolist() == pytest.approx(REACH.tolist())                      # own typical steps: R = 1
+
+
+def test_phantom_advantage_is_the_credit_out_of_reach_by_hand():
+    phantom = reachability.phantom_advantage(torch.tensor([2.0, 2.0, 2.0, -1.0]), REACH)
+    assert phantom.tolist() == pytest.approx([0.0, 0.0, 1.0, -(1 - 2 ** -10)])
+
+
+def test_ccm_hotspots_are_the_steps_above_the_threshold_by_hand():
+    assert reachability.ccm_hotspots(torch.tensor([0.0, 0.0, 1.0, -1.0]), threshold=0.5) == [2]
+    assert reachability.ccm_hotspots(1 - REACH, threshold=0.5) == [3]               # R < 1/2: out of reach
+
+
+def test_the_ccm_repair_scales_credit_by_reach_to_the_beta_by_hand():
+    repaired = reachability.repair(torch.tensor([2.0, 2.0, 2.0, -1.0]), REACH, beta=2.0)
+    assert repaired.tolist() == pytest.approx([2.0, 2.0, 0.5, -(2 ** -20)])
 
 
 def test_step_token_ranges_and_bad_steps():
