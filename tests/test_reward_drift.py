@@ -74,14 +74,18 @@ def stats_from(counts: dict[str, tuple[int, int]]) -> reward_drift.StepStats:
     return stats
 
 
-def test_smoothed_rates_and_drift_by_hand():
+def test_smoothed_success_rates_by_hand():
     src, tgt = stats_from({"+1": (8, 8), "+2c": (3, 4)}), stats_from({"+1": (8, 8), "+2c": (0, 4)})
     assert src.success_rate("+2c") == pytest.approx(4 / 6) and tgt.success_rate("+2c") == pytest.approx(1 / 6)
-    assert src.success_rate("unseen") == 0.5
-    assert reward_drift.step_drift(src, tgt, "+1") == 0.0
-    expected = reward_drift.bernoulli_kl(4 / 6, 1 / 6)
+    assert src.success_rate("+1") == pytest.approx(9 / 10) and src.success_rate("unseen") == 0.5   # Beta(1, 1)
+
+
+def test_step_drift_is_the_kl_of_the_two_rates_by_hand():
+    src, tgt = stats_from({"+1": (8, 8), "+2c": (3, 4)}), stats_from({"+1": (8, 8), "+2c": (0, 4)})
+    # KL(4/6 || 1/6) = 2/3 ln((2/3) / (1/6)) + 1/3 ln((1/3) / (5/6)) = 2/3 ln 4 + 1/3 ln 0.4
+    expected = 2 / 3 * math.log(4) + 1 / 3 * math.log(0.4)                        # 0.61877
     assert reward_drift.step_drift(src, tgt, "+2c") == pytest.approx(expected)
-    assert reward_drift.step_drift(src, tgt, None) is None
+    assert reward_drift.step_drift(src, tgt, "+1") == 0.0 and reward_drift.step_drift(src, tgt, None) is None
     steps = [reward_drift.StepReward((0, 1), "+1", 1.0), reward_drift.StepReward((2, 3), "+2c", 1.0),
              reward_drift.StepReward((4, 5), None, None)]
     bounds = reward_drift.rsd_steps(src, tgt, steps)                       # sqrt(1 - exp(-KL)) per typed step
