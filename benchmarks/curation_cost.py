@@ -25,6 +25,7 @@ import torch  # noqa: E402
 from transformers import AutoModelForCausalLM  # noqa: E402
 
 import diagnosis  # noqa: E402
+from args import Args  # noqa: E402
 import memory_estimate  # noqa: E402
 import reachability  # noqa: E402
 import shaped_models  # noqa: E402
@@ -58,10 +59,10 @@ def rows(model: torch.nn.Module, work: costs.Workload, offers: int, own: int, st
 
 def main() -> None:
     cli = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    cli.add_argument("--prompts", type=int, default=16)
-    cli.add_argument("--group-size", type=int, default=8)
+    cli.add_argument("--prompts", type=int, default=Args.prompts_per_iteration)
+    cli.add_argument("--group-size", type=int, default=Args.group_size)
     cli.add_argument("--prompt-len", type=int, default=100)
-    cli.add_argument("--max-new-tokens", type=int, default=40)
+    cli.add_argument("--max-new-tokens", type=int, default=Args.max_new_tokens)
     cli.add_argument("--steps", type=int, default=4, help="steps per trajectory (the batched backward's cotangents)")
     cli.add_argument("--lora-rank", type=int, default=16)
     args = cli.parse_args()
