@@ -247,7 +247,9 @@ def grpo_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: T
                 totals["kl_sum"] += sums["kl_sum"].item()
                 totals["entropy_sum"] += (entropy * mask).sum().item()
                 j += 1
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+            # the trained weights only: a frozen one may hold a stale gradient (a base weight under LoRA)
+            grad_norm = torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad],
+                                                       max_grad_norm)
             check_finite("gradient norm", grad_norm)
             optimizer.step()
             totals["grad_norm"] += grad_norm.item() / updates

@@ -322,6 +322,13 @@ def _scale_grads(call: _Call, d: torch.Tensor) -> dict[int, torch.Tensor]:
     return grads
 
 
+def _into_the_graph(module: torch.nn.Module, inputs: tuple, output: torch.Tensor) -> torch.Tensor:
+    """The token lookup's output, made to require grad where nothing below it does: under LoRA the lookup is frozen,
+    and where "last:N" measures every block the lowest block's frozen norm and projections would see no input in
+    the graph. Gradients still stop at the recorded outputs, so nothing more is differentiated."""
+    return output if output.requires_grad else output.requires_grad_(True)
+
+
 def _rows_sq_norms(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                    steps: list[list[tuple[int, int]]], params: list[torch.nn.Parameter],
                    modules: list[torch.nn.Module] | None) -> torch.Tensor:
@@ -334,15 +341,16 @@ def _rows_sq_norms(model: torch.nn.Module, input_ids: torch.Tensor, attention_ma
     """
     length = max(c for spans in steps for _, c in spans)             # causal: later tokens change no L_k
     calls, handles = _record_calls(model, params, modules)
+    handles.append(model.get_input_embeddings().register_forward_hook(_into_the_graph))
     try:
         losses, _ = step_losses(model, input_ids[:, :length], attention_mask[:, :length], steps)   # [K]
     finally:
         for handle in handles:
             handle.remove()
-    frozen = [type(c.module).__name__ for c in calls if not c.output.requires_grad]
-    if frozen:
-        raise ValueError(f"the outputs of {sorted(set(frozen))} do not depend on any trainable weight, so no gradient "
-                         "reaches them: measure fewer blocks (ccm_estimate 'last:N' with a smaller N) or 'exact'")
+    outside = [type(c.module).__name__ for c in calls if not c.output.requires_grad]
+    if outside:
+        raise ValueError(f"the outputs of {sorted(set(outside))} depend on neither the tokens nor a trainable weight, "
+                         "so no step's gradient reaches them: measure with ccm_estimate 'exact'")
     depth = max(len(spans) for spans in steps)
     index = torch.tensor([j for spans in steps for j in range(len(spans))], device=losses.device)
     cotangents = torch.nn.functional.one_hot(index, depth).T.to(losses.dtype)                 # [J, K]

@@ -24,21 +24,13 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from testbed.metrics_log import timeless  # noqa: E402
 DEFAULT_FLAGS = ("--share", "cross-fidelity", "--ccm-estimate", "exact", "--iterations", "2", "--seed", "900",
                  "--eval-size", "64", "--eval-every", "1", "--eval-samples", "0", "--warmup-scale", "0.1", "--minibatches", "2")
 """a curated run with the registered runs' CCM estimate, two iterations on the timing seed with the pilot's minibatch
 schedule, a minute a side"""
 RECORDS = ("metrics.jsonl", "fidelity.jsonl")
-
-
-def is_clock(key: str) -> bool:
-    """Whether a metric is a wall-clock value: the elapsed time, a phase's seconds or a speed."""
-    return key == "time_s" or key.startswith("fidelity/time_s/") or (key.startswith("perf/") and key.endswith("_s"))
-
-
-def timeless(record: dict) -> dict:
-    """A record without its wall-clock values."""
-    return {k: v for k, v in record.items() if not is_clock(k)}
 
 
 def differences(before: Path, after: Path, most: int = 5) -> list[str]:

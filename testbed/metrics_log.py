@@ -18,6 +18,17 @@ FLUSH_S = 10
 """seconds between flushes of the TensorBoard event files, so the curves stay live"""
 
 
+def is_clock(key: str) -> bool:
+    """Whether a metric is a wall-clock value (the elapsed time, a phase's seconds, a speed): the one part of a
+    line that a rerun, a resume or an equivalent commit does not reproduce."""
+    return key == "time_s" or key.startswith("fidelity/time_s/") or (key.startswith("perf/") and key.endswith("_s"))
+
+
+def timeless(record: dict) -> dict:
+    """A metric line without its wall-clock values."""
+    return {k: v for k, v in record.items() if not is_clock(k)}
+
+
 def append_line(path: Path, record: dict) -> None:
     with path.open("a") as f:
         f.write(json.dumps(record) + "\n")

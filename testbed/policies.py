@@ -184,6 +184,7 @@ def supervised_warmup(policy: Policy, steps: int, task_cfg: arith.TaskConfig, se
         schedule.step()
         losses.append(loss.item())
         bar.set_postfix(loss=f"{losses[-1]:.3f}", refresh=False)
+    optimizer.zero_grad(set_to_none=True)   # no stale gradient outlives the warm-up (LoRA then freezes these weights)
     return losses
 
 

@@ -141,6 +141,22 @@ def test_grpo_step_moves_probability_towards_positive_advantages():
     assert stats["losses/clip_ratio"] == 0.0 and stats["charts/completion_len"] == 1.0
 
 
+def test_a_frozen_weights_stale_gradient_changes_neither_the_norm_nor_the_update():
+    # a frozen weight keeps whatever gradient it had (a base weight under LoRA after a warm-up): the step clips and
+    # reports the norm of the trained weights alone, as on a model where that gradient never existed
+    batch = grpo.build_batch([[0], [0]], [[1], [2]], [torch.tensor([1.0]), torch.tensor([-1.0])], pad_id=0)
+    stepped = []
+    for stale in (None, torch.full((6, 6), 100.0)):
+        model = Bigram()
+        model.frozen = torch.nn.Linear(6, 6).requires_grad_(False)       # unused by the forward
+        model.frozen.weight.grad = stale
+        stats = grpo.grpo_step(model, torch.optim.SGD([model.table], lr=0.5), batch, grpo.LossConfig(),
+                               max_grad_norm=0.01)
+        stepped.append((stats["losses/grad_norm"], model.table.detach().clone()))
+    assert stepped[0][0] == stepped[1][0] > 0.01                          # clipping was active in both
+    assert torch.equal(stepped[0][1], stepped[1][1])
+
+
 def test_update_kl_is_the_k3_kl_between_the_policy_before_and_after_the_update():
     # reference: the bigram's next-token distributions before and after, the k3 estimate on the batch's tokens
     batch = grpo.build_batch([[0], [3]], [[1, 2], [4]], [torch.tensor([1.0, 1.0]), torch.tensor([-1.0])], pad_id=0)

@@ -89,6 +89,7 @@ def test_warmup_is_cached_on_disk(cache_dir, tmp_path):
     spec = presets.PRESETS["tiny"]["qwen-llama"][0]
     first = policies.load_tiny_policy(spec, arith.TaskConfig(), 0, str(tmp_path), warmup_scale=0.02)
     assert len(list((tmp_path / "warmup").glob("*.pt"))) == 1
+    assert all(p.grad is None for p in first.model.parameters())     # no gradient outlives the warm-up
     second = policies.load_tiny_policy(spec, arith.TaskConfig(), 0, str(tmp_path), warmup_scale=0.02)
     for a, b in zip(first.model.parameters(), second.model.parameters()):
         assert torch.equal(a, b)

@@ -14,6 +14,7 @@ import torch
 
 import train
 import train_ray
+from testbed import metrics_log
 from test_train import records, tiny_args
 
 pytestmark = pytest.mark.slow   # every test here trains end to end
@@ -36,7 +37,7 @@ def on_ray(tmp_path, cache_dir, gpus_per_policy: float | None = None, **settings
 
 def backend_free(run_dir) -> list[dict]:
     """Every metric line without what may differ between two runs of one seed: wall times and speeds."""
-    return [{k: v for k, v in r.items() if "time_s" not in k and not k.startswith("perf/")} for r in records(run_dir)]
+    return [metrics_log.timeless(r) for r in records(run_dir)]
 
 
 def assert_same_weights(a, b, names: list[str], iteration: int) -> None:
