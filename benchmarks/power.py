@@ -31,7 +31,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import eval as evaluation  # noqa: E402
-EVALUATION = ["--eval-size", "2000", "--eval-every", "10", "--eval-samples", "0"]
+from analysis.sets import EVALUATION  # noqa: E402
+
 TESTBEDS = {
     "default": [],
     "lr5e-5": ["--lr", "5e-5"],

@@ -5,11 +5,11 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import matrix  # noqa: E402
+from analysis import sets  # noqa: E402
 
-RUN_FLAGS = (*matrix.CURATED, *matrix.PROTOCOL)
+RUN_FLAGS = (*sets.CURATED, *sets.PROTOCOL)
 """train.py flags of every run: cross-fidelity with the exact CCM estimate under the matrix's protocol"""
 
 GATE_SEED, GATE_PRESET, GATE_ITERATION, GATE_OFFERS = 3001, "qwen-llama", 50, 200

@@ -31,7 +31,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIGURATIONS = ("none", "none-g16", "prp", "xgrpo", "sgt", "hacpo", "cross-fidelity")
-"""the pilot's configurations (matrix.PILOT_CONFIGURATIONS) that exist at commit ab554c1"""
+"""the pilot's configurations (analysis/sets.py, PILOT_CONFIGURATIONS) that exist at commit ab554c1"""
 
 PHASES = {   # phase -> (module, qualified name) of the functions timed as it, where each commit has them
     "start-up": [("backends", "Team.start"), ("learner", "build")],
@@ -146,9 +146,8 @@ def main() -> None:
         instrumented_run(Path(args.inner[0]), args.flags, Path(args.inner[1]))
         return
     # only here, never in a timed run, which must import its own commit's modules alone
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    from matrix import MATRIX_CONFIGURATIONS
-    from power import EVALUATION
+    sys.path.insert(0, str(ROOT))
+    from analysis.sets import EVALUATION, MATRIX_CONFIGURATIONS
     unknown = sorted(set(args.configurations) - set(MATRIX_CONFIGURATIONS))
     if unknown:
         raise SystemExit(f"unknown configurations {unknown}: choose from {sorted(MATRIX_CONFIGURATIONS)}")

@@ -14,6 +14,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 import matrix  # noqa: E402
+from analysis import sets  # noqa: E402
 import matrix_analysis as analysis  # noqa: E402
 import matrix_stats as stats  # noqa: E402
 import matrix_pairing as pairing  # noqa: E402
@@ -120,7 +121,7 @@ def test_a_run_waits_for_its_seeds_warm_up(repo, tmp_path, monkeypatch):
     # two jobs at a time: seed 1's first run starts while seed 1's warm-up still runs, and must wait for it
     import threading
     import time
-    monkeypatch.setitem(matrix.SETS, "t", matrix.MatrixSet({"a": ()}, (1, 2), (), iterations=10))
+    monkeypatch.setitem(matrix.SETS, "t", sets.MatrixSet({"a": ()}, (1, 2), (), iterations=10))
     events, lock = [], threading.Lock()
 
     def warm(set_name, seed, runs_dir):
@@ -149,7 +150,7 @@ def test_the_warm_up_job_fills_the_cache_a_run_then_reads(tmp_path, monkeypatch)
     import tyro
     shared = ("--warmup-scale", "0.02", "--cache-dir", str(tmp_path / "cache"), "--eval-size", "8",
               "--prompts-per-iteration", "2", "--group-size", "2", "--max-new-tokens", "8", "--train-size", "50")
-    monkeypatch.setitem(matrix.SETS, "t", matrix.MatrixSet({"a": ()}, (3,), shared, iterations=1))
+    monkeypatch.setitem(matrix.SETS, "t", sets.MatrixSet({"a": ()}, (3,), shared, iterations=1))
     threads = torch.get_num_threads()
     try:
         matrix.main(["--set", "t", "--warm-up", "3"])
@@ -166,7 +167,7 @@ def test_the_warm_up_job_fills_the_cache_a_run_then_reads(tmp_path, monkeypatch)
 
 
 def test_a_killed_run_resumes_and_is_summarized_once_and_a_finished_one_never_reruns(repo, tmp_path, monkeypatch):
-    monkeypatch.setitem(matrix.SETS, "t", matrix.MatrixSet({"a": ("--share", "prp")}, (7,), ("--eval-every", "10"),
+    monkeypatch.setitem(matrix.SETS, "t", sets.MatrixSet({"a": ("--share", "prp")}, (7,), ("--eval-every", "10"),
                                                            iterations=40))
     runs, out = tmp_path / "runs", repo / "results" / "t"
     train = FakeTrain(dies_at=20)
@@ -568,7 +569,7 @@ def test_every_registered_configuration_names_its_share_and_runs_on_fresh_seeds(
 
 
 def test_the_blocks_run_in_the_registered_order_and_a_shared_run_runs_once(repo, tmp_path, monkeypatch):
-    monkeypatch.setitem(matrix.SETS, "t", matrix.MatrixSet({"a": ("--share", "prp"), "b": ("--share", "sgt")},
+    monkeypatch.setitem(matrix.SETS, "t", sets.MatrixSet({"a": ("--share", "prp"), "b": ("--share", "sgt")},
                                                            (7, 8), ("--eval-every", "10"), iterations=10))
     monkeypatch.setattr(matrix, "BLOCKS", {"first": [("t", ("a",), range(7, 9))],
                                            "second": [("t", ("b", "a"), range(8, 9))]})
