@@ -15,9 +15,9 @@ policy's rollout and update tokens, so runs can be compared at an equal budget o
     python eval.py runs/A runs/B runs/C --out runs/compare     # side by side
     python eval.py runs/A --task gsm8k --data-dir data/gsm8k   # transfer: the last checkpoint on another task
     python eval.py runs/A runs/B --budget update_tokens=2e6     # accuracy once each run has spent the budget
-    python eval.py --matrix results/pilot                      # the comparison (benchmarks/matrix_analysis.py)
+    python eval.py --matrix results/pilot                      # the comparison (analysis/matrix.py)        
     python eval.py --matrix results/pilot results/matrix-main  # its seeds pooled with the matrix's main block
-    python eval.py --blocks results                            # blocks 2-6 and H3 (benchmarks/matrix_blocks.py)
+    python eval.py --blocks results                            # blocks 2-6 and H3 (analysis/blocks.py)        
 """
 
 from __future__ import annotations
@@ -30,6 +30,8 @@ from pathlib import Path
 import torch
 
 import fidelity_record
+from analysis import blocks, matrix, review
+from analysis.curves import reward_variance
 from testbed import arith, checkpoint, policies, presets, tasks
 
 
@@ -118,27 +120,6 @@ def accuracy_within_budget(records: list[dict], policy: str, cost: str, budget: 
     costs = spent(records, policy, cost)
     within = [(it, acc) for it, acc in curve(records, policy, "eval/heldout_accuracy") if costs.get(it, math.inf) <= budget]
     return within[-1] if within and within[-1][0] > 0 else None
-
-
-def area_under(curve: list[tuple[int, float]], end: float) -> float:
-    """Mean accuracy over x = 0..`end` of a curve of (x, accuracy) points from x = 0 (x an iteration or a cost
-    spent): the trapezoid area up to `end`, the last segment cut there by linear interpolation, over `end`."""
-    points = [(x, a) for x, a in curve if x <= end]
-    later = [(x, a) for x, a in curve if x > end]
-    if end <= 0 or not points or points[0][0] != 0 or (points[-1][0] < end and not later):
-        raise ValueError(f"need evaluations from 0 to {end}, got {[x for x, _ in curve]}")
-    if points[-1][0] < end:   # cut the segment that crosses `end`
-        (x0, a0), (x1, a1) = points[-1], later[0]
-        points.append((end, a0 + (a1 - a0) * (end - x0) / (x1 - x0)))
-    area = sum((x1 - x0) * (a0 + a1) / 2 for (x0, a0), (x1, a1) in zip(points, points[1:]))
-    return area / end
-
-
-def reward_variance(means: list[float]) -> float:
-    """Half the mean squared difference of consecutive values: the noise variance, insensitive to a trend."""
-    if len(means) < 2:
-        return float("nan")
-    return sum((b - a) ** 2 for a, b in zip(means, means[1:])) / (2 * (len(means) - 1))
 
 
 def summarize(run_dir: Path, target: float) -> list[dict]:
@@ -290,12 +271,12 @@ if __name__ == "__main__":
     parser.add_argument("runs", nargs="*", type=Path, help="run directories (runs/NAME)")
     parser.add_argument("--matrix", type=Path, nargs="+", default=None, help="folders of run summaries "
                         "(benchmarks/matrix.py): the comparison's analysis of them pooled, written in the last "
-                        "(benchmarks/matrix_analysis.py)")
+                        "(analysis/matrix.py)")
     parser.add_argument("--blocks", type=Path, default=None, help="the folder holding the matrix's set folders "
                         "(results): blocks 2-6, H4, H5 and H3 by the registrations' rules, and beside them the "
                         "verdicts of the two blocks with an unpaired seed as published and repaired, written in its "
                         "matrix/ "
-                        "(benchmarks/matrix_blocks.py, benchmarks/matrix_review.py)")
+                        "(analysis/blocks.py, analysis/review.py)")
     parser.add_argument("--target", type=float, default=0.9, help="accuracy that counts as converged")
     parser.add_argument("--out", type=Path, default=None, help="where a comparison goes (default: runs/compare)")
     parser.add_argument("--task", choices=tasks.TASK_NAMES, default=None,
@@ -307,13 +288,7 @@ if __name__ == "__main__":
                         "held-out accuracy at its last evaluation within that budget")
     cli = parser.parse_args()
     if cli.matrix or cli.blocks:
-        import sys
-        sys.path.insert(0, str(Path(__file__).resolve().parent / "benchmarks"))
-        import matrix_analysis
-        import matrix_blocks
-        import matrix_review
-        print(matrix_analysis.report(cli.matrix) if cli.matrix else
-              matrix_blocks.report(cli.blocks) + "\n" + matrix_review.report(cli.blocks))
+        print(matrix.report(cli.matrix) if cli.matrix else blocks.report(cli.blocks) + "\n" + review.report(cli.blocks))
         raise SystemExit
     if not cli.runs:
         parser.error("give run directories, --matrix FOLDER or --blocks FOLDER")

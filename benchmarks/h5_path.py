@@ -1,6 +1,6 @@
 """H5's adaptive path (the proposal's §3, H5; results/preregistration-matrix.md, H5): adaptive cross-fidelity drawn
 through the stability-support plane as (x, y) over its iterations in 4 windows of 25, x the peer experience it
-received per iteration (`sharing/received`), y its training reward variance (eval.reward_variance) within the
+received per iteration (`sharing/received`), y its training reward variance (analysis/curves.py) within the
 window.
 
 A run's summary keeps `sharing/received` only as its mean over the run, so each adaptive run's per-iteration values
@@ -10,7 +10,8 @@ are kept in a record beside its summary, written from the run's directory once i
         results/matrix/cross-fidelity-adaptive-s1009.json       # -> cross-fidelity-adaptive-s1009.received.json
 
 The record is refused where the run's per-iteration training rewards are not the summary's: that run is not the
-one summarized. matrix_blocks.h5 reads the records and gives the path once every H5 seed has one.
+one summarized. analysis/blocks.py (h5) reads the records and gives the path (analysis/h5_windows.py) once every
+H5 seed has one.
 """
 
 from __future__ import annotations
@@ -23,9 +24,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import eval as evaluation  # noqa: E402
-
-WINDOWS = 4
-"""the registration's windows: 100 iterations in 4 of 25"""
 
 
 def record_path(summary_path: Path) -> Path:
@@ -48,17 +46,6 @@ def received_record(run_dir: Path, summary: dict) -> dict:
                              f"{len(rewards)} iterations; the path needs one per iteration")
     return {"configuration": summary["configuration"], "seed": summary["seed"], "commits": summary["commits"],
             "received": received}
-
-
-def window_points(received: list[float], rewards: list[float], windows: int = WINDOWS) -> list[tuple[float, float]]:
-    """(mean received per iteration, reward variance) within each of `windows` equal consecutive windows of a
-    policy's iterations."""
-    if len(received) != len(rewards) or len(rewards) % windows or len(rewards) // windows < 2:
-        raise ValueError(f"{len(received)} received and {len(rewards)} rewards do not fall in {windows} equal "
-                         f"windows of at least 2 iterations")
-    size = len(rewards) // windows
-    cut = [slice(w * size, (w + 1) * size) for w in range(windows)]
-    return [(sum(received[c]) / size, evaluation.reward_variance(rewards[c])) for c in cut]
 
 
 def main(argv: list[str] | None = None) -> Path:

@@ -3,7 +3,7 @@
     python benchmarks/matrix.py --set pilot --jobs 2 --commit      # the pilot: 9 configurations x seeds 1001-1008
     python benchmarks/matrix.py --set smoke --jobs 2 --runs-dir /tmp/smoke-runs --out /tmp/smoke   # minutes
     python benchmarks/matrix.py --blocks estimate ablations hacpo h4 tbd --jobs 2 --commit   # the matrix's blocks
-    python eval.py --matrix results/pilot                          # the analysis (matrix_analysis.py)
+    python eval.py --matrix results/pilot                          # the analysis (analysis/matrix.py)
 
 Each (configuration, seed) trains as runs/SET-CONFIGURATION-sSEED (power.train_run: one thread, resumed where
 its directory exists, skipped where it is complete), several at a time, each seed's configurations together so
@@ -16,7 +16,7 @@ summary as it lands.
 A summary records the commit of the code each sitting of the run trained at (the last commit that touched a file
 outside results/: committing summaries changes no metric); a run is refused while tracked files outside results/
 have uncommitted changes. The analysis refuses to pair runs of different commits unless they are declared
-metric-equivalent (matrix_analysis.py).
+metric-equivalent (analysis/matrix.py).
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import eval as evaluation  # noqa: E402
 import fidelity_record  # noqa: E402
 import power  # noqa: E402
+from analysis.curves import reward_variance  # noqa: E402
 from analysis.sets import DESCRIPTIVE, H3_CONFIGURATIONS, H3_SEEDS, SETS  # noqa: E402
 from testbed import checkpoint  # noqa: E402
 
@@ -80,7 +81,7 @@ def git(repo: Path, *args: str) -> str:
 def summarize(run_dir: Path, configuration: str, seed: int, flags: list[str], shared: list[str], commits: list[str]
               ) -> dict:
     """What the analysis reads of one complete run: per policy its held-out greedy curve, its training reward
-    per iteration and their variance (eval.reward_variance), its cost spent by each evaluation (wall time is the
+    per iteration and their variance (analysis/curves.py), its cost spent by each evaluation (wall time is the
     run's), the mean per iteration of every sharing/ and fidelity/ metric (what crossed); for a curated run, the
     terms per source -> receiver (fidelity_record.direction_terms); the fingerprints of the weights it started
     from (checkpoint.record_sitting; None for a run begun before they were recorded), by which the analysis pairs
@@ -100,7 +101,7 @@ def summarize(run_dir: Path, configuration: str, seed: int, flags: list[str], sh
                 values = [v for _, v in evaluation.curve(records, name, key)]
                 crossed[key] = sum(values) / len(values)
         policies[name] = {"heldout": heldout, "reward_mean": rewards,
-                          "reward_variance": evaluation.reward_variance(rewards),
+                          "reward_variance": reward_variance(rewards),
                           "spent": {cost: [(i, spent[cost][i]) for i, _ in heldout] for cost in evaluation.COSTS},
                           "crossed": crossed}
     last = max(r["iteration"] for r in records)

@@ -24,14 +24,15 @@ import os
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
-from functools import lru_cache
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import eval as evaluation  # noqa: E402
+from analysis.curves import area_under  # noqa: E402
 from analysis.sets import EVALUATION  # noqa: E402
+from analysis.stats import t_quantile  # noqa: E402
 
 TESTBEDS = {
     "default": [],
@@ -95,25 +96,6 @@ def accuracy_at(curve: list[tuple[int, float]], iteration: int) -> float:
     return matches[-1]
 
 
-@lru_cache(maxsize=None)
-def t_quantile(p: float, dof: int, intervals: int = 1000) -> float:
-    """The `p` quantile (p > 1/2) of Student's t with `dof` degrees of freedom: bisection on its CDF, integrated
-    from 0 by Simpson's rule over (1 + x^2/dof)^(-(dof+1)/2)."""
-    scale = math.exp(math.lgamma((dof + 1) / 2) - math.lgamma(dof / 2)) / math.sqrt(dof * math.pi)
-    density = lambda x: scale * (1 + x * x / dof) ** (-(dof + 1) / 2)
-    def cdf(x: float) -> float:
-        h = x / intervals
-        inner = sum((4 if k % 2 else 2) * density(k * h) for k in range(1, intervals))
-        return 0.5 + h / 3 * (density(0.0) + inner + density(x))
-    low, high = 0.0, 1.0
-    while cdf(high) < p:
-        low, high = high, 2 * high
-    for _ in range(50):
-        middle = (low + high) / 2
-        low, high = (middle, high) if cdf(middle) < p else (low, middle)
-    return (low + high) / 2
-
-
 def half_width(sd: float, seeds: int, level: float = 0.95) -> float:
     """The `level` half-width of a mean of `seeds` paired differences with standard deviation `sd` (Student t)."""
     return t_quantile((1 + level) / 2, seeds - 1) * sd / math.sqrt(seeds)
@@ -162,7 +144,7 @@ def analyze(testbed: str, levels: list[str], seeds: list[int], at: list[int], ru
                  "cost": {}}
     for other in levels[1:]:
         for iteration in at:
-            for metric, read in (("final", accuracy_at), ("auc", evaluation.area_under)):
+            for metric, read in (("final", accuracy_at), ("auc", area_under)):
                 for policy in policies:
                     values = {lv: [read(curves[lv, s][policy], iteration) for s in seeds] for lv in (base, other)}
                     differences = [b - a for a, b in zip(values[base], values[other])]

@@ -19,9 +19,9 @@ from pathlib import Path
 import numpy as np
 from scipy import stats as scipy_stats
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]
 
-import matrix_stats  # noqa: E402
+from analysis import stats as matrix_stats  # noqa: E402
 import premise_registered as registered  # noqa: E402
 
 EXACT_LIMIT = 30_000
@@ -106,7 +106,7 @@ def clustered(clusters: list, statistic: Callable[[np.ndarray], np.ndarray], rng
 
 
 def holm(p: dict[str, float], alpha: float = registered.ALPHA) -> dict[str, bool]:
-    """Holm's step-down (matrix_stats.holm) over named p-values: whether each is rejected; an undefined p (a
+    """Holm's step-down (analysis/stats.py, holm) over named p-values: whether each is rejected; an undefined p (a
     statistic undefined on every resample) counts as 1."""
     keys = list(p)
     _, _, rejected = matrix_stats.holm([p[k] if math.isfinite(p[k]) else 1.0 for k in keys], alpha)

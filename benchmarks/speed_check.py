@@ -4,7 +4,7 @@
     python benchmarks/matrix.py --set speed-check --out results/speed-check/after    # at the change, beside it
     python benchmarks/speed_check.py results/speed-check/before results/speed-check/after
 
-Per policy, from the run summaries alone: the primary metric (matrix_analysis.primary_metric, the area under
+Per policy, from the run summaries alone: the primary metric (analysis/matrix.py, primary_metric, the area under
 the held-out curve, in points) of every seed both folders ran, at each commit; the paired difference after -
 before, its mean and its 95% t interval over seeds; and the metric's SD over seeds at each commit, the noise the
 difference is read against. The change moved the metric beyond its noise where the interval excludes 0. Also
@@ -21,7 +21,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
-import matrix_analysis  # noqa: E402
+from analysis import matrix as matrix_analysis  # noqa: E402
 
 
 T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228)

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 import eval as evaluation
+from analysis import curves
 
 
 def write_run(path, accuracies, rewards):
@@ -57,8 +58,8 @@ def test_costs_add_up_per_run_and_policy_and_a_budget_reads_the_last_evaluation_
 
 
 def test_a_linear_trend_is_not_counted_as_reward_variance():
-    assert evaluation.reward_variance([0.1 * i for i in range(10)]) == pytest.approx(0.005)  # 0.01 / 2, not var
-    assert evaluation.reward_variance([0.5] * 5) == 0.0
+    assert curves.reward_variance([0.1 * i for i in range(10)]) == pytest.approx(0.005)  # 0.01 / 2, not var
+    assert curves.reward_variance([0.5] * 5) == 0.0
 
 
 def test_report_and_comparison_files(tmp_path):

@@ -1,4 +1,4 @@
-"""The comparison's runner (benchmarks/matrix.py) and analysis (benchmarks/matrix_analysis.py) on fake run
+"""The comparison's runner (benchmarks/matrix.py) and analysis (analysis/matrix.py) on fake run
 directories and summaries, against hand-computed cases; nothing trains."""
 
 import itertools
@@ -15,9 +15,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 import matrix  # noqa: E402
 from analysis import sets  # noqa: E402
-import matrix_analysis as analysis  # noqa: E402
-import matrix_stats as stats  # noqa: E402
-import matrix_pairing as pairing  # noqa: E402
+from analysis import matrix as analysis  # noqa: E402
+from analysis import pairing, stats  # noqa: E402
 import power  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -296,7 +295,7 @@ def test_the_seed_rule_by_hand():
     # and n = 9 gives (2.306 + 0.889)^2 = 10.2 > 9
     assert analysis.seeds_for_power(2.0, cfg) == 10
     n = analysis.seeds_for_power(3.6, cfg)
-    t = lambda q, d: power.t_quantile(q, d)  # noqa: E731
+    t = lambda q, d: stats.t_quantile(q, d)  # noqa: E731
     assert (t(0.975, n - 1) + t(0.8, n - 1)) * 3.6 / math.sqrt(n) <= 2
     assert (t(0.975, n - 2) + t(0.8, n - 2)) * 3.6 / math.sqrt(n - 1) > 2
 

@@ -1,4 +1,4 @@
-"""The matrix's blocks 2-6, H4 and H5 (benchmarks/matrix_blocks.py) on summaries built by hand: each registered
+"""The matrix's blocks 2-6, H4 and H5 (analysis/blocks.py) on summaries built by hand: each registered
 rule called on its boundary cases, a family's Holm over its registered seeds alone, H4's dominant terms and
 claims, H5's dominance, and `python eval.py --blocks` end to end (H3's: test_matrix_h3.py)."""
 
@@ -13,11 +13,10 @@ import pytest
 from test_matrix import ROOT, summary, write_summaries   # it puts benchmarks/ on the path
 
 import h5_path  # noqa: E402
-import matrix_analysis as ma  # noqa: E402
-import matrix_stats as stats  # noqa: E402
-import matrix_blocks as mb  # noqa: E402
-import matrix_h3  # noqa: E402
-import matrix_plots  # noqa: E402
+from analysis import blocks as mb  # noqa: E402
+from analysis import h3 as matrix_h3  # noqa: E402
+from analysis import h5_windows, plots, stats  # noqa: E402
+from analysis import matrix as ma  # noqa: E402
 
 
 def row(mean, low, high, rejected):
@@ -296,10 +295,10 @@ def test_a_computed_h5_is_reported_with_its_points_and_drawn_once_the_blocks_it_
 
 def test_a_window_point_is_the_mean_received_and_the_reward_variance_within_the_window_by_hand():
     # windows [1, 1 | 3, 3] and rewards [0, 1 | 1, 3]: half the mean squared step, (1 - 0)^2 / 2 and (3 - 1)^2 / 2
-    assert h5_path.window_points([1.0, 1.0, 3.0, 3.0], [0.0, 1.0, 1.0, 3.0], windows=2) == [(1.0, 0.5), (3.0, 2.0)]
+    assert h5_windows.window_points([1.0, 1.0, 3.0, 3.0], [0.0, 1.0, 1.0, 3.0], windows=2) == [(1.0, 0.5), (3.0, 2.0)]
     for received, rewards in (([1.0] * 6, [0.0] * 6), ([1.0] * 8, [0.0] * 7)):   # 4 windows of 1.5, unequal
         with pytest.raises(ValueError, match="equal windows"):
-            h5_path.window_points(received, rewards)
+            h5_windows.window_points(received, rewards)
 
 
 def run_dir_of(tmp_path, rewards, received):
@@ -367,7 +366,7 @@ def test_h5_draws_adaptive_curations_path_window_by_window_once_every_seeds_reco
     text = mb.markdown({"families": {}, "h4": {"table": [], "cells": {}, "claims": []}, "h5": result,
                         "h3": matrix_h3.analyze({}, cfg)})
     assert f"  - {mb.H5_ADAPTIVE}'s path over 4 windows of its iterations: 1: received {mean_k:.2f} [" in text
-    matrix_plots.h5_plane(result, tmp_path / "plane.png")
+    plots.h5_plane(result, tmp_path / "plane.png")
     assert (tmp_path / "plane.png").stat().st_size > 0
 
 
@@ -426,7 +425,7 @@ def test_the_matrix_folders_declaration_holds_for_a_set_even_where_the_matrix_fo
 
 
 def test_the_repair_gives_each_affected_verdict_as_published_paired_and_repaired():
-    import matrix_review
+    from analysis import review as matrix_review
     cfg = ma.AnalysisConfig(resamples=200)
     gaps = {1009: 1.0, 1010: -20.0, 1011: 2.0, 1031: 3.0}
     runs = [summary(name, s, 40.0 + gaps[s] * (name == "cross-fidelity"))

@@ -1,4 +1,4 @@
-"""H3 (benchmarks/matrix_h3.py, results/preregistration-h3.md) on summaries built by hand: the ratio of a policy's
+"""H3 (analysis/h3.py, results/preregistration-h3.md) on summaries built by hand: the ratio of a policy's
 trio gain to the sum of its pair gains, its interval, p-value, Holm over the 9 and the calls, each against values
 computed by hand; a seed whose runs started a policy elsewhere left out, named and replaced by a fresh seed; counts
 alone before every run is in; and H3's sets read by `python eval.py --blocks` at one class of commits of their
@@ -11,10 +11,10 @@ import pytest
 
 from test_matrix import summary, write_summaries   # it puts benchmarks/ on the path
 
-import matrix  # noqa: E402
-import matrix_analysis as ma  # noqa: E402
-import matrix_blocks as mb  # noqa: E402
-import matrix_h3  # noqa: E402
+from analysis import blocks as mb  # noqa: E402
+from analysis import h3 as matrix_h3  # noqa: E402
+from analysis import matrix as ma  # noqa: E402
+from analysis.sets import H3_CONFIGURATIONS, H3_SEEDS, SETS  # noqa: E402
 
 
 UNIT = 100 / 64
@@ -29,7 +29,7 @@ def h3_run(grouping, configuration, seed, level):
             "policies": {p: {"heldout": [[i, level(p) / 64] for i in (0, 50, 100)]} for p in names}}
 
 
-def h3_sets(gain_of, seeds=matrix.H3_SEEDS):
+def h3_sets(gain_of, seeds=H3_SEEDS):
     """H3's four sets on `seeds`: under none each policy at 20 + its place + seed % 3 units, under a configuration
     that plus its gain in the grouping, gain_of[policy, configuration](seed) = (trio, pair1, pair2) in units, the
     pairs in matrix_h3.pairs_of's order."""
@@ -41,7 +41,7 @@ def h3_sets(gain_of, seeds=matrix.H3_SEEDS):
             trio, *pairs = gain_of[policy, configuration](seed)
             return base + (trio if grouping == "trio" else pairs[matrix_h3.pairs_of(policy).index(grouping)])
         return of
-    return {matrix_h3.SETS[g]: [h3_run(g, c, s, level(g, c, s)) for s in seeds for c in matrix.H3_CONFIGURATIONS]
+    return {matrix_h3.SETS[g]: [h3_run(g, c, s, level(g, c, s)) for s in seeds for c in H3_CONFIGURATIONS]
             for g in matrix_h3.GROUPINGS}
 
 
@@ -79,10 +79,10 @@ def binomial_tail(n, q, k):
 
 
 def test_h3s_sets_and_configurations_are_the_registrations():
-    assert matrix_h3.CONFIGURATIONS == ("sgt", "hacpo", "cross-fidelity") and list(matrix.H3_SEEDS) == list(
+    assert matrix_h3.CONFIGURATIONS == ("sgt", "hacpo", "cross-fidelity") and list(H3_SEEDS) == list(
         range(6001, 6009))
     for grouping, name in matrix_h3.SETS.items():
-        shared = matrix.SETS[name].shared
+        shared = SETS[name].shared
         assert shared[shared.index("--pair") + 1] == grouping
     assert [matrix_h3.pairs_of(p) for p in matrix_h3.POLICIES] == [
         ("qwen-llama", "qwen-mistral"), ("qwen-llama", "llama-mistral"), ("qwen-mistral", "llama-mistral")]

@@ -1,11 +1,13 @@
 """The statistics of the matrix's analyses: the percentile bootstrap over seeds and its p-value, the exact
-sign-flip test beside it, Holm's step-down correction, and the chi-square interval of an SD. Each works on plain
-lists of paired differences (one per seed), so any analysis of summaries uses them the same way.
+sign-flip test beside it, Holm's step-down correction, the chi-square interval of an SD and Student's t quantile.
+Each works on plain lists of paired differences (one per seed), so any analysis of summaries uses them the same
+way.
 """
 
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 
 import numpy as np
 
@@ -105,3 +107,22 @@ def sd_interval(sd: float, seeds: int, level: float) -> tuple[float, float]:
     """The two-sided `level` interval of an SD measured on `seeds` paired differences: its one-sided bounds at
     confidence (1 - level) / 2 and (1 + level) / 2."""
     return sd_upper_bound(sd, seeds, (1 - level) / 2), sd_upper_bound(sd, seeds, (1 + level) / 2)
+
+
+@lru_cache(maxsize=None)
+def t_quantile(p: float, dof: int, intervals: int = 1000) -> float:
+    """The `p` quantile (p > 1/2) of Student's t with `dof` degrees of freedom: bisection on its CDF, integrated
+    from 0 by Simpson's rule over (1 + x^2/dof)^(-(dof+1)/2)."""
+    scale = math.exp(math.lgamma((dof + 1) / 2) - math.lgamma(dof / 2)) / math.sqrt(dof * math.pi)
+    density = lambda x: scale * (1 + x * x / dof) ** (-(dof + 1) / 2)
+    def cdf(x: float) -> float:
+        h = x / intervals
+        inner = sum((4 if k % 2 else 2) * density(k * h) for k in range(1, intervals))
+        return 0.5 + h / 3 * (density(0.0) + inner + density(x))
+    low, high = 0.0, 1.0
+    while cdf(high) < p:
+        low, high = high, 2 * high
+    for _ in range(50):
+        middle = (low + high) / 2
+        low, high = (middle, high) if cdf(middle) < p else (low, middle)
+    return (low + high) / 2

@@ -1,4 +1,4 @@
-"""The comparison's two figures (issue 32), drawn from the run summaries and their analysis (matrix_analysis.py).
+"""The comparison's two figures (issue 32), drawn from the run summaries and their analysis (analysis/matrix.py).
 
 curves.png: per policy, each configuration's held-out greedy curve, mean over seeds with a band of ±1 SD (top),
 and its paired difference from independent GRPO (`none`) seed by seed, mean with a band of ±1 standard error
@@ -6,7 +6,7 @@ and its paired difference from independent GRPO (`none`) seed by seed, mean with
 random numbers, so the differences show what the top row's bands hide.
 plane.png: the stability-support plane, what crossed per iteration against the receiver's training reward variance,
 one point per configuration (its policies and seeds averaged).
-h5-plane.png (the matrix's H5, matrix_blocks.py): the same plane per policy, each configuration's point with its
+h5-plane.png (the matrix's H5, analysis/blocks.py): the same plane per policy, each configuration's point with its
 95% bootstrap intervals over seeds on both axes.
 """
 
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from matrix_analysis import POINTS
+from analysis.curves import POINTS
 
 REFERENCE = "none"                      # the configuration the bottom row's differences are taken from
 

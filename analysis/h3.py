@@ -22,17 +22,16 @@ from __future__ import annotations
 
 import numpy as np
 
-import matrix
-import matrix_analysis as ma
-import matrix_pairing as pairing
-import matrix_stats as stats
+from analysis import matrix as ma
+from analysis import pairing, stats
+from analysis.sets import H3_CONFIGURATIONS, H3_SEEDS
 
 GROUPINGS = ("trio", "qwen-llama", "qwen-mistral", "llama-mistral")
 SETS = {grouping: f"h3-{grouping}" for grouping in GROUPINGS}
-"""each grouping of the trio's policies and the set that runs it (matrix.SETS), its summaries in results/SET"""
+"""each grouping of the trio's policies and the set that runs it (analysis/sets.py, SETS), its summaries in results/SET"""
 POLICIES = ("qwen", "llama", "mistral")
 BASELINE = "none"
-CONFIGURATIONS = tuple(c for c in matrix.H3_CONFIGURATIONS if c != BASELINE)
+CONFIGURATIONS = tuple(c for c in H3_CONFIGURATIONS if c != BASELINE)
 """the configurations whose gains over BASELINE are compared: 3 policies x 3 configurations, the 9 Holm corrects"""
 DIMINISHING = 0.5
 """the ratio at or below which gains diminish, the one-sided p-value's null"""
@@ -51,7 +50,7 @@ def pairs_of(policy: str) -> tuple[str, str]:
 
 def index(sets: dict[str, list[dict]]) -> Runs:
     """H3's summaries by grouping, configuration and seed (a configuration H3 does not register is not read)."""
-    runs: Runs = {g: {c: {} for c in matrix.H3_CONFIGURATIONS} for g in GROUPINGS}
+    runs: Runs = {g: {c: {} for c in H3_CONFIGURATIONS} for g in GROUPINGS}
     for grouping in GROUPINGS:
         for s in sets.get(SETS[grouping], []):
             if s["configuration"] in runs[grouping]:
@@ -88,7 +87,7 @@ def unpaired_reason(read: dict[tuple[str, str], dict], policy: str) -> str | Non
 def seeds_to_read(runs: Runs) -> tuple[list[int], dict[tuple[str, str], dict[int, str]]]:
     """The seeds H3 reads, the registered ones and, for each seed unpaired in some contrast, the next fresh seed
     (read in turn); and (policy, configuration) -> seed -> why, over those seeds whose 16 runs are in."""
-    seeds, unpaired = list(matrix.H3_SEEDS), {}
+    seeds, unpaired = list(H3_SEEDS), {}
     for seed in seeds:                       # grows by a fresh seed for each unpaired one
         if not complete(runs, seed):
             continue
@@ -160,7 +159,7 @@ def reading(row: dict) -> str:
 def mean_aucs(runs: Runs, seeds: list[int]) -> list[dict]:
     """Each policy's mean AUC over the seeds read, per grouping that holds it and configuration (not tested)."""
     return [{"policy": p, "grouping": g, "auc": {c: float(np.mean([ma.primary_metric(runs[g][c][s], p) for s in seeds]))
-                                                 for c in matrix.H3_CONFIGURATIONS}}
+                                                 for c in H3_CONFIGURATIONS}}
             for p in POLICIES for g in ("trio", *pairs_of(p))]
 
 
@@ -203,7 +202,7 @@ def markdown(result: dict) -> list[str]:
              "The reading, trio - sum and the mean AUCs are descriptive, not tested.\n"]
     if not result["rows"]:
         total = sum(result["ran"].values())
-        per_set = len(seeds) * len(matrix.H3_CONFIGURATIONS)
+        per_set = len(seeds) * len(H3_CONFIGURATIONS)
         lines.append("No H3 run yet." if not total else
                      f"Incomplete, so not called and no outcome shown (H3 is called once every run of seeds "
                      f"{', '.join(map(str, seeds))} is in); runs so far: "
@@ -221,13 +220,13 @@ def markdown(result: dict) -> list[str]:
                      f"| {r['additive']:+.2f} {interval_text(r['additive_interval'])} |")
     for u in result["unpaired"]:
         lines.append(f"\nUnpaired, left out of {u['policy']} {u['configuration']}: seed {u['seed']} ({u['why']}).")
-    fresh = [s for s in seeds if s not in matrix.H3_SEEDS]
+    fresh = [s for s in seeds if s not in H3_SEEDS]
     if fresh:
         lines.append(f"Fresh seeds in place of the unpaired, run in full: {', '.join(map(str, fresh))}.")
     if result["auc"]:
         lines += ["\nMean AUC of each run over the seeds read, points (not tested).\n",
-                  "| policy | grouping | " + " | ".join(matrix.H3_CONFIGURATIONS) + " |",
-                  "|---" * (2 + len(matrix.H3_CONFIGURATIONS)) + "|"]
+                  "| policy | grouping | " + " | ".join(H3_CONFIGURATIONS) + " |",
+                  "|---" * (2 + len(H3_CONFIGURATIONS)) + "|"]
         lines += [f"| {a['policy']} | {a['grouping']} | " + " | ".join(f"{v:.2f}" for v in a["auc"].values()) + " |"
                   for a in result["auc"]]
     return lines + [""]

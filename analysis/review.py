@@ -7,7 +7,7 @@ over every paired seed that ran both, described and not called.
 Block 1 (the main comparison, seeds 1001-1011 of results/pilot and results/matrix-main) and block 6 (TBD's
 ablation on trio prose, seeds 1009-1011) each held a seed whose runs did not start from the same weights. Each
 verdict is given as published (the registered seeds, every seed paired as it ran), on the registered seeds whose
-runs are paired (matrix_pairing), and with the repair (those and the fresh seed 1031, run in full on one
+runs are paired (analysis/pairing.py), and with the repair (those and the fresh seed 1031, run in full on one
 machine); the last is the registered call once the repair's runs are in.
 """
 
@@ -17,9 +17,9 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
-import matrix_analysis as ma
-import matrix_blocks as mb
-import matrix_stats as stats
+from analysis import blocks as mb
+from analysis import matrix as ma
+from analysis import stats
 
 BLOCK1 = (("pilot", "matrix-main"), tuple(range(1001, 1012)))
 """block 1: its folders under results/ and its registered seeds"""

@@ -4,7 +4,7 @@
     python eval.py --matrix results/pilot results/matrix-main     # pooled seeds, written in the last folder
 
 Primary metric: per policy, the area under the held-out greedy curve over iterations 0..I, in points (0-100;
-eval.area_under). Per configuration, its mean and SD over seeds. Per contrast A - B and policy, the differences seed
+curves.area_under). Per configuration, its mean and SD over seeds. Per contrast A - B and policy, the differences seed
 by seed over the seeds both ran: their mean and SD (with its 95% chi-square interval), a 95% percentile bootstrap
 interval over seeds and a bootstrap p-value (twice the share of resampled means on the far side of 0); then Holm's
 step-down correction over the primary contrasts x policies: the adjusted p-value, and the interval at the level Holm
@@ -39,13 +39,11 @@ import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import eval as evaluation
-import power
-from matrix_pairing import paired_seeds, unpaired_seeds
-from matrix_stats import (bootstrap_means, bootstrap_p, holm, p_text, percentile_interval, sd_interval, sd_upper_bound,
-                          sign_flip_p)
-
-POINTS = 100.0                          # accuracy in [0, 1] -> points
+from analysis import plots
+from analysis.curves import POINTS, area_under
+from analysis.pairing import paired_seeds, unpaired_seeds
+from analysis.stats import (bootstrap_means, bootstrap_p, holm, p_text, percentile_interval, sd_interval,
+                            sd_upper_bound, sign_flip_p, t_quantile)
 GRPO_BUDGETS = ("none", "none-g16")
 PRIMARY = (("cross-fidelity", "sgt"), ("cross-fidelity", "cross-fidelity-random"), ("cross-fidelity", GRPO_BUDGETS))
 """the pre-registered primary contrasts A - B (results/preregistration.md); a tuple B is the better of its
@@ -147,7 +145,7 @@ def load(*folders: Path, declarations: list[Path] | None = None) -> list[dict]:
 
 def primary_metric(summary: dict, policy: str) -> float:
     """The area under the held-out greedy curve over iterations 0..I, in points."""
-    return POINTS * evaluation.area_under(summary["policies"][policy]["heldout"], summary["iterations"])
+    return POINTS * area_under(summary["policies"][policy]["heldout"], summary["iterations"])
 
 
 def cost_spent(summary: dict, policy: str, cost: str) -> float:
@@ -158,7 +156,7 @@ def area_at_cost(summary: dict, policy: str, cost: str, budget: float) -> float:
     """The area under held-out accuracy against the cost spent, up to `budget`, in points."""
     mine = summary["policies"][policy]
     points = [(spent, accuracy) for (_, spent), (_, accuracy) in zip(mine["spent"][cost], mine["heldout"])]
-    return POINTS * evaluation.area_under(points, budget)
+    return POINTS * area_under(points, budget)
 
 
 def paired_differences(a: dict[int, dict], b: dict[int, dict], policy: str, view: str, by_start: bool = True
@@ -183,7 +181,7 @@ def paired_differences(a: dict[int, dict], b: dict[int, dict], policy: str, view
 def seeds_for_power(sd: float, cfg: AnalysisConfig, most: int = 100_000) -> int:
     """The fewest seeds (at least 2) whose paired t-test has power cfg.power against cfg.target at SD `sd`."""
     def enough(n: int) -> bool:
-        quantiles = power.t_quantile(1 - cfg.alpha / 2, n - 1) + power.t_quantile(cfg.power, n - 1)
+        quantiles = t_quantile(1 - cfg.alpha / 2, n - 1) + t_quantile(cfg.power, n - 1)
         return quantiles * sd / math.sqrt(n) <= cfg.target
     if not enough(most):
         raise ValueError(f"even {most} seeds lack power {cfg.power} against {cfg.target} at SD {sd}")
@@ -318,7 +316,7 @@ def contrast_row(a: str, b: str, policy: str, differences: dict[int, float], cfg
     mean, sd = mean_sd(values)
     means = bootstrap_means(values, cfg.resamples, cfg.bootstrap_seed)
     upper = sd_upper_bound(sd, len(values), cfg.sd_confidence)
-    half = power.t_quantile(1 - cfg.alpha / 2, len(values) - 1) * sd / math.sqrt(len(values))
+    half = t_quantile(1 - cfg.alpha / 2, len(values) - 1) * sd / math.sqrt(len(values))
     return {"contrast": f"{a} - {b}", "policy": policy, "differences": differences, "mean": mean, "sd": sd,
             "t_interval": (mean - half, mean + half), "sd_interval": sd_interval(sd, len(values), 1 - cfg.alpha),
             "interval": percentile_interval(means, 1 - cfg.alpha), "p": bootstrap_p(means),
@@ -391,12 +389,11 @@ def markdown(result: dict) -> str:
 def report(folders: list[Path], cfg: AnalysisConfig = AnalysisConfig()) -> str:
     """The analysis of the folders' summaries pooled: analysis.md, analysis.json and the two plots written in the
     last folder."""
-    import matrix_plots      # it reads this module's constants
     summaries = load(*folders)
     result = analyze(summaries, cfg)
     text = markdown(result)
     out = Path(folders[-1])
     (out / "analysis.md").write_text(text)
     (out / "analysis.json").write_text(json.dumps(result, indent=1))
-    matrix_plots.plot(summaries, result, out)
+    plots.plot(summaries, result, out)
     return text

@@ -1,17 +1,17 @@
 """The matrix's blocks 2-6, H4 and H5 from the run summaries alone, called by the rules of
-results/preregistration-matrix.md (issue 42), and H3 by results/preregistration-h3.md (matrix_h3). Block 1, the
-pilot's comparison at 11 seeds, is matrix_analysis's (`python eval.py --matrix results/pilot results/matrix-main`).
+results/preregistration-matrix.md (issue 42), and H3 by results/preregistration-h3.md (analysis/h3.py). Block 1, the
+pilot's comparison at 11 seeds, is analysis/matrix.py's (`python eval.py --matrix results/pilot results/matrix-main`).
 
     python eval.py --blocks results        # blocks.md, blocks.json (h5-plane.png) in results/matrix
 
 Each family is a list of contrasts A - B, per policy, on the family's registered seeds: the paired differences
-seed by seed, their mean, a 95% percentile bootstrap interval and a bootstrap p-value (matrix_analysis), Holm over
+seed by seed, their mean, a 95% percentile bootstrap interval and a bootstrap p-value (analysis/matrix.py), Holm over
 the family. Each contrast is called by its registered rule (`call`). H4: per cell (pair, step format, TBD measure)
 and direction source->receiver, each term's mean raw value over the direction's diagnosed offers
 (fidelity_record.direction_terms), averaged over the seeds that measured it; the dominant term is the largest. H5:
 per policy, the fixed levels and adaptive cross-fidelity in the plane of what crossed per iteration against
 training reward variance (results/preregistration-h5.md), and adaptive cross-fidelity's path through it over 4
-windows, from the per-iteration records kept beside its summaries (h5_path). Each of them is computed only once all its registered
+windows, from the per-iteration records kept beside its summaries (benchmarks/h5_path.py). Each of them is computed only once all its registered
 runs are in, at one class of commits: the registration calls a block when it is complete and has nobody look at
 its outcomes before, so until then the report gives counts of runs, never an outcome.
 """
@@ -22,12 +22,8 @@ import json
 import math
 from pathlib import Path
 
-import h5_path
-import matrix_analysis as ma
-import matrix_h3
-import matrix_pairing as pairing
-import matrix_plots
-import matrix_stats as stats
+from analysis import h3, h5_windows, pairing, plots, stats
+from analysis import matrix as ma
 
 SMALLEST = 2.0
 """the registration's smallest difference that matters, in points"""
@@ -68,7 +64,7 @@ H4_WAITS = ("estimate", "tbd")
 H5_WAITS = ("estimate", "ablations")
 """the blocks whose runs H4 and H5 read besides their own: neither is shown before those are complete"""
 COST_VIEWS = ("equal update tokens", "equal wall time")
-"""a called family's contrasts again at equal cost (matrix_analysis.VIEWS), shown beside its calls and not tested:
+"""a called family's contrasts again at equal cost (analysis/matrix.py, VIEWS), shown beside its calls and not tested:
 the registration calls the AUC alone, and wall time is that of two runs at a time on a shared machine"""
 H5_LEVELS = ("prp", "xgrpo", "sgt")
 H5_ADAPTIVE = "cross-fidelity-adaptive"
@@ -106,7 +102,7 @@ def family(runs: list[dict], seeds: tuple[int, ...], contrasts: tuple, cfg: ma.A
     registered seed, "rows", its contrasts over their paired seeds with Holm within the family (each with its
     interval at the level Holm tests it at) and each called, "at_cost", the same contrasts at equal cost
     (COST_VIEWS), and "admission", each curated configuration's admissions per receiving policy
-    (matrix_analysis.admission). The registration calls a block when it is complete and has nobody look at its
+    (analysis/matrix.py, admission). The registration calls a block when it is complete and has nobody look at its
     outcomes before, so an incomplete family shows its counts alone."""
     names = dict.fromkeys(name for a, b, _ in contrasts for name in (a, b))
     by_config: dict[str, dict[int, dict]] = {name: {} for name in names}
@@ -246,10 +242,10 @@ def adaptive_path(adaptive: dict[int, dict], records: dict[int, dict], policy: s
         if records[seed]["commits"] != run["commits"]:
             raise ValueError(f"the record of {H5_ADAPTIVE}-s{seed} names commits {records[seed]['commits']}, its "
                              f"summary {run['commits']}: rewrite it from the summarized run (benchmarks/h5_path.py)")
-    windows = [h5_path.window_points(records[s]["received"][policy], run["policies"][policy]["reward_mean"])
+    windows = [h5_windows.window_points(records[s]["received"][policy], run["policies"][policy]["reward_mean"])
                for s, run in sorted(adaptive.items())]
     return [{"window": w + 1, "received": interval([seed[w][0] for seed in windows], cfg),
-             "variance": interval([seed[w][1] for seed in windows], cfg)} for w in range(h5_path.WINDOWS)]
+             "variance": interval([seed[w][1] for seed in windows], cfg)} for w in range(h5_windows.WINDOWS)]
 
 
 def load_records(folder: Path) -> dict[int, dict]:
@@ -265,10 +261,10 @@ def interval(values: list[float], cfg: ma.AnalysisConfig) -> tuple[float, float,
 
 
 def load_sets(root: Path) -> dict[str, list[dict]]:
-    """set -> its summaries, for each set folder of the matrix under `root` that holds any (matrix_analysis.load
+    """set -> its summaries, for each set folder of the matrix under `root` that holds any (analysis/matrix.py, load
     checks each), refused where the folders' commits span more than one class of metric-equivalent commits (the
     declarations of every folder read together); for each family's set registered on its own (not named
-    matrix*), its folder's summaries, at one class of commits of their own; and H3's sets (matrix_h3.SETS), at one
+    matrix*), its folder's summaries, at one class of commits of their own; and H3's sets (h3.SETS), at one
     class of commits of their own over all four."""
     matrix = [f for f in sorted(Path(root).glob("matrix*")) if f.is_dir() and f.name != "matrix-main"]
     folders = [f for f in matrix if any(ma.is_summary(p) for p in f.glob("*.json"))]
@@ -281,9 +277,9 @@ def load_sets(root: Path) -> dict[str, list[dict]]:
         folder = Path(root) / name      # a set registered on its own: its commits are a class of their own
         if any(ma.is_summary(p) for p in folder.glob("*.json")):
             sets[name] = ma.load(folder)
-    h3 = [Path(root) / name for name in matrix_h3.SETS.values()]     # H3's four sets: one class of their own
-    h3_declarations = [f / ma.EQUIVALENCE_FILE for f in h3]
-    return sets | one_class({f.name: ma.load(f, declarations=h3_declarations) for f in h3
+    h3_folders = [Path(root) / name for name in h3.SETS.values()]     # H3's four sets: one class of their own
+    h3_declarations = [f / ma.EQUIVALENCE_FILE for f in h3_folders]
+    return sets | one_class({f.name: ma.load(f, declarations=h3_declarations) for f in h3_folders
                              if any(ma.is_summary(p) for p in f.glob("*.json"))}, h3_declarations, "H3's sets")
 
 
@@ -322,7 +318,7 @@ def analyze(sets: dict[str, list[dict]], cfg: ma.AnalysisConfig = ma.AnalysisCon
     def waiting(blocks: tuple[str, ...]) -> list[str]:
         return [b for b in blocks if not families[b]["rows"]]
     return {"config": ma.asdict(cfg), "families": families, "h4": h4(sets, waiting(H4_WAITS)),
-            "h5": h5(sets.get("matrix", []), cfg, waiting(H5_WAITS), records), "h3": matrix_h3.analyze(sets, cfg)}
+            "h5": h5(sets.get("matrix", []), cfg, waiting(H5_WAITS), records), "h3": h3.analyze(sets, cfg)}
 
 
 def unpaired_lines(unpaired: dict[str, dict[int, str]], repaired: list[int], repair: tuple[int, ...]) -> list[str]:
@@ -399,14 +395,14 @@ def markdown(result: dict) -> str:
                   f"{p['received'][2]:.2f}] an iteration, reward variance {p['variance'][0]:.4f} "
                   f"[{p['variance'][1]:.4f}, {p['variance'][2]:.4f}]" for p in h["points"]]
         if h["points"] and h["path"]:
-            lines.append(f"  - {H5_ADAPTIVE}'s path over {h5_path.WINDOWS} windows of its iterations: " + "; ".join(
+            lines.append(f"  - {H5_ADAPTIVE}'s path over {h5_windows.WINDOWS} windows of its iterations: " + "; ".join(
                 f"{w['window']}: received {w['received'][0]:.2f} [{w['received'][1]:.2f}, {w['received'][2]:.2f}], "
                 f"variance {w['variance'][0]:.4f} [{w['variance'][1]:.4f}, {w['variance'][2]:.4f}]"
                 for w in h["path"]))
         elif h["points"]:
             lines.append(f"  - {H5_ADAPTIVE}'s path: not drawn before every seed's per-iteration record is in "
                          f"(benchmarks/h5_path.py)")
-    lines += ["", *matrix_h3.markdown(result["h3"])]
+    lines += ["", *h3.markdown(result["h3"])]
     return "\n".join(lines) + "\n"
 
 
@@ -420,5 +416,5 @@ def report(root: Path, cfg: ma.AnalysisConfig = ma.AnalysisConfig()) -> str:
     (out / "blocks.md").write_text(text)
     (out / "blocks.json").write_text(json.dumps(result, indent=1))
     if any(h["points"] for h in result["h5"]):
-        matrix_plots.h5_plane(result["h5"], out / "h5-plane.png")
+        plots.h5_plane(result["h5"], out / "h5-plane.png")
     return text
