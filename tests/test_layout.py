@@ -17,7 +17,7 @@ def is_demo(node: ast.AST) -> bool:
             and test.left.id == "__name__")
 
 
-PACKAGES = ("baselines", "testbed", "execution")
+PACKAGES = ("baselines", "testbed", "execution", "analysis")
 """the package folders, each a flat folder of modules"""
 
 
