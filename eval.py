@@ -15,9 +15,9 @@ policy's rollout and update tokens, so runs can be compared at an equal budget o
     python eval.py runs/A runs/B runs/C --out runs/compare     # side by side
     python eval.py runs/A --task gsm8k --data-dir data/gsm8k   # transfer: the last checkpoint on another task
     python eval.py runs/A runs/B --budget update_tokens=2e6     # accuracy once each run has spent the budget
-    python eval.py --matrix results/pilot                      # the comparison (analysis/matrix.py)        
+    python eval.py --matrix results/pilot                      # the comparison (analysis/matrix.py)
     python eval.py --matrix results/pilot results/matrix-main  # its seeds pooled with the matrix's main block
-    python eval.py --blocks results                            # blocks 2-6 and H3 (analysis/blocks.py)        
+    python eval.py --blocks results                            # blocks 2-6 and H3 (analysis/blocks.py)
 """
 
 from __future__ import annotations
