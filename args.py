@@ -68,7 +68,7 @@ class Args:
     """cross-fidelity: RSD repair with verified step credit where a step can be checked, or the intrinsic
     gradient-norm signal on every step"""
     ccm_estimate: str = diagnosis.CuratorConfig.ccm_estimate
-    """cross-fidelity: how R_k's gradient norms are taken (reachability.ccm_scope): exact = over every trainable
+    """cross-fidelity: how R_k's gradient norms are taken (grad_norms.ccm_scope): exact = over every trainable
     parameter; last:N = over the output layer (final norm and head, the head's call alone where it is tied to the
     embedding) and the last N blocks, which differentiates nothing below them (last:0: no block at all). Default
     last:2: at 11 registered seeds it cost no accuracy against exact (the matrix's block 2, docs/results.md) and

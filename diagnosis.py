@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import torch
 
 import boundary_drift
+import grad_norms
 import reachability
 import reward_drift
 import sharing
@@ -98,7 +99,7 @@ class CuratorConfig:
         if self.process_signal == "intrinsic" and "ccm" in self.ablate:
             raise ValueError("the intrinsic process signal is the CCM's gradient norms, which an ablated CCM does not "
                              "compute: use process_signal='vpr' with ablate ccm")
-        reachability.estimate_blocks(self.ccm_estimate)
+        grad_norms.estimate_blocks(self.ccm_estimate)
         if self.admission not in ADMISSIONS:
             raise ValueError(f"admission is one of {ADMISSIONS}, got {self.admission!r}")
 
@@ -310,7 +311,7 @@ class ReceiverSide:
         cfg, q, offers = self.cfg, self.receiver.policy, [self.offered[k] for k in positions]
         if not offers or "ccm" in cfg.ablate:
             return [o.diagnosis for o in offers], torch.zeros(0)
-        params, modules = reachability.ccm_scope(q.model, cfg.ccm_estimate)
+        params, modules = grad_norms.ccm_scope(q.model, cfg.ccm_estimate)
         prompt_ids = {b: q.encode_prompt(self.receiver.prompts[b]) for b in {o.prompt_index for o in offers}}
         items = [(prompt_ids[o.prompt_index], o.receiver_encoding.ids, o.ranges) for o in offers]
         norms = reachability.step_norms(q, items, params, modules)

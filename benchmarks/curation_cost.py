@@ -27,7 +27,7 @@ from transformers import AutoModelForCausalLM  # noqa: E402
 import diagnosis  # noqa: E402
 from args import Args  # noqa: E402
 import memory_estimate  # noqa: E402
-import reachability  # noqa: E402
+import grad_norms  # noqa: E402
 import shaped_models  # noqa: E402
 from testbed import costs, lora  # noqa: E402
 
@@ -52,7 +52,7 @@ def rows(model: torch.nn.Module, work: costs.Workload, offers: int, own: int, st
     seq = work.prompt_len + work.max_new_tokens
     out = {phase: f / 1e12 for phase, f in costs.iteration_flops(model, work).items()}
     for estimate in ESTIMATES:
-        parts = costs.curation_flops(model, reachability.ccm_scope(model, estimate), offers + own, offers, seq, steps)
+        parts = costs.curation_flops(model, grad_norms.ccm_scope(model, estimate), offers + own, offers, seq, steps)
         out[f"curation, {estimate}"] = sum(parts.values()) / 1e12
     return out
 

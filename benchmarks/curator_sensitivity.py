@@ -43,6 +43,7 @@ import diagnosis  # noqa: E402
 import fidelity_record  # noqa: E402
 import grpo  # noqa: E402
 from testbed import policies  # noqa: E402
+import grad_norms  # noqa: E402
 import reachability  # noqa: E402
 import reward_drift  # noqa: E402
 import sharing  # noqa: E402
@@ -207,7 +208,7 @@ def reach_stability(args: Args, redraws: int) -> list[float]:
     rng, out = random.Random(seed), []
     for receiver in experiences:
         q = receiver.policy
-        params, modules = reachability.ccm_scope(q.model, cfg.ccm_estimate)
+        params, modules = grad_norms.ccm_scope(q.model, cfg.ccm_estimate)
         offers = live_offers(it, receiver)
         norms = reachability.step_norms(q, [(q.encode_prompt(prompts[o.prompt_index]), o.receiver_encoding.ids, o.ranges)
                                             for o in offers], params, modules)

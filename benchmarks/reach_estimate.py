@@ -4,7 +4,7 @@
 
 For `--iterations` sampled iterations of the tiny pair per seed (its warmed-up policies, no update; seeds from
 2001 are used by no comparison), each receiver's offers that could matter are measured under each CCM estimate
-(reachability.ccm_scope), R calibrated on the iteration's own rollouts under the same estimate, as the curator
+(grad_norms.ccm_scope), R calibrated on the iteration's own rollouts under the same estimate, as the curator
 does. Against `exact`: the Spearman correlation of the steps' R_k and of the trajectories' CCM term, the share of
 offers whose band differs (every other term kept; scales and thresholds by the window rule on all the receiver's
 offers here, as term_scales.py does), the gradient norms' seconds (best of --repeats, one thread) and their
@@ -32,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from curator_sensitivity import bands_under, live_offers, load_pair, sampled_iteration  # noqa: E402
 from flop_rate import ATTENTION  # noqa: E402
 
+import grad_norms  # noqa: E402
 import reachability  # noqa: E402
 from args import Args  # noqa: E402
 
@@ -71,7 +72,7 @@ def measure(args: Args, iterations: int, estimates: list[str], repeats: int) -> 
             items = [(q.encode_prompt(it.prompts[o.prompt_index]), o.receiver_encoding.ids, o.ranges) for o in offers]
             own = reachability.own_steps(q, receiver.rollouts, it.task.step_spans, cfg.calibration_rollouts)
             for estimate in estimates:
-                params, modules = reachability.ccm_scope(q.model, estimate)
+                params, modules = grad_norms.ccm_scope(q.model, estimate)
 
                 def norms_of_both():
                     return (reachability.step_norms(q, items, params, modules),

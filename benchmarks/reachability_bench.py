@@ -28,6 +28,7 @@ from timing import best_of  # noqa: E402
 from testbed import arith  # noqa: E402
 from testbed import policies  # noqa: E402
 from testbed import presets  # noqa: E402
+import grad_norms  # noqa: E402
 import reachability  # noqa: E402
 from testbed import tiny  # noqa: E402
 
@@ -46,7 +47,7 @@ def main() -> None:
     policy = policies.load_tiny_policy(spec, cfg, seed=1, cache_dir=None, warmup_scale=args.warmup_scale)
     model = policy.model.to(device)
     policy.device = device
-    params = reachability.parameter_subset(model, "all")
+    params = grad_norms.parameter_subset(model, "all")
 
     def packed(trajectories) -> tuple[torch.Tensor, torch.Tensor, list]:
         input_ids, attention, spans = reachability.batch_inputs(trajectories, policy.tokenizer.pad_token_id)
@@ -61,13 +62,13 @@ def main() -> None:
         inputs = packed([(ids[:40], ids[40:], steps)])
 
         def batched() -> None:
-            reachability.step_grad_norms(model, *inputs, params)
+            grad_norms.step_grad_norms(model, *inputs, params)
 
         def loop() -> None:
-            reachability.step_grad_norms_loop(model, *inputs, params)
+            grad_norms.step_grad_norms_loop(model, *inputs, params)
 
         def summed() -> None:
-            losses, _ = reachability.step_losses(model, *inputs)
+            losses, _ = grad_norms.step_losses(model, *inputs)
             torch.autograd.grad(losses.sum(), params)
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
@@ -88,14 +89,14 @@ def main() -> None:
     one = None
     for rows in (1, 16, 32, 64):
         ms = 1e3 * best_of(max(1, args.repeats // 2),
-                           lambda: reachability.step_grad_norms(model, *solutions, params, rows_per_pass=rows))
+                           lambda: grad_norms.step_grad_norms(model, *solutions, params, rows_per_pass=rows))
         one = one or ms
         print(f"| {rows} | {ms:.0f} | {one / ms:.1f}x |")
 
     untrained = policies.Policy("untrained", tiny.tiny_model(spec.family, spec.tiny, len(policy.tokenizer), 99
                                                                  ).to(device), policy.tokenizer, use_chat_template=False)
-    own = reachability.step_grad_norms(model, *solutions, params)
-    foreign = reachability.step_grad_norms(model, *packed(reachability.solution_steps(policy, untrained, problems)),
+    own = grad_norms.step_grad_norms(model, *solutions, params)
+    foreign = grad_norms.step_grad_norms(model, *packed(reachability.solution_steps(policy, untrained, problems)),
                                            params)
     count = min(len(own), len(foreign))
     calibration = reachability.calibrate(own)

@@ -10,7 +10,7 @@ import torch
 
 import eval as evaluation
 import grpo
-import reachability
+import grad_norms
 import train
 from testbed import checkpoint, costs, lora, tiny
 from test_train import tiny_args
@@ -52,7 +52,7 @@ def test_lora_trains_only_the_adapters_and_the_reference_is_the_adapter_free_mod
     reference = lora.reference_policy(model)
     torch.testing.assert_close(reference(input_ids=ids).logits, original(input_ids=ids).logits, rtol=0, atol=1e-6)
     assert not torch.allclose(model(input_ids=ids).logits, original(input_ids=ids).logits, atol=1e-6)
-    assert set(map(id, reachability.parameter_subset(model, "lora"))) == \
+    assert set(map(id, grad_norms.parameter_subset(model, "lora"))) == \
         {id(p) for p in model.parameters() if p.requires_grad}
 
 
@@ -213,9 +213,9 @@ def test_curation_flops_count_what_the_gradient_norms_multiply(estimate, lora_ra
     rows, seq, steps = 5, 40, 4
     ids = torch.randint(1, len(tok), (rows, seq), generator=torch.Generator().manual_seed(0))
     spans = [[(16 + 6 * k, 22 + 6 * k) for k in range(steps - 1)] + [(34, seq)] for _ in range(rows)]
-    scope = reachability.ccm_scope(model, estimate)
+    scope = grad_norms.ccm_scope(model, estimate)
     with FlopCounterMode(display=False) as counter:
-        reachability.step_grad_norms(model, ids, torch.ones_like(ids), spans, *scope)
+        grad_norms.step_grad_norms(model, ids, torch.ones_like(ids), spans, *scope)
     modelled = costs.curation_flops(model, scope, diagnosed=rows, crossed=0, seq=seq, steps=steps)
     norms = sum(v for k, v in modelled.items() if k.startswith("norms"))
     assert norms == pytest.approx(counter.get_total_flops(), rel=0.1)

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import learner
+import grad_norms
 import reachability
 import sharing
 import tokalign
@@ -100,10 +101,10 @@ def test_smol_step_grad_norms_on_its_30_layers_equal_one_backward_per_step(smol,
     items = [solution_item(smol, q) for q in problems]
     inputs = reachability.batch_inputs(items, smol.tokenizer.pad_token_id)
     # every block's weights (the tied 49k x 576 embedding left out for time: tests/test_reachability.py checks it)
-    params = (reachability.parameter_subset(model, "lora") if lora_rank else
+    params = (grad_norms.parameter_subset(model, "lora") if lora_rank else
               [p for name, p in model.named_parameters() if ".layers." in name])
-    batched = reachability.step_grad_norms(model, *inputs, params)
-    loop = reachability.step_grad_norms_loop(model, *inputs, params)
+    batched = grad_norms.step_grad_norms(model, *inputs, params)
+    loop = grad_norms.step_grad_norms_loop(model, *inputs, params)
     assert len(batched) == sum(len(r) for _, _, r in items) == 3 and (batched > 0).all()
     torch.testing.assert_close(batched, loop, rtol=2e-3, atol=0)
 
