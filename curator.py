@@ -39,7 +39,7 @@ import grpo
 import reward_drift
 import sharing
 import term_scales
-from diagnosis import TERMS, CuratorConfig, Offer, ReceiverSide
+from diagnosis import TERMS, CuratorConfig, Offer, ReceiverSide, with_diagnoses
 from sharing import LEVELS
 from term_scales import admission_band
 from testbed import arith, policies, tasks
@@ -278,7 +278,7 @@ class Curator:
             features, predicted, prob, sure, skipped = self._predict(receiver, offers, inert, gaps, share)
         with timer("gradnorms"):
             measured = [k for k, (skip, idle) in enumerate(zip(skipped, inert)) if not skip and not idle]
-            self._measure(name, side, offers, measured)
+            offers = self._measure(name, side, offers, measured)
         with timer("scoring"):
             thetas, scores = self._score(name, offers, measured, levels)
         with timer("predictor_fit"):
@@ -302,15 +302,14 @@ class Curator:
                    "fidelity/time_s/curation": sum(timer.seconds.values())}
         return sharing.Received(received.advantages, received.crossings, metrics), records
 
-    def _measure(self, name: str, side: ReceiverSide, offers: list[Offer], measured: list[int]) -> None:
-        """The gradient norms of the offers at `measured`, R calibrated on the receiver's own norms of its last
-        `reach_window` iterations, which this iteration's own norms then join."""
+    def _measure(self, name: str, side: ReceiverSide, offers: list[Offer], measured: list[int]) -> list[Offer]:
+        """`offers` with those at `measured` diagnosed in full: their gradient norms, R calibrated on the receiver's
+        own norms of its last `reach_window` iterations, which this iteration's own norms then join."""
         window = self.own_norms[name]
         diagnoses, own = side.reach(measured, list(window)[len(window) - self.cfg.reach_window + 1:])
-        for k, d in zip(measured, diagnoses):     # the same objects in this process, copies from an actor
-            offers[k].diagnosis = d
         if own.numel():
             window.append(own)
+        return with_diagnoses(offers, dict(zip(measured, diagnoses)))
 
     def _score(self, name: str, offers: list[Offer], measured: list[int], levels: dict[str, int]
                ) -> tuple[dict[str, tuple[float, float]], list[Score | None]]:

@@ -28,7 +28,7 @@ and `cross` (the admitted offers with their repaired credit, which stay where th
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -120,9 +120,10 @@ def mean_or_zero(values: torch.Tensor) -> float:
     return finite.mean().item() if finite.numel() else 0.0
 
 
-@dataclass
+@dataclass(frozen=True)
 class Diagnosis:
-    """A trajectory's per-step diagnosis; NaN where a term is ablated or not computed."""
+    """A trajectory's per-step diagnosis; NaN where a term is ablated or not computed. A later measure (hidden TBD,
+    the gradient norms) gives a new diagnosis (`with_diagnoses`), never changes one."""
 
     tbd: torch.Tensor            # [K]
     rsd: torch.Tensor            # [K]  NaN on untyped lines
@@ -194,7 +195,7 @@ def make_offer(source: sharing.Experience, index: int, receiver: policies.Policy
                stats: dict[str, reward_drift.StepStats], tbd_measure: str = "credit") -> Offer | None:
     """The cheap diagnosis (TBD, RSD) of one rollout for one receiver; None when no step of it reaches the
     receiver's tokens (an empty completion, a lone cut byte, a text its tokenizer cannot spell). The hidden TBD
-    measure is filled in later, over all the iteration's offers (`measure_hidden_tbd`)."""
+    measure comes later, over all the iteration's offers (`with_hidden_tbd`)."""
     aligned = sharing.aligned_rollout(source, index, receiver)
     if aligned is None:
         return None
@@ -241,22 +242,27 @@ def repair_credit(offer: Offer, advantage: float, target: reward_drift.StepStats
     return tokens, credit_record(offer, advantage, steps, tokens, repairs)
 
 
-def measure_hidden_tbd(offers: list[Offer], receiver: sharing.Experience) -> None:
-    """The hidden TBD measure of every offer, cross-fitted per source on all its offers to this receiver
+def with_diagnoses(offers: list[Offer], diagnoses: dict[int, Diagnosis]) -> list[Offer]:
+    """`offers` with the diagnosis of each position in `diagnoses` replaced by that one."""
+    return [replace(o, diagnosis=diagnoses[k]) if k in diagnoses else o for k, o in enumerate(offers)]
+
+
+def with_hidden_tbd(offers: list[Offer], receiver: sharing.Experience) -> list[Offer]:
+    """`offers` with the hidden TBD measure, cross-fitted per source on all its offers to this receiver
     (boundary_drift.hidden_measure): the source's hidden states on its own tokens, which came with its experience
     (sharing.Experience.hidden), and the receiver's on its re-encoding."""
-    q = receiver.policy
+    q, measured = receiver.policy, {}
     for source in {id(o.source): o.source for o in offers}.values():
         if source.hidden is None:
             raise ValueError(f"{source.policy.name}'s experience came without its hidden states, which the hidden TBD "
                              "measure needs: make it with sharing.with_hidden_states")
-        from_source = [o for o in offers if o.source is source]
-        h_tgt = q.hidden_states([q.encode_prompt(receiver.prompts[o.prompt_index]) for o in from_source],
-                                [o.receiver_encoding.ids for o in from_source])
-        measured = boundary_drift.hidden_measure([(o.alignment, source.hidden[o.index], ht, o.steps)
-                                                  for o, ht in zip(from_source, h_tgt)])
-        for o, values in zip(from_source, measured):
-            o.diagnosis.tbd = values
+        from_source = [k for k, o in enumerate(offers) if o.source is source]
+        h_tgt = q.hidden_states([q.encode_prompt(receiver.prompts[offers[k].prompt_index]) for k in from_source],
+                                [offers[k].receiver_encoding.ids for k in from_source])
+        values = boundary_drift.hidden_measure([(offers[k].alignment, source.hidden[offers[k].index], ht,
+                                                 offers[k].steps) for k, ht in zip(from_source, h_tgt)])
+        measured.update({k: replace(offers[k].diagnosis, tbd=v) for k, v in zip(from_source, values)})
+    return with_diagnoses(offers, measured)
 
 
 FEATURES = ("tokens/50", "non-1:1 share", "steps/5", "reward", "|A|", "tbd", "rsd", "pair recent D",
@@ -299,7 +305,7 @@ class ReceiverSide:
                 else:
                     offers.append(offer)
         if offers and self.cfg.measures_hidden_tbd:
-            measure_hidden_tbd(offers, self.receiver)
+            offers = with_hidden_tbd(offers, self.receiver)
         self.offered = offers
         return offers, records
 
@@ -321,10 +327,10 @@ class ReceiverSide:
         if sample.numel() == 0:
             raise ValueError(f"{q.name}'s rollouts have no step to calibrate reachability on yet")
         calibration = reachability.calibrate(sample, cfg.reach_quantile, cfg.reach_zero_quantile)
-        for o, g in zip(offers, norms):
-            o.diagnosis.norms = g
-            o.diagnosis.reach = reachability.reachability(g, calibration)
-        return [o.diagnosis for o in offers], own
+        measured = [replace(o.diagnosis, norms=g, reach=reachability.reachability(g, calibration))
+                    for o, g in zip(offers, norms)]
+        self.offered = with_diagnoses(self.offered, dict(zip(positions, measured)))
+        return measured, own
 
     def cross(self, credit: dict[int, float], advantages: torch.Tensor, stats: reward_drift.StepStats
               ) -> tuple[dict[int, dict], sharing.Received]:

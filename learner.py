@@ -249,9 +249,7 @@ class PolicyWorker:
         """diagnosis.ReceiverSide.reach; each offer's norms in storage of their own, since a pickled view would
         carry every offer's."""
         diagnoses, own = self.side.reach(positions, window)
-        for d in diagnoses:
-            d.norms = d.norms.clone() if d.norms is not None else None
-        return diagnoses, own
+        return [replace(d, norms=d.norms.clone()) if d.norms is not None else d for d in diagnoses], own
 
     def cross(self, credit: dict[int, float], advantages: torch.Tensor, stats) -> tuple[dict, sharing.Received]:
         """diagnosis.ReceiverSide.cross; the crossings stay here, where the update trains on them."""

@@ -29,6 +29,7 @@ import json
 import math
 import random
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable, NamedTuple
 
@@ -218,9 +219,8 @@ def reach_stability(args: Args, redraws: int) -> list[float]:
 
         def bands(window: list[torch.Tensor]) -> list[int]:
             calibration = reachability.calibrate(torch.cat(window), cfg.reach_quantile, cfg.reach_zero_quantile)
-            for o, g_k in zip(offers, norms):
-                o.diagnosis.reach = reachability.reachability(g_k, calibration)
-            terms = [tuple(o.diagnosis.terms(cfg).tolist()) for o in offers]
+            terms = [tuple(replace(o.diagnosis, reach=reachability.reachability(g_k, calibration)).terms(cfg).tolist())
+                     for o, g_k in zip(offers, norms)]
             return bands_under(terms, terms, cfg.weights)
         base = bands(pool[:cfg.reach_window])
         changed = []

@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 import time
 from pathlib import Path
 
@@ -86,11 +87,11 @@ def measure(args: Args, iterations: int, estimates: list[str], repeats: int) -> 
                 with counter:
                     norms_of_both()
                 calibration = reachability.calibrate(own_norms, cfg.reach_quantile, cfg.reach_zero_quantile)
-                for o, g in zip(offers, norms):
-                    o.diagnosis.reach = reachability.reachability(g, calibration)
+                diagnoses = [replace(o.diagnosis, reach=reachability.reachability(g, calibration))
+                             for o, g in zip(offers, norms)]
                 key = (q.name, estimate)
-                out["rows"].setdefault(key, []).extend(tuple(o.diagnosis.terms(cfg).tolist()) for o in offers)
-                out["reach"].setdefault(key, []).extend(r for o in offers for r in o.diagnosis.reach.tolist())
+                out["rows"].setdefault(key, []).extend(tuple(d.terms(cfg).tolist()) for d in diagnoses)
+                out["reach"].setdefault(key, []).extend(r for d in diagnoses for r in d.reach.tolist())
                 out["seconds"][key] = out["seconds"].get(key, 0.0) + best
                 out["flops"][key] = out["flops"].get(key, 0.0) + counter.get_total_flops()
     return out

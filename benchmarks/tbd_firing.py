@@ -53,7 +53,7 @@ def offers_by_measure(experiences: list[sharing.Experience], task: tasks.Task, p
         rows = [{"credit": diagnosis.mean_or_zero(o.diagnosis.tbd), "jaccard": o.jaccard,
                  "hotspots": boundary_drift.boundary_hotspots(o.source_encoding, o.receiver_encoding, o.steps),
                  "text": o.source_encoding.data.decode("utf-8", errors="replace")} for o in offers]
-        diagnosis.measure_hidden_tbd(offers, receiver)
+        offers = diagnosis.with_hidden_tbd(offers, receiver)
         for row, o in zip(rows, offers):
             row["hidden"] = diagnosis.mean_or_zero(o.diagnosis.tbd)
             out.setdefault((o.source.policy.name, receiver.policy.name), []).append(row)
