@@ -579,20 +579,6 @@ def test_the_blocks_run_in_the_registered_order_and_a_shared_run_runs_once(repo,
     assert sorted(p.name for p in (repo / "results" / "t").iterdir()) == ["a-s7.json", "a-s8.json", "b-s8.json"]
 
 
-def test_direction_terms_by_hand():
-    import fidelity_record
-    nan = float("nan")
-    records = [{"source": "q", "receiver": "l", "D": 0.5, "dominant": "ccm", "terms": {"tbd": 0.0, "ccm": 0.6, "rsd": 0.2}},
-               {"source": "q", "receiver": "l", "D": 0.3, "dominant": "rsd", "terms": {"tbd": 0.1, "ccm": 0.2, "rsd": 0.4}},
-               {"source": "l", "receiver": "q", "D": 0.1, "dominant": "rsd", "terms": {"tbd": nan, "ccm": 0.0, "rsd": 0.3}},
-               {"source": "l", "receiver": "q", "level": "inert"}]                       # not diagnosed: left out
-    out = fidelity_record.direction_terms(records)
-    assert list(out) == ["l->q", "q->l"]
-    assert out["q->l"]["diagnosed"] == 2 and out["q->l"]["terms"] == pytest.approx({"tbd": 0.05, "ccm": 0.4, "rsd": 0.3})
-    assert out["q->l"]["dominant"] == {"tbd": 0.0, "ccm": 0.5, "rsd": 0.5}
-    assert math.isnan(out["l->q"]["terms"]["tbd"]) and out["l->q"]["terms"]["rsd"] == pytest.approx(0.3)
-
-
 def test_runs_of_a_seed_that_started_from_other_weights_are_left_out_of_the_contrast_and_named():
     runs = [summary(name, s, auc + s - 1001) for s in (1001, 1002, 1003, 1004)
             for name, auc in (("cross-fidelity", 43.0), ("sgt", 40.0), ("cross-fidelity-random", 41.0))]

@@ -13,7 +13,6 @@ import tyro
 
 import grpo
 import train
-import train_ray
 from args import Args
 from testbed import arith, checkpoint, metrics_log, policies, presets, tiny
 
@@ -251,16 +250,6 @@ def test_default_run_names_spell_out_the_settings_that_differ_from_their_default
         "qwen-llama-cross-fidelity-s1-prose-tbd-hidden-ablate-ccm-rsd-adaptive-lora16")
 
 
-@pytest.mark.parametrize("flags, flag", [(dict(theta1=0.3, theta2=0.2), "--theta1"),
-                                         (dict(fidelity_lambdas=(0.5, 0.5, 0.5)), "--fidelity-lambdas"),
-                                         (dict(ablate=("ccm",), process_signal="intrinsic"), "--process-signal"),
-                                         (dict(share="hacpo", epochs=2), "--epochs 1")])
-def test_settings_that_cannot_run_are_refused_as_the_arguments_are_parsed(tmp_path, flags, flag):
-    with pytest.raises(ValueError, match=flag):
-        Args(runs_dir=str(tmp_path), **flags)
-    assert not any(tmp_path.iterdir())
-
-
 def test_a_checkpoint_on_a_full_disk_says_so_and_an_unwritable_runs_folder_names_the_fix(tmp_path, monkeypatch):
     spec = presets.PRESETS["tiny"]["qwen-llama"][0]
     tok = tiny.tiny_tokenizer(spec.family)
@@ -276,17 +265,3 @@ def test_a_checkpoint_on_a_full_disk_says_so_and_an_unwritable_runs_folder_names
     monkeypatch.setattr(Path, "mkdir", read_only)
     with pytest.raises(OSError, match="Permission denied.*writable --runs-dir"):
         checkpoint.open_run(tmp_path / "runs" / "run", {}, resume=False)
-
-
-def test_every_train_command_of_the_readme_and_docs_parses(monkeypatch):
-    root = Path(__file__).resolve().parents[1]
-    readme = "\n".join(p.read_text() for p in [root / "README.md", *sorted((root / "docs").glob("*.md"))])
-    readme = readme.replace('$(python -c "from testbed import policies; print(policies.packaged_gguf())")',
-                            str(policies.packaged_gguf()))
-    blocks = "\n".join(re.findall(r"```bash\n(.*?)```", readme, re.S))
-    commands = [(script, line.split("#")[0].split(f"python {script}", 1)[1]) for line in blocks.splitlines()
-                for script in ("train.py", "train_ray.py") if f"python {script}" in line and "--help" not in line]
-    assert len(commands) > 10 and sum(script == "train_ray.py" for script, _ in commands) == 3
-    for script, command in commands:
-        args = tyro.cli(train_ray.RayArgs if script == "train_ray.py" else Args, args=shlex.split(command))
-        assert args.share_config and args.curator_config

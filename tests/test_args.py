@@ -1,0 +1,37 @@
+"""The command line (args.py): settings that cannot run are refused as they are parsed, and every train command
+the README and the docs show parses."""
+
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+import tyro
+
+import train_ray
+from args import Args
+from testbed import policies
+
+
+@pytest.mark.parametrize("flags, flag", [(dict(theta1=0.3, theta2=0.2), "--theta1"),
+                                         (dict(fidelity_lambdas=(0.5, 0.5, 0.5)), "--fidelity-lambdas"),
+                                         (dict(ablate=("ccm",), process_signal="intrinsic"), "--process-signal"),
+                                         (dict(share="hacpo", epochs=2), "--epochs 1")])
+def test_settings_that_cannot_run_are_refused_as_the_arguments_are_parsed(tmp_path, flags, flag):
+    with pytest.raises(ValueError, match=flag):
+        Args(runs_dir=str(tmp_path), **flags)
+    assert not any(tmp_path.iterdir())
+
+
+def test_every_train_command_of_the_readme_and_docs_parses(monkeypatch):
+    root = Path(__file__).resolve().parents[1]
+    readme = "\n".join(p.read_text() for p in [root / "README.md", *sorted((root / "docs").glob("*.md"))])
+    readme = readme.replace('$(python -c "from testbed import policies; print(policies.packaged_gguf())")',
+                            str(policies.packaged_gguf()))
+    blocks = "\n".join(re.findall(r"```bash\n(.*?)```", readme, re.S))
+    commands = [(script, line.split("#")[0].split(f"python {script}", 1)[1]) for line in blocks.splitlines()
+                for script in ("train.py", "train_ray.py") if f"python {script}" in line and "--help" not in line]
+    assert len(commands) > 10 and sum(script == "train_ray.py" for script, _ in commands) == 3
+    for script, command in commands:
+        args = tyro.cli(train_ray.RayArgs if script == "train_ray.py" else Args, args=shlex.split(command))
+        assert args.share_config and args.curator_config

@@ -1,0 +1,39 @@
+"""The fidelity record's summaries (fidelity_record.py) by hand: a term's sensitivity and saturation, the terms per
+direction that H4 reads."""
+
+import math
+
+import pytest
+
+import fidelity_record
+
+
+def test_sensitivity_and_saturation_by_hand():
+    # three offers, thresholds (0.3, 0.6), CCM weight 1/3; CCM's scaled values 0, 0.5, 1 -> p10 0.1, p90 0.9:
+    # moving CCM from 0.1 to 0.9 adds 0.267 to D
+    def record(d, ccm, steps):
+        return {"D": d, "theta": [0.3, 0.6], "scaled": {"tbd": 0.5, "ccm": ccm, "rsd": 0.5},
+                "terms": {"tbd": 0.0, "ccm": sum(steps) / len(steps), "rsd": 0.4},
+                "steps": [{"tbd": 0.0, "ccm": s, "rsd": None} for s in steps]}
+    records = [record(0.25, 0.0, [0.1]), record(0.5, 0.5, [1.0, 0.2]), record(0.8, 1.0, [1.0, 1.0])]
+    out = fidelity_record.sensitivity(records, {"tbd": 0.0, "ccm": 1 / 3, "rsd": 1 / 3})
+    # D at (p10, p90): 0.283 / 0.55 (PRP -> XGRPO), 0.367 / 0.633 (XGRPO -> SGT), 0.5 / 0.767 (XGRPO -> SGT)
+    assert out["ccm"]["moved"] == pytest.approx(1.0) and "tbd" not in out
+    assert out["ccm"]["saturated"] == pytest.approx(1 / 3)       # the third: every step at its cap
+    assert out["rsd"]["moved"] == 0.0                            # every offer at the same RSD: p10 = p90
+    # at the top of its scale a term cannot get worse either, whatever its steps: RSD scaled to 1 on one offer
+    records[0]["scaled"]["rsd"] = 1.0
+    assert fidelity_record.sensitivity(records, {"tbd": 0.0, "ccm": 1 / 3, "rsd": 1 / 3})["rsd"]["saturated"] == 1 / 3
+
+
+def test_direction_terms_by_hand():
+    nan = float("nan")
+    records = [{"source": "q", "receiver": "l", "D": 0.5, "dominant": "ccm", "terms": {"tbd": 0.0, "ccm": 0.6, "rsd": 0.2}},
+               {"source": "q", "receiver": "l", "D": 0.3, "dominant": "rsd", "terms": {"tbd": 0.1, "ccm": 0.2, "rsd": 0.4}},
+               {"source": "l", "receiver": "q", "D": 0.1, "dominant": "rsd", "terms": {"tbd": nan, "ccm": 0.0, "rsd": 0.3}},
+               {"source": "l", "receiver": "q", "level": "inert"}]                       # not diagnosed: left out
+    out = fidelity_record.direction_terms(records)
+    assert list(out) == ["l->q", "q->l"]
+    assert out["q->l"]["diagnosed"] == 2 and out["q->l"]["terms"] == pytest.approx({"tbd": 0.05, "ccm": 0.4, "rsd": 0.3})
+    assert out["q->l"]["dominant"] == {"tbd": 0.0, "ccm": 0.5, "rsd": 0.5}
+    assert math.isnan(out["l->q"]["terms"]["tbd"]) and out["l->q"]["terms"]["rsd"] == pytest.approx(0.3)
