@@ -30,7 +30,6 @@ from pathlib import Path
 import torch
 
 import fidelity_record
-from analysis import blocks, matrix, review
 from analysis.curves import reward_variance
 from testbed import arith, checkpoint, policies, presets, tasks
 
@@ -287,7 +286,8 @@ if __name__ == "__main__":
     parser.add_argument("--budget", default=None, help=f"COST=VALUE, COST one of {', '.join(COSTS)}: each run's "
                         "held-out accuracy at its last evaluation within that budget")
     cli = parser.parse_args()
-    if cli.matrix or cli.blocks:
+    if cli.matrix or cli.blocks:   # the analysis of summaries: runs' evaluation and reports do not need it
+        from analysis import blocks, matrix, review
         print(matrix.report(cli.matrix) if cli.matrix else blocks.report(cli.blocks) + "\n" + review.report(cli.blocks))
         raise SystemExit
     if not cli.runs:

@@ -28,7 +28,8 @@ from analysis.sets import H3_CONFIGURATIONS, H3_SEEDS
 
 GROUPINGS = ("trio", "qwen-llama", "qwen-mistral", "llama-mistral")
 SETS = {grouping: f"h3-{grouping}" for grouping in GROUPINGS}
-"""each grouping of the trio's policies and the set that runs it (analysis/sets.py, SETS), its summaries in results/SET"""
+"""each grouping of the trio's policies and the set that runs it (analysis/sets.py, SETS), its summaries in
+results/SET"""
 POLICIES = ("qwen", "llama", "mistral")
 BASELINE = "none"
 CONFIGURATIONS = tuple(c for c in H3_CONFIGURATIONS if c != BASELINE)

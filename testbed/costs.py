@@ -181,11 +181,11 @@ def curation_flops(model: torch.nn.Module, scope: tuple[list, list | None], diag
     """FLOPs of one receiver's curation in one iteration, beside `iteration_flops`: CCM's per-step gradient norms
     over `diagnosed` trajectories (peer offers and the receiver's own calibration rollouts) of `seq` tokens and
     `steps` steps each, over `scope` (a CCM estimate's parameters and modules, grad_norms.ccm_scope), and the
-    receiver's forward over the `crossed` offers whose tokens it trains on. The norms (grad_norms._rows_sq_norms) cost a forward over every matrix;
-    a backward batched over the steps, each step's cotangent multiplying every matrix it passes through once
-    (activation gradients only: the scope's matrices and, for `exact`, all below them to the lowest trained
-    one); and per weight of the scope the cheaper of its ghost norm, T^2 (steps out + in), and its formed
-    per-step gradients, steps T out in. Attention's own products, the diagnosis's bookkeeping and the norm
+    receiver's forward over the `crossed` offers whose tokens it trains on. The norms (grad_norms._rows_sq_norms)
+    cost a forward over every matrix; a backward batched over the steps, each step's cotangent multiplying every
+    matrix it passes through once (activation gradients only: the scope's matrices and, for `exact`, all below
+    them to the lowest trained one); and per weight of the scope the cheaper of its ghost norm, T^2 (steps out +
+    in), and its formed per-step gradients, steps T out in. Attention's own products, the diagnosis's bookkeeping and the norm
     layers are left out, as in `iteration_flops`."""
     multiplying, (params, modules) = multiplying_parameters(model), scope
     scoped = {id(p) for p in params}

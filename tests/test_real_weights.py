@@ -199,8 +199,8 @@ def test_real_weights_resume_equals_an_uninterrupted_run(tmp_path, cache_dir, sm
     a, b = (torch.load(run / "checkpoints" / "iter-000002" / "llama.pt")["model"] for run in (whole, extended))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     # the training lines: the shorter run also evaluated at its last iteration
-    strip = lambda run: [metrics_log.timeless(r) for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())
-                         if "charts/reward_mean" in r]
+    strip = lambda run: [metrics_log.timeless(r) for r in map(json.loads, (run / "metrics.jsonl").read_text()
+                                                              .splitlines()) if "charts/reward_mean" in r]
     assert strip(whole) == strip(extended)
     for run in (whole, extended):
         shutil.rmtree(run / "checkpoints")
