@@ -331,6 +331,12 @@ def unpaired_lines(unpaired: dict[str, dict[int, str]], repaired: list[int], rep
     return lines
 
 
+def heading(block: str, f: dict) -> str:
+    """A family's heading: its set, its registered seeds and the repair seeds it reads."""
+    repair = f", and repair seed {', '.join(map(str, f['repaired']))}" if f["repaired"] else ""
+    return f"## {block} (set {f['set']}, registered seeds {f['seeds'][0]}-{f['seeds'][1]}{repair})\n"
+
+
 def markdown(result: dict) -> str:
     lines = ["# The matrix, blocks 2-6: the analysis of its run summaries\n",
              "Primary metric: area under the held-out greedy curve, points; paired differences seed by seed, "
@@ -339,7 +345,7 @@ def markdown(result: dict) -> str:
              "registered bootstrap p and the t interval beside its percentile interval are descriptive.\n"]
     for block, f in result["families"].items():
         seeds = f["seeds"][1] - f["seeds"][0] + 1
-        lines.append(f"## {block} (set {f['set']}, seeds {f['seeds'][0]}-{f['seeds'][1]})\n")
+        lines.append(heading(block, f))
         if f["rows"]:
             lines += ["| contrast | policy | per-seed difference | mean | 95% interval | t interval | p | sign-flip p "
                       "| Holm p | interval at Holm's level | verdict |", "|---" * 11 + "|"]

@@ -133,6 +133,9 @@ def test_a_seed_whose_runs_started_from_other_weights_is_left_out_named_and_rest
     assert repaired["repaired"] == [1031]
     assert set(rows_of(repaired)["cross-fidelity-last2 - cross-fidelity", "p"]["differences"]) == (
         set(seeds) - {1011}) | {1031}
+    # the heading names the repair seed it reads beside the registered ones
+    assert mb.heading("estimate", {**repaired, "set": "s", "seeds": (seeds[0], seeds[-1])}) == (
+        f"## estimate (set s, registered seeds {seeds[0]}-{seeds[-1]}, and repair seed 1031)\n")
     # a repair seed not yet run in full is not read
     partial = [r for r in runs if not (r["seed"] == 1031 and r["configuration"] == "sgt")]
     assert mb.family(partial, seeds, contrasts, cfg, repair=(1031,))["repaired"] == []
