@@ -186,14 +186,20 @@ def plane_point(run: dict, policy: str) -> tuple[float, float]:
     return mine["crossed"].get("sharing/received", 0.0), mine["reward_variance"]
 
 
-def dominates(x: dict[int, dict], y: dict[int, dict], policy: str, cfg: ma.AnalysisConfig) -> bool:
-    """Whether runs x (seed -> summary) dominate runs y in the plane: more received per iteration and less reward
-    variance, each paired difference's 95% interval excluding 0, over the seeds where they are paired."""
+def plane_gap(x: dict[int, dict], y: dict[int, dict], policy: str, cfg: ma.AnalysisConfig) -> dict:
+    """Runs x (seed -> summary) less runs y in the plane, over the seeds where they are paired: "received" and
+    "variance", each (mean, low, high) with its 95% bootstrap interval, and the variance differences' exact
+    sign-flip p (descriptive)."""
     seeds = pairing.paired_seeds(x, y, cfg.pair_by_start)
+    received, variance = ([plane_point(x[s], policy)[k] - plane_point(y[s], policy)[k] for s in seeds] for k in (0, 1))
+    return {"seeds": len(seeds), "received": interval(received, cfg), "variance": interval(variance, cfg),
+            "variance_sign_flip_p": stats.sign_flip_p(variance)}
 
-    def gap(k: int) -> tuple[float, float, float]:
-        return interval([plane_point(x[s], policy)[k] - plane_point(y[s], policy)[k] for s in seeds], cfg)
-    return gap(0)[1] > 0 and gap(1)[2] < 0
+
+def dominates(gap: dict) -> bool:
+    """Whether a plane_gap's x dominates its y: more received per iteration and less reward variance, each paired
+    difference's 95% interval excluding 0."""
+    return gap["received"][1] > 0 and gap["variance"][2] < 0
 
 
 def h5(runs: list[dict], cfg: ma.AnalysisConfig, waiting: list[str] = (), records: dict[int, dict] | None = None
@@ -214,8 +220,8 @@ def h5(runs: list[dict], cfg: ma.AnalysisConfig, waiting: list[str] = (), record
     for policy in (list(runs[0]["policies"]) if runs else []):
         if short or waiting:
             counts = ", ".join(f"{c} on {n} of {len(H5_SEEDS)} seeds" for c, n in short.items())
-            out.append({"policy": policy, "points": [], "path": [], "verdict": f"incomplete: {counts}" if short
-                        else f"waits for block {', '.join(waiting)}"})
+            verdict = f"incomplete: {counts}" if short else f"waits for block {', '.join(waiting)}"
+            out.append({"policy": policy, "points": [], "gaps": [], "path": [], "verdict": verdict})
             continue
         points = []
         for c in (*H5_LEVELS, H5_ADAPTIVE):
@@ -223,12 +229,13 @@ def h5(runs: list[dict], cfg: ma.AnalysisConfig, waiting: list[str] = (), record
             points.append({"configuration": c, "received": interval(list(received), cfg),
                            "variance": interval(list(variance), cfg)})
         adaptive = by_config[H5_ADAPTIVE]
-        beaten = [c for c in H5_LEVELS if dominates(by_config[c], adaptive, policy, cfg)]
-        beats = [c for c in H5_LEVELS if dominates(adaptive, by_config[c], policy, cfg)]
+        gaps = {c: plane_gap(by_config[c], adaptive, policy, cfg) for c in H5_LEVELS}
+        beaten = [c for c in H5_LEVELS if dominates(gaps[c])]
+        beats = [c for c in H5_LEVELS if dominates(plane_gap(adaptive, by_config[c], policy, cfg))]
         verdict = (f"refuted (dominated by {', '.join(beaten)})" if beaten else
                    f"supported (dominates {', '.join(beats)})" if beats else "not resolved")
-        out.append({"policy": policy, "points": points, "path": adaptive_path(adaptive, records or {}, policy, cfg),
-                    "verdict": verdict})
+        out.append({"policy": policy, "points": points, "gaps": [{"configuration": c, **g} for c, g in gaps.items()],
+                    "path": adaptive_path(adaptive, records or {}, policy, cfg), "verdict": verdict})
     return out
 
 
@@ -400,6 +407,10 @@ def markdown(result: dict) -> str:
         lines += [f"  - {p['configuration']}: received {p['received'][0]:.2f} [{p['received'][1]:.2f}, "
                   f"{p['received'][2]:.2f}] an iteration, reward variance {p['variance'][0]:.4f} "
                   f"[{p['variance'][1]:.4f}, {p['variance'][2]:.4f}]" for p in h["points"]]
+        lines += [f"  - {g['configuration']} less {H5_ADAPTIVE}, paired over {g['seeds']} seeds: received "
+                  f"{g['received'][0]:+.2f} [{g['received'][1]:+.2f}, {g['received'][2]:+.2f}], reward variance "
+                  f"{g['variance'][0]:+.5f} [{g['variance'][1]:+.5f}, {g['variance'][2]:+.5f}] (exact sign-flip p "
+                  f"{stats.p_text(g['variance_sign_flip_p'])}, descriptive)" for g in h["gaps"]]
         if h["points"] and h["path"]:
             lines.append(f"  - {H5_ADAPTIVE}'s path over {h5_windows.WINDOWS} windows of its iterations: " + "; ".join(
                 f"{w['window']}: received {w['received'][0]:.2f} [{w['received'][1]:.2f}, {w['received'][2]:.2f}], "

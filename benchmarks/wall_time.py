@@ -180,7 +180,7 @@ def main() -> None:
     print("\nall configurations: " + ", ".join(f"{label} {t:.0f} s" for label, t in totals.items())
           + (f" (after / before {totals['after'] / totals['before']:.2f})" if args.before else ""))
     args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"wall-time-s{args.seed}.json"
+    path = args.out / f"wall-time-s{args.seed}-{args.iterations}it.json"
     path.write_text(json.dumps({"seed": args.seed, "iterations": args.iterations, "before": args.before,
                                 "train_args": args.train_args, "runs": results}, indent=1) + "\n")
     print(f"written to {path}")

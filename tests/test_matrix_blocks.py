@@ -258,7 +258,7 @@ def test_h5_calls_adaptive_curation_by_dominance_in_the_plane_once_every_level_r
     base = [plane_run(name, s, received, variance) for s in seeds
             for name, received, variance in (("prp", 2.0 + s % 2, 0.030), ("xgrpo", 5.0 + s % 2, 0.030))]
     sgt = [plane_run("sgt", s, 9.0 + s % 2, 0.025 + 0.001 * (s % 2)) for s in seeds]
-    assert mb.h5(base + sgt, cfg)[0] == {"policy": "p", "points": [], "path": [], "verdict":
+    assert mb.h5(base + sgt, cfg)[0] == {"policy": "p", "points": [], "gaps": [], "path": [], "verdict":
                                          "incomplete: cross-fidelity-adaptive on 0 of 6 seeds"}
     # adaptive receives more than prp with less variance, seed by seed: it dominates prp, and no level dominates it
     adaptive = [plane_run(mb.H5_ADAPTIVE, s, 4.0 + s % 2, 0.022 + 0.001 * (s % 3)) for s in seeds]
@@ -268,13 +268,21 @@ def test_h5_calls_adaptive_curation_by_dominance_in_the_plane_once_every_level_r
     point = {x["configuration"]: x for x in p["points"]}["prp"]
     assert point["received"][0] == pytest.approx(2.5) and point["received"][1] <= 2.5 <= point["received"][2]
     assert point["variance"] == pytest.approx((0.030, 0.030, 0.030))
+    # prp less adaptive, seed by seed: received -2 on every seed, variance 0.030 - (0.022 + 0.001 * (s % 3)), all
+    # six above 0, so the exact sign-flip p is 2 / 2^6
+    gap = {g["configuration"]: g for g in p["gaps"]}["prp"]
+    assert gap["seeds"] == 6 and gap["received"] == pytest.approx((-2.0, -2.0, -2.0))
+    by_hand = [0.030 - (0.022 + 0.001 * (s % 3)) for s in seeds]
+    assert gap["variance"][0] == pytest.approx(sum(by_hand) / 6)
+    assert min(by_hand) <= gap["variance"][1] <= gap["variance"][0] <= gap["variance"][2] <= max(by_hand)
+    assert gap["variance_sign_flip_p"] == pytest.approx(2 / 64)
     # one that receives less than xgrpo and sgt, each seed, with more variance than both is dominated by both
     worse = [plane_run(mb.H5_ADAPTIVE, s, 3.0 + s % 2, 0.032 + 0.001 * (s % 3)) for s in seeds]
     assert mb.h5(base + sgt + worse, cfg)[0]["verdict"] == "refuted (dominated by xgrpo, sgt)"
     # more received than prp on average (+1) but not seed by seed (+3, -1, ...): its interval holds 0, no dominance
     mixed = [plane_run(mb.H5_ADAPTIVE, s, 2.0 + s % 2 + (3.0 if s % 2 else -1.0), 0.020) for s in seeds]
     assert mb.h5(base + sgt + mixed, cfg)[0]["verdict"] == "not resolved"
-    assert mb.h5(base + sgt + adaptive, cfg, ["ablations"])[0] == {"policy": "p", "points": [], "path": [],
+    assert mb.h5(base + sgt + adaptive, cfg, ["ablations"])[0] == {"policy": "p", "points": [], "gaps": [], "path": [],
                                                                   "verdict": "waits for block ablations"}
 
 
@@ -293,6 +301,8 @@ def test_a_computed_h5_is_reported_with_its_points_and_drawn_once_the_blocks_it_
     monkeypatch.setattr(mb, "H5_WAITS", ())
     text = mb.report(tmp_path, cfg)
     assert "  - prp: received 2.50 [" in text and "reward variance 0.0295 [" in text
+    assert f"  - prp less {mb.H5_ADAPTIVE}, paired over 6 seeds: received -2.00 [-2.00, -2.00], reward variance " \
+           "+0.00000 [+0.00000, +0.00000] (exact sign-flip p 1.000, descriptive)" in text
     assert (tmp_path / "matrix" / "h5-plane.png").stat().st_size > 0
 
 
