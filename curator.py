@@ -306,7 +306,8 @@ class Curator:
         """`offers` with those at `measured` diagnosed in full: their gradient norms, R calibrated on the receiver's
         own norms of its last `reach_window` iterations, which this iteration's own norms then join."""
         window = self.own_norms[name]
-        diagnoses, own = side.reach(measured, list(window)[len(window) - self.cfg.reach_window + 1:])
+        past = list(window)[max(0, len(window) - (self.cfg.reach_window - 1)):]     # this iteration's makes the window
+        diagnoses, own = side.reach(measured, past)
         if own.numel():
             window.append(own)
         return with_diagnoses(offers, dict(zip(measured, diagnoses)))

@@ -353,13 +353,14 @@ def test_calibration_steps_come_from_every_prompt():
 
 
 def test_reachability_is_calibrated_on_the_window_of_own_norms(monkeypatch):
-    # the curator keeps each receiver's own step norms of its last reach_window iterations and calibrates on all
+    # the curator calibrates R on each receiver's own step norms of its last reach_window iterations, this one's
+    # included: the window fills one iteration at a time, then slides
     seen = []
     calibrate = reachability.calibrate
     monkeypatch.setattr(reachability, "calibrate", lambda norms, *a: seen.append(len(norms)) or calibrate(norms, *a))
-    hand_exchange(diagnosis.CuratorConfig(theta1=0.9, theta2=0.95, reach_window=2, calibration_rollouts=2), iterations=3)
-    per_iteration = seen[0]                                     # llama's first: its own norms of iteration 1 alone
-    assert seen[::2] == [per_iteration, 2 * per_iteration, 2 * per_iteration]   # the same texts every iteration
+    hand_exchange(diagnosis.CuratorConfig(theta1=0.9, theta2=0.95, reach_window=4, calibration_rollouts=2), iterations=5)
+    n = seen[0]                                                 # llama's first: its own norms of iteration 1 alone
+    assert seen[::2] == [n, 2 * n, 3 * n, 4 * n, 4 * n]         # the same texts every iteration
 
 
 def logged_run(path: Path, thresholds: str, levels: list[int]) -> None:
