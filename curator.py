@@ -306,7 +306,7 @@ class Curator:
         """`offers` with those at `measured` diagnosed in full: their gradient norms, R calibrated on the receiver's
         own norms of its last `reach_window` iterations, which this iteration's own norms then join."""
         window = self.own_norms[name]
-        past = list(window)[max(0, len(window) - (self.cfg.reach_window - 1)):]     # this iteration's makes the window
+        past = list(window)[max(0, len(window) - (self.cfg.reach_window - 1)):]     # this iteration's completes it
         diagnoses, own = side.reach(measured, past)
         if own.numel():
             window.append(own)
