@@ -51,7 +51,7 @@ class Args:
     calibration_window: int = diagnosis.CuratorConfig.calibration_window
     """cross-fidelity: iterations of each receiver's diagnosed offers, the current one included, in its
     calibration sample"""
-    admission: Literal["diagnosis", "random"] = "diagnosis"
+    admission: Literal["diagnosis", "random"] = diagnosis.CuratorConfig.admission
     """cross-fidelity: each offer at the band of its diagnosis, or the control: the bands permuted at random among
     each source's offers of the iteration (same shares, same rescues)"""
     ccm_beta: float = diagnosis.CuratorConfig.ccm_beta

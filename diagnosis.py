@@ -136,10 +136,6 @@ class Diagnosis:
         out = torch.tensor([mean_or_zero(self.tbd), ccm, mean_or_zero(self.rsd)], dtype=torch.float64)
         return torch.where(torch.tensor([t in cfg.ablate for t in TERMS]), torch.full_like(out, math.nan), out)
 
-    def rsd_repairable(self, cfg: CuratorConfig) -> bool:
-        """VPR reaches every typed step; the intrinsic signal needs the gradient norms."""
-        return cfg.process_signal == "vpr" or self.norms is not None
-
 
 def step_credit(advantage: float, process: list[reward_drift.StepReward], diagnosis: Diagnosis,
                 target: reward_drift.StepStats, cfg: CuratorConfig) -> tuple[torch.Tensor, torch.Tensor]:

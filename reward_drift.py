@@ -151,6 +151,7 @@ if __name__ == "__main__":
     # Two tiny policies' step statistics side by side, and the drift of a few shared trajectories.
     import argparse
 
+    from diagnosis import mean_or_zero   # the curator's trajectory term: the mean over typed steps
     from testbed import policies
 
     cli = argparse.ArgumentParser(description="RSD demo on the tiny qwen-llama pair")
@@ -176,9 +177,6 @@ if __name__ == "__main__":
         na, nb = stats[a].counts(kind)[1], stats[b].counts(kind)[1]
         print(f"{kind:<6} {stats[a].success_rate(kind):>14.3f} {na:>6.0f} {stats[b].success_rate(kind):>14.3f} "
               f"{nb:>6.0f} {step_drift(stats[a], stats[b], kind):>16.4f} {step_drift(stats[b], stats[a], kind):>16.4f}")
-    def mean_bound(values: torch.Tensor) -> float:   # the curator's trajectory term: the mean over typed steps
-        typed = values[torch.isfinite(values)]
-        return typed.mean().item() if typed.numel() else 0.0
     for r in rewards[a][::4][:4]:  # one sample of each of four problems
         print(f"{a}'s trajectory {[s.type for s in r if s.type]} shared with {b}: "
-              f"RSD term = {mean_bound(rsd_steps(stats[a], stats[b], r)):.4f}")
+              f"RSD term = {mean_or_zero(rsd_steps(stats[a], stats[b], r)):.4f}")

@@ -42,8 +42,8 @@ from pathlib import Path
 from analysis import plots
 from analysis.curves import POINTS, area_under
 from analysis.pairing import paired_seeds, unpaired_seeds
-from analysis.stats import (bootstrap_means, bootstrap_p, holm, p_text, percentile_interval, sd_interval,
-                            sd_upper_bound, sign_flip_p, t_quantile)
+from analysis.stats import (bootstrap_means, bootstrap_p, fewest_seeds, holm, p_text, percentile_interval,
+                            sd_interval, sd_upper_bound, sign_flip_p, t_quantile)
 GRPO_BUDGETS = ("none", "none-g16")
 PRIMARY = (("cross-fidelity", "sgt"), ("cross-fidelity", "cross-fidelity-random"), ("cross-fidelity", GRPO_BUDGETS))
 """the pre-registered primary contrasts A - B (results/preregistration.md); a tuple B is the better of its
@@ -178,18 +178,12 @@ def paired_differences(a: dict[int, dict], b: dict[int, dict], policy: str, view
 # Seeds for the matrix
 # ---------------------------------------------------------------------------------------------------------------
 
-def seeds_for_power(sd: float, cfg: AnalysisConfig, most: int = 100_000) -> int:
+def seeds_for_power(sd: float, cfg: AnalysisConfig) -> int:
     """The fewest seeds (at least 2) whose paired t-test has power cfg.power against cfg.target at SD `sd`."""
     def enough(n: int) -> bool:
         quantiles = t_quantile(1 - cfg.alpha / 2, n - 1) + t_quantile(cfg.power, n - 1)
         return quantiles * sd / math.sqrt(n) <= cfg.target
-    if not enough(most):
-        raise ValueError(f"even {most} seeds lack power {cfg.power} against {cfg.target} at SD {sd}")
-    low, high = 2, most
-    while low < high:
-        middle = (low + high) // 2
-        low, high = (low, middle) if enough(middle) else (middle + 1, high)
-    return low
+    return fewest_seeds(enough)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -1,5 +1,6 @@
 """The statistics of the matrix's analyses: the percentile bootstrap over seeds and its p-value, the exact
-sign-flip test beside it, Holm's step-down correction, the chi-square interval of an SD and Student's t quantile.
+sign-flip test beside it, Holm's step-down correction, the chi-square interval of an SD, Student's t quantile and
+the fewest seeds that meet a precision or power.
 Each works on plain lists of paired differences (one per seed), so any analysis of summaries uses them the same
 way.
 """
@@ -7,6 +8,7 @@ way.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from functools import lru_cache
 
 import numpy as np
@@ -126,3 +128,15 @@ def t_quantile(p: float, dof: int, intervals: int = 1000) -> float:
         middle = (low + high) / 2
         low, high = (middle, high) if cdf(middle) < p else (low, middle)
     return (low + high) / 2
+
+
+def fewest_seeds(enough: Callable[[int], bool], most: int = 100_000) -> int:
+    """The fewest seeds n >= 2 for which `enough(n)` holds (it must hold for every larger n too), by bisection; an
+    error where even `most` seeds are not enough."""
+    if not enough(most):
+        raise ValueError(f"even {most} seeds are not enough")
+    low, high = 2, most
+    while low < high:
+        middle = (low + high) // 2
+        low, high = (low, middle) if enough(middle) else (middle + 1, high)
+    return low

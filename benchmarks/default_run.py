@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import shlex
 import shutil
@@ -27,6 +26,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import eval as evaluation  # noqa: E402
 
 
 def run_one(seed: int, threads: int, runs_dir: Path, train_args: list[str]) -> tuple[Path, float]:
@@ -43,21 +45,17 @@ def run_one(seed: int, threads: int, runs_dir: Path, train_args: list[str]) -> t
         return runs_dir / name, time.time() - started
 
 
-def standard_error(p: float, n: int) -> float:
-    return math.sqrt(p * (1 - p) / n)
-
-
-def rows(run_dir: Path, eval_size: int) -> list[str]:
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+def rows(run_dir: Path) -> list[str]:
+    """The table's rows of one run, a row a policy; standard errors over the held-out problems the run evaluated."""
+    records = evaluation.load_metrics(run_dir)
+    problems = json.loads((run_dir / "config.json").read_text())["eval_size"]
     out = []
     for policy in dict.fromkeys(r["policy"] for r in records):
-        mine = [r for r in records if r["policy"] == policy]
-        greedy = [r["eval/heldout_accuracy"] for r in mine if "eval/heldout_accuracy" in r]
-        sampled = [r["eval/heldout_sampled_accuracy"] for r in mine if "eval/heldout_sampled_accuracy" in r]
-        reward = [r["charts/reward_mean"] for r in mine if "charts/reward_mean" in r]
+        greedy, sampled, reward = ([v for _, v in evaluation.curve(records, policy, key)] for key in
+                                   ("eval/heldout_accuracy", "eval/heldout_sampled_accuracy", "charts/reward_mean"))
         first, last = reward[:20], reward[-20:]
-        out.append(f"| {run_dir.name} | {policy} | {greedy[0]:.3f} ± {standard_error(greedy[0], eval_size):.3f} "
-                   f"| {greedy[-1]:.3f} ± {standard_error(greedy[-1], eval_size):.3f} | {greedy[-1] - greedy[0]:+.3f} "
+        start, end = (f"{a:.3f} ± {evaluation.standard_error(a, problems):.3f}" for a in (greedy[0], greedy[-1]))
+        out.append(f"| {run_dir.name} | {policy} | {start} | {end} | {greedy[-1] - greedy[0]:+.3f} "
                    f"| {sampled[0]:.3f} → {sampled[-1]:.3f} "
                    f"| {sum(first) / len(first):.3f} → {sum(last) / len(last):.3f} |")
     return out
@@ -69,17 +67,16 @@ def main() -> None:
     cli.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     cli.add_argument("--jobs", type=int, default=2, help="runs at a time (mind the cores: jobs x threads)")
     cli.add_argument("--runs-dir", type=Path, default=ROOT / "runs" / "default-check")
-    cli.add_argument("--eval-size", type=int, default=500, help="held-out problems (train.py's --eval-size)")
     cli.add_argument("--train-args", default="", help="more train.py flags, one quoted string")
     args = cli.parse_args()
-    train_args = ["--eval-size", str(args.eval_size), *shlex.split(args.train_args)]
+    train_args = shlex.split(args.train_args)
     grid = [(s, t) for s in args.seeds for t in args.threads]
     with ThreadPoolExecutor(args.jobs) as pool:
         done = list(pool.map(lambda st: run_one(*st, args.runs_dir, train_args), grid))
     print("| run | policy | greedy start | greedy end | change | sampled start → end | train reward first 20 → "
           "last 20 |\n|---|---|---|---|---|---|---|")
     for run_dir, _ in done:
-        print("\n".join(rows(run_dir, args.eval_size)))
+        print("\n".join(rows(run_dir)))
     print("\n" + "\n".join(f"{run_dir.name}: {wall:.0f} s wall, warm-up included" for run_dir, wall in done))
 
 

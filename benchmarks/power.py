@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 import eval as evaluation  # noqa: E402
 from analysis.curves import area_under  # noqa: E402
 from analysis.sets import EVALUATION  # noqa: E402
-from analysis.stats import t_quantile  # noqa: E402
+from analysis.stats import fewest_seeds, t_quantile  # noqa: E402
 
 TESTBEDS = {
     "default": [],
@@ -101,17 +101,9 @@ def half_width(sd: float, seeds: int, level: float = 0.95) -> float:
     return t_quantile((1 + level) / 2, seeds - 1) * sd / math.sqrt(seeds)
 
 
-def seeds_needed(sd: float, target: float = 0.02, level: float = 0.95, most: int = 100_000) -> int:
+def seeds_needed(sd: float, target: float, level: float = 0.95) -> int:
     """The fewest seeds whose `level` half-width on a paired mean difference is at most `target`."""
-    if sd == 0:
-        return 2
-    low, high = 2, most
-    if half_width(sd, high, level) > target:
-        raise ValueError(f"even {most} seeds give a half-width above {target} at SD {sd}")
-    while low < high:
-        middle = (low + high) // 2
-        low, high = (low, middle) if half_width(sd, middle, level) <= target else (middle + 1, high)
-    return low
+    return fewest_seeds(lambda n: half_width(sd, n, level) <= target)
 
 
 def paired_summary(differences: list[float], target: float = 0.02) -> dict[str, float]:

@@ -32,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from curator_sensitivity import bands_under, live_offers, load_pair, sampled_iteration  # noqa: E402
 from flop_rate import ATTENTION  # noqa: E402
+from premise_stats import spearman  # noqa: E402
 
 import grad_norms  # noqa: E402
 import reachability  # noqa: E402
@@ -39,24 +40,6 @@ from args import Args  # noqa: E402
 
 AGREEMENT = 0.85
 """the share of diagnosed offers whose band a cheap estimate must keep, for every receiver (the choice rule)"""
-
-
-def average_ranks(values: list[float]) -> torch.Tensor:
-    """[N] the rank of each value, ties given the mean of their ranks."""
-    v = torch.tensor(values, dtype=torch.float64)
-    order = torch.argsort(v, stable=True)
-    ranks = torch.empty_like(v)
-    ranks[order] = torch.arange(len(v), dtype=torch.float64)
-    for value in v.unique():
-        tied = v == value
-        ranks[tied] = ranks[tied].mean()
-    return ranks
-
-
-def spearman(a: list[float], b: list[float]) -> float:
-    ra, rb = average_ranks(a), average_ranks(b)
-    ra, rb = ra - ra.mean(), rb - rb.mean()
-    return (ra @ rb / (ra.norm() * rb.norm())).item() if ra.norm() > 0 and rb.norm() > 0 else float("nan")
 
 
 def measure(args: Args, iterations: int, estimates: list[str], repeats: int) -> dict:

@@ -22,18 +22,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 from analysis import matrix as matrix_analysis  # noqa: E402
-
-
-T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228)
-"""Student's t 97.5% quantiles for 1..10 degrees of freedom (standard tables)"""
-
-
-def t975(df: int) -> float:
-    """Student's t 97.5% quantile: the table, then the Cornish-Fisher expansion about the normal's 1.96."""
-    if df <= len(T975):
-        return T975[df - 1]
-    z = 1.959964
-    return z + (z ** 3 + z) / (4 * df) + (5 * z ** 5 + 16 * z ** 3 + 3 * z) / (96 * df ** 2)
+from analysis.stats import t_quantile  # noqa: E402
 
 
 def by_seed(folder: Path) -> dict[int, dict]:
@@ -50,7 +39,7 @@ def check(before: dict[int, dict], after: dict[int, dict]) -> list[dict]:
         a = np.array([matrix_analysis.primary_metric(before[s], policy) for s in seeds])
         b = np.array([matrix_analysis.primary_metric(after[s], policy) for s in seeds])
         diff = b - a
-        half = t975(len(seeds) - 1) * diff.std(ddof=1) / np.sqrt(len(seeds))
+        half = t_quantile(0.975, len(seeds) - 1) * diff.std(ddof=1) / np.sqrt(len(seeds))
         rows.append({"policy": policy, "seeds": seeds, "before": a.tolist(), "after": b.tolist(),
                      "sd_before": a.std(ddof=1), "sd_after": b.std(ddof=1), "difference": diff.mean(),
                      "interval": (diff.mean() - half, diff.mean() + half), "moved": abs(diff.mean()) > half})
