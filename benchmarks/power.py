@@ -72,21 +72,16 @@ def train_run(name: str, flags: list[str], iterations: int, runs_dir: Path) -> t
 
 def curve_end(run_dir: Path) -> int:
     """The last iteration a run evaluated at, 0 for none."""
-    path = run_dir / "metrics.jsonl"
-    if not path.exists():
+    if not (run_dir / "metrics.jsonl").exists():
         return 0
-    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return max((r["iteration"] for r in records if "eval/heldout_accuracy" in r), default=0)
+    return max((r["iteration"] for r in evaluation.load_metrics(run_dir) if "eval/heldout_accuracy" in r), default=0)
 
 
 def held_out_curves(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
     """Per policy, (iteration, greedy pass@1) at every evaluation, in order."""
-    curves: dict[str, list[tuple[int, float]]] = {}
-    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
-        record = json.loads(line)
-        if "eval/heldout_accuracy" in record:
-            curves.setdefault(record["policy"], []).append((record["iteration"], record["eval/heldout_accuracy"]))
-    return curves
+    records = evaluation.load_metrics(run_dir)
+    return {policy: evaluation.curve(records, policy, "eval/heldout_accuracy")
+            for policy in dict.fromkeys(r["policy"] for r in records)}
 
 
 def accuracy_at(curve: list[tuple[int, float]], iteration: int) -> float:
