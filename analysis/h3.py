@@ -24,9 +24,8 @@ import numpy as np
 
 from analysis import matrix as ma
 from analysis import pairing, stats
-from analysis.sets import H3_CONFIGURATIONS, H3_SEEDS
+from analysis.sets import H3_CONFIGURATIONS, H3_GROUPINGS as GROUPINGS, H3_SEEDS
 
-GROUPINGS = ("trio", "qwen-llama", "qwen-mistral", "llama-mistral")
 SETS = {grouping: f"h3-{grouping}" for grouping in GROUPINGS}
 """each grouping of the trio's policies and the set that runs it (analysis/sets.py, SETS), its summaries in
 results/SET"""

@@ -39,7 +39,7 @@ import eval as evaluation  # noqa: E402
 import fidelity_record  # noqa: E402
 import power  # noqa: E402
 from analysis.curves import reward_variance  # noqa: E402
-from analysis.sets import DESCRIPTIVE, H3_CONFIGURATIONS, H3_SEEDS, SETS  # noqa: E402
+from analysis.sets import DESCRIPTIVE, H3_CONFIGURATIONS, H3_GROUPINGS, H3_SEEDS, SETS  # noqa: E402
 from testbed import checkpoint  # noqa: E402
 
 BLOCKS = {
@@ -52,8 +52,7 @@ BLOCKS = {
                "matrix-h4-qwen-qwen-line", "matrix-h4-qwen-qwen-prose", "matrix-h4-qwen-llama-prose")),
            ("matrix-h4-trio-line", ("cross-fidelity",), range(1009, 1011))],
     "tbd": [("matrix-trio-prose", ("cross-fidelity", "cross-fidelity-ablate-tbd"), range(1009, 1012))],
-    "h3": [(f"h3-{grouping}", tuple(H3_CONFIGURATIONS), (seed,)) for seed in H3_SEEDS
-           for grouping in ("trio", "qwen-llama", "qwen-mistral", "llama-mistral")],
+    "h3": [(f"h3-{grouping}", tuple(H3_CONFIGURATIONS), (seed,)) for seed in H3_SEEDS for grouping in H3_GROUPINGS],
 }
 """the matrix's blocks 2-6 in the order they run, each a list of (set, configurations, seeds): a (configuration,
 seed) two blocks share runs once. Block 1 runs the pilot's set at the pilot's commit (the registration). H3, a
