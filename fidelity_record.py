@@ -1,5 +1,6 @@
 """The fidelity record: what curation writes per offered trajectory (fidelity.jsonl) and per receiver and iteration
-(the fidelity/ metrics), and the report that reads a run's record back (report.md's fidelity section).
+(the fidelity/ metrics), and the report that reads a run's record back (report.md's fidelity section). It keeps the
+proposal's hotspots (§1.1-1.3: drift steps, high phantom advantage P_k, high D_RSD(k)) beside the §2.1 decision.
 
 A record holds the decision with its reasons, the terms raw and scaled, where the repairs acted on a crossing (the
 credit of its steps and of the separators and EOS that close them, and the proposal's phantom advantage of the

@@ -626,6 +626,6 @@ def test_the_sign_flip_p_value_equals_a_naive_enumeration_of_signs(differences):
 
 
 def test_beyond_twenty_differences_the_sign_flip_p_value_is_drawn_and_never_0():
-    assert 0 < stats.sign_flip_p([1.0] * 25) < 1e-5           # exactly 2 / 2^25 by enumeration
+    assert 0 < stats.sign_flip_p([1.0] * 25) < 1e-5           # drawn: (hits + 1) / (2^20 + 1), 2 / 2^25 exactly
     assert stats.sign_flip_p([1.0, -1.0] * 11) == 1.0          # every assignment as far out as the observed 0
     assert stats.p_text(0.0312) == "0.031" and stats.p_text(3e-7) == "< 0.001"
