@@ -129,7 +129,7 @@ class Args:
     trajectories last (grpo.minibatch_rows), all against the policy before the first step"""
     micro_batch: int = sharing.ShareConfig.micro_batch
     """sequences per forward/backward pass (gradient accumulation); memory, not maths"""
-    max_grad_norm: float = 1.0
+    max_grad_norm: float = grpo.MAX_GRAD_NORM
     """gradient clipping"""
     task: Literal["arith", "gsm8k", "math", "humaneval", "mbpp", "proofnet"] = "arith"
     """what the policies train on (tasks.load_task): the embedded arithmetic task, or a real benchmark read from

@@ -226,7 +226,11 @@ def smooth(values: list[float], window: int = 10) -> list[float]:
     return [sum(values[max(0, i - window + 1):i + 1]) / (i + 1 - max(0, i - window + 1)) for i in range(len(values))]
 
 
-def write_report(run_dir: Path, target: float = 0.9) -> str:
+CONVERGED = 0.9
+"""the held-out accuracy a report counts as converged (--target)"""
+
+
+def write_report(run_dir: Path, target: float = CONVERGED) -> str:
     """report.md and curves.png in the run directory (a cross-fidelity run's fidelity report first); returns
     the markdown."""
     run_dir = Path(run_dir)
@@ -241,7 +245,7 @@ def write_report(run_dir: Path, target: float = 0.9) -> str:
     return text
 
 
-def compare(run_dirs: list[Path], out: Path, target: float = 0.9) -> str:
+def compare(run_dirs: list[Path], out: Path, target: float = CONVERGED) -> str:
     """Side-by-side table and curves of several runs, written to `out`."""
     out.mkdir(parents=True, exist_ok=True)
     rows = [row for d in run_dirs for row in summarize(d, target)]
@@ -276,7 +280,7 @@ if __name__ == "__main__":
                         "verdicts of the two blocks with an unpaired seed as published and repaired, written in its "
                         "matrix/ "
                         "(analysis/blocks.py, analysis/review.py)")
-    parser.add_argument("--target", type=float, default=0.9, help="accuracy that counts as converged")
+    parser.add_argument("--target", type=float, default=CONVERGED, help="accuracy that counts as converged")
     parser.add_argument("--out", type=Path, default=None, help="where a comparison goes (default: runs/compare)")
     parser.add_argument("--task", choices=tasks.TASK_NAMES, default=None,
                         help="evaluate each run's last checkpoint on this task's held-out split instead of reporting")

@@ -184,8 +184,14 @@ def is_checkpointing(model: torch.nn.Module) -> bool:
     return any(getattr(m, "gradient_checkpointing", False) is True for m in model.modules())
 
 
+MICRO_BATCH = 64
+"""sequences per forward/backward pass (gradient accumulation): memory, not maths"""
+MAX_GRAD_NORM = 1.0
+"""the norm the trained weights' gradient is clipped to at each optimizer step"""
+
+
 def grpo_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: TrainBatch, cfg: LossConfig,
-              epochs: int = 1, micro_batch: int = 64, max_grad_norm: float = 1.0,
+              epochs: int = 1, micro_batch: int = MICRO_BATCH, max_grad_norm: float = MAX_GRAD_NORM,
               ref_model: torch.nn.Module | None = None, temperature: float = 1.0, measure_kl: bool = False,
               minibatches: int = 1) -> dict[str, float]:
     """`epochs` passes over one batch, each `minibatches` clipped updates on consecutive parts of it

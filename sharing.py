@@ -109,7 +109,7 @@ class ShareConfig:
     """a reward at or above this is a verified success (SGT)"""
     scale_by_std: bool = True
     temperature: float = field(kw_only=True)
-    micro_batch: int = field(kw_only=True, default=64)
+    micro_batch: int = field(kw_only=True, default=grpo.MICRO_BATCH)
     hacpo_alpha: float = field(kw_only=True, default=1.0)
     hacpo_delta: float = field(kw_only=True, default=0.2)
     hacpo_window: int = field(kw_only=True, default=5)

@@ -44,7 +44,11 @@ def admission_band(d: float, theta1: float, theta2: float) -> int:
     return 0 if d < theta1 else 1 if d < theta2 else 2
 
 
-def share_thresholds(d: list[float], shares: tuple[float, float] = (1 / 3, 1 / 3)) -> tuple[float, float]:
+EQUAL_SHARES = (1 / 3, 1 / 3)
+"""the shares of offers the default thresholds admit to PRP and to XGRPO (the rest to SGT): a third each"""
+
+
+def share_thresholds(d: list[float], shares: tuple[float, float] = EQUAL_SHARES) -> tuple[float, float]:
     """(theta1, theta2) that admit the given shares of the offers' degradations `d` to PRP and XGRPO (the rest to
     SGT): the shares[0] and shares[0] + shares[1] quantiles (linear interpolation between order statistics). A
     single offer is both quantiles, so alone it goes to SGT, the most cautious level."""
@@ -113,7 +117,7 @@ class Calibration:
         return torch.tensor([v if math.isnan(v) or s is None else s(v) for s, v in zip(self.scales, raw.tolist())],
                             dtype=torch.float64)
 
-    def thresholds(self, weights: torch.Tensor, shares: tuple[float, float] = (1 / 3, 1 / 3)) -> tuple[float, float]:
+    def thresholds(self, weights: torch.Tensor, shares: tuple[float, float] = EQUAL_SHARES) -> tuple[float, float]:
         """The share rule on the calibration sample's D under these weights [3] (0 for an ablated term)."""
         rows = torch.stack([torch.nan_to_num(self.scaled(torch.tensor(r, dtype=torch.float64)), nan=0.0)
                             for r in self.terms])                                                   # [N, 3]
