@@ -245,7 +245,7 @@ class Curator:
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[bool], list[bool]]:
         """Features [N, F], the predicted band [N] and its probability [N], and which predictions are sure and
         which skip the expensive diagnosis (never an inert offer's, which is not diagnosed at all, nor one whose
-        tokens would cross)."""
+        tokens would cross, nor any under the random control)."""
         n, name = len(offers), receiver.policy.name
         if not self.predictor or not offers:
             return torch.zeros(n, 0), torch.full((n,), -1), torch.zeros(n), [False] * n, [False] * n
@@ -259,7 +259,9 @@ class Curator:
         for k, o in enumerate(offers):
             is_sure, skip = self.predictor.may_skip(name, prob[k].item()) if not inert[k] else (False, False)
             sure.append(is_sure)
-            skipped.append(skip and not crosses_tokens(int(predicted[k]), o, receiver.rewards, share.success))
+            # the random control may move any band into a level whose tokens cross
+            skipped.append(skip and self.cfg.admission == "diagnosis"
+                           and not crosses_tokens(int(predicted[k]), o, receiver.rewards, share.success))
         return features, predicted, prob, sure, skipped
 
     def _receive(self, receiver: sharing.Experience, side: ReceiverSide, peers: list[sharing.Experience],

@@ -337,6 +337,11 @@ def test_the_predictor_skips_nothing_before_it_was_audited_on_that_receiver():
     skipped = [r for r in records if r["skipped"]]
     assert all(r["iteration"] == 2 and r["receiver"] == "qwen2" for r in skipped)
     assert skipped and all("tokens" not in r["crossed"] for r in skipped)
+    # the random control permutes every band, a skipped offer's too, so under it nothing skips: an offer it moves
+    # into a level whose tokens cross is then diagnosed, and repaired, like any other
+    _, _, records = hand_exchange(diagnosis.CuratorConfig(theta1=0.9, theta2=0.95, admission="random"), cfg,
+                                  iterations=2)
+    assert not any(r["skipped"] for r in records)
 
 
 def test_calibration_steps_come_from_every_prompt():
