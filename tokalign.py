@@ -133,7 +133,7 @@ def target_positions_in_source(src: bytes, tgt: bytes) -> list[int]:
         return list(range(len(tgt) + 1))
     position, b_prev = [0] * (len(tgt) + 1), 0
     for a, b, size in difflib.SequenceMatcher(None, src, tgt, autojunk=False).get_matching_blocks():
-        position[b_prev:b] = [a] * (b - b_prev)
+        position[b_prev + 1:b] = [a] * (b - b_prev - 1)       # strictly inside the stretch: b_prev ends a match
         position[b:b + size + 1] = range(a, a + size + 1)
         b_prev = b + size
     return position

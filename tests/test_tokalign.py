@@ -253,3 +253,15 @@ def test_separators_and_eos_carry_the_credit_of_the_step_they_close():
         torch.testing.assert_close(tokens, torch.tensor([0.25, 0.25, -0.5, -0.5, -0.5]))
     assert tokalign.credit_spans(steps, len(data)) == [(0, 3), (3, 5)]
     assert tokalign.credit_spans([(2, 4)], 9) == [(0, 9)]                     # leading bytes: the first step's
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text("abcdefgh", max_size=6), st.text("nopqrs", min_size=1, max_size=6), st.text("tuvwxyz", min_size=1,
+       max_size=6), st.text("abcdefgh", max_size=6))
+def test_target_positions_map_shared_bytes_to_their_partners_and_a_replaced_stretch_to_its_end(p, x, y, s):
+    # source P X S, target P Y S with X and Y from alphabets of their own: a target position in P or S maps to its
+    # partner (both of P's ends included), one strictly inside Y to the end of X, by hand
+    p, x, y, s = (t.encode() for t in (p, x, y, s))
+    want = ([*range(len(p) + 1)] + [len(p) + len(x)] * (len(y) - 1)
+            + [j - len(y) + len(x) for j in range(len(p) + len(y), len(p) + len(y) + len(s) + 1)])
+    assert tokalign.target_positions_in_source(p + x + s, p + y + s) == want
