@@ -19,7 +19,9 @@ the total variation between the two success distributions: a probability in [0, 
 RSD repair: a step's credit becomes a mix of the outcome advantage and its process advantage under the target,
 r_k - p_tgt(success | type_k): a verified step of a type the target usually fails earns more, a routine one
 little. Where no step can be checked, the intrinsic reward stands in: the negative sqrt(|k|)-scaled gradient
-norm of the teacher-forced NLL (reachability.py), rank-normalized within the group to [0, 1].
+norm of the teacher-forced NLL (reachability.py), rank-normalized among the trajectory's own steps to [0, 1]:
+it orders a trajectory's steps against each other, so its best step earns +1/2 over the mean however far all its
+steps are from the receiver (how far is CCM's to say).
 """
 
 from __future__ import annotations
@@ -136,7 +138,8 @@ def verified_credit(advantage: float, steps: list[StepReward], target: StepStats
 
 
 def intrinsic_step_rewards(group_norms: torch.Tensor) -> torch.Tensor:
-    """[N] VIGOR-style rewards for a group: the negative gradient norms, rank-normalized to [0, 1] (ties share)."""
+    """[N] VIGOR-style rewards for a group of steps (one trajectory's): the negative gradient norms,
+    rank-normalized to [0, 1] (ties share)."""
     if group_norms.numel() == 0 or not torch.isfinite(group_norms).all():
         raise ValueError("intrinsic rewards need a non-empty group of finite norms")
     if group_norms.numel() == 1:
