@@ -50,7 +50,7 @@ class Args:
     terms, and --theta1 and --theta2 must be given"""
     calibration_window: int = diagnosis.CuratorConfig.calibration_window
     """cross-fidelity: iterations of each receiver's diagnosed offers, the current one included, in its
-    calibration sample"""
+    calibration sample (an iteration that diagnosed none is not counted)"""
     admission: Literal["diagnosis", "random"] = diagnosis.CuratorConfig.admission
     """cross-fidelity: each offer at the band of its diagnosis, or the control: the bands permuted at random among
     each source's offers of the iteration (same shares, same rescues)"""

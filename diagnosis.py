@@ -72,7 +72,7 @@ class CuratorConfig:
     """own rollouts of the receiver per iteration, spread over the prompts, whose step norms calibrate R"""
     reach_window: int = 4
     """iterations of own step norms R is calibrated on (about 128 rollouts at the defaults), so that it holds
-    still from one iteration's sample to another"""
+    still from one iteration's sample to another; an iteration that measured no offer adds none and is not counted"""
     step_window: int = 20
     """iterations of step statistics behind D_RSD"""
 
