@@ -126,8 +126,9 @@ def retokenize(source: Encoding, tokenizer, token_bytes: list[bytes]) -> Encodin
 def target_positions_in_source(src: bytes, tgt: bytes) -> list[int]:
     """For every target byte position 0..len(tgt), the source byte position it corresponds to (monotone).
 
-    Identity when the target reproduces the source or a prefix of it; otherwise from the longest matching blocks,
-    with target bytes outside them snapping to the end of the source stretch they replace.
+    Identity when the target reproduces the source or a prefix of it; otherwise from the longest matching blocks:
+    a position that ends a block keeps its partner, one strictly inside a replaced stretch snaps to the end of the
+    source bytes it replaces, and one where the target drops source bytes (two blocks meet) to the end of those.
     """
     if src.startswith(tgt):
         return list(range(len(tgt) + 1))

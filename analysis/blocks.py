@@ -340,7 +340,8 @@ def unpaired_lines(unpaired: dict[str, dict[int, str]], repaired: list[int], rep
 
 def heading(block: str, f: dict) -> str:
     """A family's heading: its set, its registered seeds and the repair seeds it reads."""
-    repair = f", and repair seed {', '.join(map(str, f['repaired']))}" if f["repaired"] else ""
+    seeds = f"seed{'s' * (len(f['repaired']) > 1)} {', '.join(map(str, f['repaired']))}"
+    repair = f", and repair {seeds}" if f["repaired"] else ""
     return f"## {block} (set {f['set']}, registered seeds {f['seeds'][0]}-{f['seeds'][1]}{repair})\n"
 
 

@@ -183,7 +183,7 @@ def seeds_for_power(sd: float, cfg: AnalysisConfig) -> int:
     def enough(n: int) -> bool:
         quantiles = t_quantile(1 - cfg.alpha / 2, n - 1) + t_quantile(cfg.power, n - 1)
         return quantiles * sd / math.sqrt(n) <= cfg.target
-    return fewest_seeds(enough)
+    return fewest_seeds(enough, f"power {cfg.power} against {cfg.target} at SD {sd}")
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -130,11 +130,11 @@ def t_quantile(p: float, dof: int, intervals: int = 1000) -> float:
     return (low + high) / 2
 
 
-def fewest_seeds(enough: Callable[[int], bool], most: int = 100_000) -> int:
+def fewest_seeds(enough: Callable[[int], bool], goal: str, most: int = 100_000) -> int:
     """The fewest seeds n >= 2 for which `enough(n)` holds (it must hold for every larger n too), by bisection; an
-    error where even `most` seeds are not enough."""
+    error naming the `goal` where even `most` seeds do not reach it."""
     if not enough(most):
-        raise ValueError(f"even {most} seeds are not enough")
+        raise ValueError(f"even {most} seeds do not reach {goal}")
     low, high = 2, most
     while low < high:
         middle = (low + high) // 2

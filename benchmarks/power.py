@@ -80,8 +80,9 @@ def curve_end(run_dir: Path) -> int:
 def held_out_curves(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
     """Per policy, (iteration, greedy pass@1) at every evaluation, in order."""
     records = evaluation.load_metrics(run_dir)
-    return {policy: evaluation.curve(records, policy, "eval/heldout_accuracy")
-            for policy in dict.fromkeys(r["policy"] for r in records)}
+    curves = {policy: evaluation.curve(records, policy, "eval/heldout_accuracy")
+              for policy in dict.fromkeys(r["policy"] for r in records)}
+    return {policy: curve for policy, curve in curves.items() if curve}
 
 
 def accuracy_at(curve: list[tuple[int, float]], iteration: int) -> float:
@@ -98,7 +99,7 @@ def half_width(sd: float, seeds: int, level: float = 0.95) -> float:
 
 def seeds_needed(sd: float, target: float, level: float = 0.95) -> int:
     """The fewest seeds whose `level` half-width on a paired mean difference is at most `target`."""
-    return fewest_seeds(lambda n: half_width(sd, n, level) <= target)
+    return fewest_seeds(lambda n: half_width(sd, n, level) <= target, f"a half-width of {target} at SD {sd}")
 
 
 def paired_summary(differences: list[float], target: float = 0.02) -> dict[str, float]:

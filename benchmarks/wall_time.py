@@ -13,7 +13,7 @@ factors, the rest being the batched backward and its glue), updates, evaluation,
 is the rest of the wall time. The configurations of one seed and one commit share a fresh warm-up cache and run in
 order, so the first pays the warm-ups and the others find them, as in the matrix. With --before, the earlier commit
 is checked out in a temporary worktree and each configuration runs there and here at the same time (two processes),
-so both see the same load. Prints a table per configuration and writes OUT/wall-time-sSEED.json.
+so both see the same load. Prints a table per configuration and writes OUT/wall-time-sSEED-Nit.json.
 """
 
 from __future__ import annotations

@@ -363,7 +363,8 @@ def test_reachability_is_calibrated_on_the_window_of_own_norms(monkeypatch):
     seen = []
     calibrate = reachability.calibrate
     monkeypatch.setattr(reachability, "calibrate", lambda norms, *a: seen.append(len(norms)) or calibrate(norms, *a))
-    hand_exchange(diagnosis.CuratorConfig(theta1=0.9, theta2=0.95, reach_window=4, calibration_rollouts=2), iterations=5)
+    cfg = diagnosis.CuratorConfig(theta1=0.9, theta2=0.95, reach_window=4, calibration_rollouts=2)
+    hand_exchange(cfg, iterations=5)
     n = seen[0]                                                 # llama's first: its own norms of iteration 1 alone
     assert seen[::2] == [n, 2 * n, 3 * n, 4 * n, 4 * n]         # the same texts every iteration
 

@@ -265,3 +265,7 @@ def test_target_positions_map_shared_bytes_to_their_partners_and_a_replaced_stre
     want = ([*range(len(p) + 1)] + [len(p) + len(x)] * (len(y) - 1)
             + [j - len(y) + len(x) for j in range(len(p) + len(y), len(p) + len(y) + len(s) + 1)])
     assert tokalign.target_positions_in_source(p + x + s, p + y + s) == want
+    # the target drops X: the position where P and S meet in it snaps to the end of X; without S the target is a
+    # prefix of the source, read as such
+    dropped = [*range(len(p)), *range(len(p) + len(x), len(p + x + s) + 1)] if s else [*range(len(p) + 1)]
+    assert tokalign.target_positions_in_source(p + x + s, p + s) == dropped
