@@ -34,7 +34,7 @@ import bisect
 
 import torch
 
-from tokalign import Alignment, Encoding
+from tokalign import Alignment, Encoding, in_target
 
 MEASURES = ("credit", "hidden", "jaccard")
 
@@ -63,16 +63,18 @@ def boundary_hotspots(source: Encoding, target: Encoding, step_spans: list[tuple
     """Boundaries between steps k and k+1 that one side straddles and the other does not: (k, side).
 
     A side straddles the boundary when one of its tokens covers bytes of both steps: its credit for the two steps
-    is mixed in one token, while the other side can give each step its own.
+    is mixed in one token, while the other side can give each step its own. `step_spans` are in the source's
+    bytes; the target reads them at their place in its own (`in_target`).
     """
-    def straddles(encoding: Encoding, starts: list[int], k: int) -> bool:
-        last_byte, next_first = step_spans[k][1] - 1, step_spans[k + 1][0]
+    def straddles(encoding: Encoding, starts: list[int], spans: list[tuple[int, int]], k: int) -> bool:
+        last_byte, next_first = spans[k][1] - 1, spans[k + 1][0]
         t = bisect.bisect_right(starts, last_byte) - 1            # the token holding step k's last byte
         return t >= 0 and encoding.offsets[t][1] > next_first
     src_starts, tgt_starts = [a for a, _ in source.offsets], [a for a, _ in target.offsets]
+    target_spans = in_target(source, target, step_spans)
     out = []
     for k in range(len(step_spans) - 1):
-        s, t = straddles(source, src_starts, k), straddles(target, tgt_starts, k)
+        s, t = straddles(source, src_starts, step_spans, k), straddles(target, tgt_starts, target_spans, k)
         if s != t:
             out.append((k, "source" if s else "target"))
     return out

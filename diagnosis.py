@@ -198,7 +198,8 @@ def make_offer(source: sharing.Experience, index: int, receiver: policies.Policy
     src, tgt, alignment = aligned
     steps = tokalign.step_byte_spans(src.data, task.step_spans)
     process = reward_drift.process_rewards(task, example, source.rollouts.texts[index])
-    kept = [(span, reachability.step_token_ranges(tgt.offsets, [span]), p) for span, p in zip(steps, process)]
+    kept = [(span, reachability.step_token_ranges(tgt.offsets, [at_receiver]), p)
+            for span, at_receiver, p in zip(steps, tokalign.in_target(src, tgt, steps), process)]
     kept = [(span, ranges[0], p) for span, ranges, p in kept if ranges]
     if not kept:
         return None
@@ -215,8 +216,9 @@ def credit_record(offer: Offer, advantage: float, credit: torch.Tensor, tokens: 
     """Where the repairs acted on a crossing: the advantage it carries, each step's repaired credit, the credit of
     the receiver's tokens outside every step (separators and EOS, which close the step before them), and the
     proposal's phantom advantage P = mean_k |A| (1 - R_k) of the credit carried (None without R)."""
+    at_receiver = tokalign.in_target(offer.source_encoding, offer.receiver_encoding, offer.steps)
     outside = [t for t, (s, e) in enumerate(offer.receiver_encoding.offsets)
-               if not any(s < b and e > a for a, b in offer.steps)]
+               if not any(s < b and e > a for a, b in at_receiver)]
     reach = offer.diagnosis.reach
     return {"repairs": repairs, "carried": advantage, "step_credit": credit.tolist(),
             "outside_credit": [tokens[t].item() for t in outside],

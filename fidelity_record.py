@@ -20,6 +20,7 @@ import torch
 import boundary_drift
 import reachability
 import term_scales
+import tokalign
 from diagnosis import TERMS, Diagnosis, Offer
 from sharing import LEVELS
 
@@ -61,14 +62,19 @@ def offer_record(offer: Offer, scored: dict | None, level: str, crossed: str, re
 
 
 def tbd_bytes(offer: Offer) -> list[tuple[int, int]]:
-    """Byte spans of the TBD hotspot tokens: groups the receiver could not reproduce, and the token of the side
-    that straddles a step boundary the other side does not."""
+    """Byte spans, in the source's bytes, of the TBD hotspot tokens: groups the receiver could not reproduce, and
+    the token of the side that straddles a step boundary the other side does not (a receiver token's bytes taken
+    back to the source's where re-encoding changed them)."""
     spans = [span for span, ok in zip(offer.alignment.span, offer.alignment.exact) if not ok and span[1] > span[0]]
-    sides = offer.source_encoding, offer.receiver_encoding
-    for k, side in boundary_drift.boundary_hotspots(*sides, offer.steps):
-        encoding = sides[0] if side == "source" else sides[1]
-        last = offer.steps[k][1] - 1
-        spans += [(a, b) for a, b in encoding.offsets if a <= last < b]
+    src, tgt = offer.source_encoding, offer.receiver_encoding
+    for k, side in boundary_drift.boundary_hotspots(src, tgt, offer.steps):
+        if side == "source":
+            last = offer.steps[k][1] - 1
+            spans += [(a, b) for a, b in src.offsets if a <= last < b]
+        else:
+            last = tokalign.in_target(src, tgt, offer.steps)[k][1] - 1
+            to_source = tokalign.target_positions_in_source(src.data, tgt.data)
+            spans += [(to_source[a], to_source[b]) for a, b in tgt.offsets if a <= last < b]
     return sorted(spans)
 
 

@@ -140,6 +140,15 @@ def target_positions_in_source(src: bytes, tgt: bytes) -> list[int]:
     return position
 
 
+def in_target(source: Encoding, target: Encoding, spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Byte spans of the source's bytes at their place in the target's: the same spans where the bytes agree;
+    where re-encoding changed them, through `target_positions_in_source` read the other way."""
+    if source.data == target.data:
+        return list(spans)
+    to_target = target_positions_in_source(target.data, source.data)
+    return [(to_target[a], to_target[b]) for a, b in spans]
+
+
 def align(source: Encoding, target: Encoding) -> Alignment:
     """Group the two tokenizations at the byte positions where both have a token boundary. O(n + m).
 
@@ -262,16 +271,16 @@ def token_credit(source: Encoding, target: Encoding, alignment: Alignment,
     its `credit_spans` span; a zero-width token (EOS) at byte e carries the step of byte e - 1.
 
     by_bytes (the TBD repair): source tokens take their step's credit, moved by byte overlap (`redistribute`);
-    off: each receiver token takes the credit of the step its first byte lies in.
+    off: each receiver token takes the credit of the step its first byte lies in (the steps at their place in the
+    receiver's bytes, `in_target`).
     """
-    bounds = [b for _, b in credit_spans(steps, len(source.data))][:-1]
-
-    def per_token(offsets: list[tuple[int, int]]) -> torch.Tensor:
-        first_bytes = [s if e > s else max(s - 1, 0) for s, e in offsets]
+    def per_token(encoding: Encoding, spans: list[tuple[int, int]]) -> torch.Tensor:
+        bounds = [b for _, b in credit_spans(spans, len(encoding.data))][:-1]
+        first_bytes = [s if e > s else max(s - 1, 0) for s, e in encoding.offsets]
         return credit[torch.tensor([bisect.bisect_right(bounds, b) for b in first_bytes], dtype=torch.long)]
     if by_bytes:
-        return redistribute(alignment, source, target, per_token(source.offsets)).float()
-    return per_token(target.offsets).float()
+        return redistribute(alignment, source, target, per_token(source, steps)).float()
+    return per_token(target, in_target(source, target, steps)).float()
 
 
 def group_log_ratio(alignment: Alignment, src_logprobs: torch.Tensor, tgt_logprobs: torch.Tensor) -> torch.Tensor:

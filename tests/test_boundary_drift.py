@@ -34,6 +34,11 @@ def test_a_token_straddling_a_step_boundary_on_one_side_is_a_hotspot(real):
     assert boundary_drift.boundary_hotspots(merged, split, steps) == [(0, "source")]
     assert boundary_drift.boundary_hotspots(split, merged, steps) == [(0, "target")]
     assert boundary_drift.boundary_hotspots(split, split, steps) == []
+    # the receiver re-encoded "aXX" as "aY": its step boundary is at its byte 2, where its tokens a | Y | bb part, so
+    # neither side straddles (read at the source's byte 3, "bb" would seem to)
+    source, target = encoding(b"aXXbb", [1, 3]), encoding(b"aYbb", [1, 2])
+    assert boundary_drift.boundary_hotspots(source, target, [(0, 3), (3, 5)]) == []
+    assert boundary_drift.boundary_hotspots(source, encoding(b"aYbb", [1, 3]), [(0, 3), (3, 5)]) == [(0, "target")]
     assert tokalign.char_to_byte_spans("é x", [(0, 1), (2, 3)]) == [(0, 2), (3, 4)]
 
 

@@ -37,3 +37,18 @@ def test_direction_terms_by_hand():
     assert out["q->l"]["diagnosed"] == 2 and out["q->l"]["terms"] == pytest.approx({"tbd": 0.05, "ccm": 0.4, "rsd": 0.3})
     assert out["q->l"]["dominant"] == {"tbd": 0.0, "ccm": 0.5, "rsd": 0.5}
     assert math.isnan(out["l->q"]["terms"]["tbd"]) and out["l->q"]["terms"]["rsd"] == pytest.approx(0.3)
+
+
+def test_tbd_bytes_takes_a_receiver_hotspot_token_back_to_the_source_bytes():
+    # "aXXbb" (a | XX | bb) re-encoded as "aYbb" (a | Yb | b): the receiver's "Yb" holds the end of step 0 ("aXX",
+    # its "aY") and the start of step 1, so it straddles a boundary the source keeps; in the source's bytes it is
+    # [1, 4), beside the inexact group "XXbb" ~ "Ybb" [1, 5)
+    from types import SimpleNamespace
+
+    import tokalign
+    from test_tokalign import encoding
+    source, target = encoding(b"aXXbb", [1, 3]), encoding(b"aYbb", [1, 3])
+    offer = SimpleNamespace(source_encoding=source, receiver_encoding=target, steps=[(0, 3), (3, 5)],
+                            alignment=tokalign.align(source, target))
+    assert fidelity_record.tbd_bytes(offer) == [(1, 4), (1, 5)]
+

@@ -269,3 +269,21 @@ def test_target_positions_map_shared_bytes_to_their_partners_and_a_replaced_stre
     # prefix of the source, read as such
     dropped = [*range(len(p)), *range(len(p) + len(x), len(p + x + s) + 1)] if s else [*range(len(p) + 1)]
     assert tokalign.target_positions_in_source(p + x + s, p + s) == dropped
+
+
+def test_steps_are_read_at_their_place_in_the_receivers_bytes_where_re_encoding_changed_them(real):
+    # "aXXbb" re-encoded as "aYbb": step 0 "aXX" [0, 3) is [0, 2) in the receiver's bytes, step 1 "bb" [3, 5) is [2, 4)
+    source, target = encoding(b"aXXbb", [1, 3]), encoding(b"aYbb", [1, 2])          # a | XX | bb and a | Y | bb
+    steps = [(0, 3), (3, 5)]
+    assert tokalign.in_target(source, target, steps) == [(0, 2), (2, 4)]
+    credit = torch.tensor([1.0, -1.0])
+    # without the TBD repair each receiver token takes the step its first byte lies in there: a, Y in 0, bb in 1
+    assert tokalign.token_credit(source, target, tokalign.align(source, target), steps, credit,
+                                 by_bytes=False).tolist() == [1.0, 1.0, -1.0]
+    # NFD under Llama, NFC under Qwen: "re\u0301sume\u0301" is 10 bytes in the source and 8 in the receiver
+    text = "re\u0301sume\u0301 = 5"
+    nfd = encode(real, "llama", text)
+    nfc = tokalign.retokenize(nfd, *real["qwen2"])
+    assert tokalign.in_target(nfd, nfc, [(0, 10), (10, 14)]) == [(0, 8), (8, 12)]
+    assert tokalign.in_target(nfd, nfd, [(0, 10), (10, 14)]) == [(0, 10), (10, 14)]
+
