@@ -67,13 +67,16 @@ def tbd_bytes(offer: Offer) -> list[tuple[int, int]]:
     back to the source's where re-encoding changed them)."""
     spans = [span for span, ok in zip(offer.alignment.span, offer.alignment.exact) if not ok and span[1] > span[0]]
     src, tgt = offer.source_encoding, offer.receiver_encoding
-    for k, side in boundary_drift.boundary_hotspots(src, tgt, offer.steps):
+    hotspots = boundary_drift.boundary_hotspots(src, tgt, offer.steps)
+    if any(side == "target" for _, side in hotspots):
+        at_receiver = tokalign.in_target(src, tgt, offer.steps)
+        to_source = tokalign.target_positions_in_source(src.data, tgt.data)
+    for k, side in hotspots:
         if side == "source":
             last = offer.steps[k][1] - 1
             spans += [(a, b) for a, b in src.offsets if a <= last < b]
         else:
-            last = tokalign.in_target(src, tgt, offer.steps)[k][1] - 1
-            to_source = tokalign.target_positions_in_source(src.data, tgt.data)
+            last = at_receiver[k][1] - 1
             spans += [(to_source[a], to_source[b]) for a, b in tgt.offsets if a <= last < b]
     return sorted(spans)
 

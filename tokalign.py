@@ -141,11 +141,14 @@ def target_positions_in_source(src: bytes, tgt: bytes) -> list[int]:
 
 
 def in_target(source: Encoding, target: Encoding, spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    """Byte spans of the source's bytes at their place in the target's: the same spans where the bytes agree;
-    where re-encoding changed them, through `target_positions_in_source` read the other way."""
-    if source.data == target.data:
-        return list(spans)
+    """Byte spans of the source's bytes at their place in the target's: the same spans where the bytes agree (up
+    to the end of a trimmed target); where re-encoding changed them, through `target_positions_in_source` read
+    the other way, bytes the target adds before the first shared ones going to the first span."""
+    if source.data.startswith(target.data):
+        end = len(target.data)
+        return [(min(a, end), min(b, end)) for a, b in spans]
     to_target = target_positions_in_source(target.data, source.data)
+    to_target[0] = 0
     return [(to_target[a], to_target[b]) for a, b in spans]
 
 

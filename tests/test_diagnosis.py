@@ -49,7 +49,8 @@ def test_the_ccm_term_is_the_phantom_share_and_the_record_carries_the_phantom_ad
     reach = torch.tensor([0.5, 0.9])
     diag = diagnosis.Diagnosis(torch.zeros(2), torch.full((2,), math.nan), reach, torch.ones(2))
     assert diag.terms(diagnosis.CuratorConfig(theta1=0.1, theta2=0.2))[1].item() == pytest.approx(0.3)
-    offer = Fake(diagnosis=diag, steps=[(0, 2), (3, 5)], receiver_encoding=Fake(offsets=[(0, 2), (2, 3), (3, 5), (5, 5)]))
+    offer = Fake(diagnosis=diag, steps=[(0, 2), (3, 5)], source_encoding=Fake(data=b"12+45"),
+                 receiver_encoding=Fake(offsets=[(0, 2), (2, 3), (3, 5), (5, 5)], data=b"12+45"))
     record = diagnosis.credit_record(offer, -2.0, torch.tensor([-1.0, -1.8]),
                                            torch.tensor([-1.0, -1.0, -1.8, -1.8]), ["ccm"])
     assert record["phantom"] == pytest.approx(0.6) and record["outside_credit"] == pytest.approx([-1.0, -1.8])

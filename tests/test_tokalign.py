@@ -286,4 +286,9 @@ def test_steps_are_read_at_their_place_in_the_receivers_bytes_where_re_encoding_
     nfc = tokalign.retokenize(nfd, *real["qwen2"])
     assert tokalign.in_target(nfd, nfc, [(0, 10), (10, 14)]) == [(0, 8), (8, 12)]
     assert tokalign.in_target(nfd, nfd, [(0, 10), (10, 14)]) == [(0, 10), (10, 14)]
+    # a lone continuation byte re-encoded as U+FFFD (3 bytes): the receiver's added bytes go to the first step
+    lone, replaced = encoding(b"\xbdab\ncd", [3]), encoding(b"\xef\xbf\xbdab\ncd", [5])
+    assert tokalign.in_target(lone, replaced, [(0, 4), (4, 6)]) == [(0, 6), (6, 8)]
+    # a completion cut inside a character, trimmed: the cut byte's span ends with the receiver's bytes
+    assert tokalign.in_target(encoding(b"ab\xc3", []), encoding(b"ab", []), [(0, 2), (2, 3)]) == [(0, 2), (2, 2)]
 
