@@ -159,7 +159,7 @@ def area_at_cost(summary: dict, policy: str, cost: str, budget: float) -> float:
     return POINTS * area_under(points, budget)
 
 
-def paired_differences(a: dict[int, dict], b: dict[int, dict], policy: str, view: str, by_start: bool = True
+def paired_differences(a: dict[int, dict], b: dict[int, dict], policy: str, view: str, by_start: bool
                        ) -> dict[int, float]:
     """seed -> metric(a) - metric(b) over the paired seeds (a, b: seed -> summary; `paired_seeds`). At a cost,
     both runs of a seed are read at the cost the cheaper one spent."""
@@ -292,7 +292,7 @@ def hypotheses(by_config: dict, auc_rows: list[dict], policy: str, cfg: Analysis
     return rows
 
 
-def better(candidates: tuple[str, ...], a: str, by_config: dict, policy: str, by_start: bool = True) -> str:
+def better(candidates: tuple[str, ...], a: str, by_config: dict, policy: str, by_start: bool) -> str:
     """Of `candidates` that ran, the one with the higher mean primary metric for `policy` over the seeds where `a`
     is paired with all of them (the seeds the contrast analyzes); a tie goes to the first named."""
     ran = [c for c in candidates if c in by_config]

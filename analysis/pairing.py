@@ -36,7 +36,7 @@ def unpaired_reason(a: dict, b: dict) -> str | None:
     return f"{kind_a}: {a['configuration']} ({spelled(start_a)}), {b['configuration']} ({spelled(start_b)})"
 
 
-def paired_seeds(a: dict[int, dict], b: dict[int, dict], by_start: bool = True) -> list[int]:
+def paired_seeds(a: dict[int, dict], b: dict[int, dict], by_start: bool) -> list[int]:
     """The seeds both configurations ran (a, b: seed -> summary) whose two runs are paired (`unpaired_reason`);
     every seed both ran where not `by_start`."""
     return [s for s in sorted(set(a) & set(b)) if not by_start or unpaired_reason(a[s], b[s]) is None]

@@ -86,7 +86,8 @@ def pooled(root: Path, cfg: ma.AnalysisConfig) -> list[dict]:
     runs: dict[str, dict[int, dict]] = {}
     for s in block1 + [s for s in block4 if s["seed"] in mb.FAMILIES["hacpo"][1]]:
         runs.setdefault(s["configuration"], {})[s["seed"]] = s
-    differences = {policy: ma.paired_differences(runs.get("cross-fidelity", {}), runs.get("sgt", {}), policy, "auc")
+    differences = {policy: ma.paired_differences(runs.get("cross-fidelity", {}), runs.get("sgt", {}), policy, "auc",
+                                                 by_start=True)
                    for policy in block4[0]["policies"]}
     return [ma.contrast_row("cross-fidelity", "sgt", policy, d, cfg) for policy, d in differences.items() if len(d) > 1]
 

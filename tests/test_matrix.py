@@ -239,7 +239,7 @@ def write_summaries(folder, summaries):
 def test_differences_are_taken_seed_by_seed_over_the_seeds_both_ran():
     a = {seed: summary("a", seed, v) for seed, v in ((3, 50.0), (1, 40.0), (2, 45.0))}
     b = {seed: summary("b", seed, v) for seed, v in ((2, 44.0), (1, 41.0), (4, 90.0))}
-    assert analysis.paired_differences(a, b, "p", "auc") == pytest.approx({1: -1.0, 2: 1.0})
+    assert analysis.paired_differences(a, b, "p", "auc", True) == pytest.approx({1: -1.0, 2: 1.0})
 
 
 def test_at_equal_cost_both_runs_are_read_at_what_the_cheaper_one_spent():
@@ -247,12 +247,12 @@ def test_at_equal_cost_both_runs_are_read_at_what_the_cheaper_one_spent():
     # a's area is 30 (a line from 0 to 60) and b's 30
     a, b = summary("a", 1, 0.0, cost=1000.0), summary("b", 1, 30.0, cost=2000.0)
     a["policies"]["p"]["heldout"] = [[0, 0.0], [50, 0.3], [100, 0.6]]
-    assert analysis.paired_differences({1: a}, {1: b}, "p", "equal update tokens") == pytest.approx({1: 0.0})
-    assert analysis.paired_differences({1: a}, {1: b}, "p", "auc") == pytest.approx({1: 0.0})
+    assert analysis.paired_differences({1: a}, {1: b}, "p", "equal update tokens", True) == pytest.approx({1: 0.0})
+    assert analysis.paired_differences({1: a}, {1: b}, "p", "auc", True) == pytest.approx({1: 0.0})
     b["policies"]["p"]["heldout"] = [[0, 0.3], [50, 0.3], [100, 0.9]]    # b at 1,000 of its 2,000 tokens: 0.6
     # b up to 1,000 tokens (iteration 50): flat at 30 -> 30; a: 30. Over all of b's iterations it would be 45
-    assert analysis.paired_differences({1: a}, {1: b}, "p", "equal update tokens") == pytest.approx({1: 0.0})
-    assert analysis.paired_differences({1: a}, {1: b}, "p", "auc") == pytest.approx({1: 30.0 - 45.0})
+    assert analysis.paired_differences({1: a}, {1: b}, "p", "equal update tokens", True) == pytest.approx({1: 0.0})
+    assert analysis.paired_differences({1: a}, {1: b}, "p", "auc", True) == pytest.approx({1: 30.0 - 45.0})
 
 
 def test_the_bootstrap_interval_and_p_value_by_hand():
