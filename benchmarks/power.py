@@ -40,6 +40,10 @@ TESTBEDS = {
     "prompts32": ["--prompts-per-iteration", "32"],
 }
 """each testbed's flags on top of train.py's defaults and EVALUATION"""
+DIFFERENCE = 0.02
+"""the difference in held-out accuracy to resolve: 2 points"""
+LEVEL = 0.95
+"""the confidence of the half-width"""
 
 
 def run_name(testbed: str, level: str, seed: int) -> str:
@@ -92,17 +96,17 @@ def accuracy_at(curve: list[tuple[int, float]], iteration: int) -> float:
     return matches[-1]
 
 
-def half_width(sd: float, seeds: int, level: float = 0.95) -> float:
+def half_width(sd: float, seeds: int, level: float = LEVEL) -> float:
     """The `level` half-width of a mean of `seeds` paired differences with standard deviation `sd` (Student t)."""
     return t_quantile((1 + level) / 2, seeds - 1) * sd / math.sqrt(seeds)
 
 
-def seeds_needed(sd: float, target: float, level: float = 0.95) -> int:
+def seeds_needed(sd: float, target: float = DIFFERENCE, level: float = LEVEL) -> int:
     """The fewest seeds whose `level` half-width on a paired mean difference is at most `target`."""
     return fewest_seeds(lambda n: half_width(sd, n, level) <= target, f"a half-width of {target} at SD {sd}")
 
 
-def paired_summary(differences: list[float], target: float = 0.02) -> dict[str, float]:
+def paired_summary(differences: list[float], target: float = DIFFERENCE) -> dict[str, float]:
     n = len(differences)
     if n < 2:
         raise ValueError(f"a standard deviation across seeds needs at least 2 seeds, got {n}")
