@@ -169,7 +169,7 @@ class Curator:
         self.stats = {n: reward_drift.StepStats(cfg.step_window) for n in names}
         self.pairs = {(a, b): i for i, (a, b) in enumerate((a, b) for a in names for b in names if a != b)}
         self.recent = {pair: (0.0, 0.0) for pair in self.pairs}     # EMA of D and CCM per pair: predictor features
-        self.own_norms = {n: deque(maxlen=cfg.reach_window) for n in names}   # per iteration [S], R's calibration
+        self.own_norms = {n: deque(maxlen=cfg.reach_window - 1) for n in names}   # past iterations' own norms [S]
         self.term_rows = {n: deque(maxlen=cfg.calibration_window) for n in names}  # per iteration: its offers' terms
         self.base: dict[str, tuple[float, float]] = {}                      # receiver -> its last level-0 thresholds
         self.bandit = coevolution.ThresholdBandit(bandit, seed) if bandit else None
@@ -306,10 +306,10 @@ class Curator:
 
     def _measure(self, name: str, side: ReceiverSide, offers: list[Offer], measured: list[int]) -> list[Offer]:
         """`offers` with those at `measured` diagnosed in full: their gradient norms, R calibrated on the receiver's
-        own norms of its last `reach_window` iterations, which this iteration's own norms then join."""
+        own norms of its last `reach_window` iterations, this one's and the `reach_window - 1` before it kept in
+        `own_norms`, which this one's then join."""
         window = self.own_norms[name]
-        past = list(window)[max(0, len(window) - (self.cfg.reach_window - 1)):]     # this iteration's completes it
-        diagnoses, own = side.reach(measured, past)
+        diagnoses, own = side.reach(measured, list(window))
         if own.numel():
             window.append(own)
         return with_diagnoses(offers, dict(zip(measured, diagnoses)))

@@ -67,11 +67,9 @@ def tbd_bytes(offer: Offer) -> list[tuple[int, int]]:
     back to the source's where re-encoding changed them)."""
     spans = [span for span, ok in zip(offer.alignment.span, offer.alignment.exact) if not ok and span[1] > span[0]]
     src, tgt = offer.source_encoding, offer.receiver_encoding
-    hotspots = boundary_drift.boundary_hotspots(src, tgt, offer.steps)
-    if any(side == "target" for _, side in hotspots):
-        at_receiver = tokalign.in_target(src, tgt, offer.steps)
-        to_source = tokalign.target_positions_in_source(src.data, tgt.data)
-    for k, side in hotspots:
+    at_receiver = tokalign.in_target(src, tgt, offer.steps)
+    to_source = tokalign.target_positions_in_source(src.data, tgt.data)
+    for k, side in boundary_drift.boundary_hotspots(src, tgt, offer.steps):
         if side == "source":
             last = offer.steps[k][1] - 1
             spans += [(a, b) for a, b in src.offsets if a <= last < b]
