@@ -108,7 +108,7 @@ def workload(args: Args, prompt_len: int, policy_count: int) -> costs.Workload:
                 "hacpo": rollouts, "cross-fidelity": rollouts}[args.share] * (policy_count - 1)
     return costs.Workload(rollouts, prompt_len, args.max_new_tokens, min(args.micro_batch, rollouts + received),
                           rollouts + received, args.gradient_checkpointing,
-                          reference_copy=args.beta > 0 and not args.lora_rank)
+                          reference_copy=args.beta > 0 and not args.lora_rank, group_size=args.group_size)
 
 
 def print_estimates(estimates: list[tuple[str, str, int, int | None]]) -> None:

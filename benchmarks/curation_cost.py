@@ -70,7 +70,7 @@ def main() -> None:
     own = diagnosis.CuratorConfig.calibration_rollouts
     # a pair: each receiver is offered its one peer's rollouts, and trains on its own and on every offer at most
     work = costs.Workload(rollouts, args.prompt_len, args.max_new_tokens, micro_batch=8,
-                          train_sequences=2 * rollouts)
+                          train_sequences=2 * rollouts, group_size=args.group_size)
     print(f"TFLOPs per iteration and receiver: {args.prompts} prompts x {args.group_size} completions of "
           f"{args.prompt_len} + {args.max_new_tokens} tokens, {args.steps} steps each; curation diagnoses the "
           f"{rollouts} peer rollouts and {own} own ones and crosses every offer (upper bounds)\n")

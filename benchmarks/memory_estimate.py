@@ -3,19 +3,20 @@ measurement that checks it.
 
 The two models are built on the meta device from their published configurations (no weights, no hub), in
 bf16, and `costs.estimate` adds up weights, gradients, AdamW state and step, activations, logits and the
-rollouts' KV cache at the default run's shapes (16 prompts x 8 completions, 40 new tokens); the total is the
-peak over phases that do not overlap (`costs.Estimate.total_bytes`).
+rollouts' KV cache at the default run's shapes (16 prompts x 8 completions, 40 new tokens, each prompt computed
+once for its completions in the update); the total is the peak over phases that do not overlap
+(`costs.Estimate.total_bytes`).
 
-The check: each configuration narrowed 16 times in width (hidden size, head size, MLP width, vocabulary and
-LoRA rank divided by 16; depth, heads and tokens kept) is built on the CPU with random weights, and one GRPO
-update of one micro-batch of padded sequences is measured with `measure_update` below (every tensor storage
-the forward, backward and AdamW step create, alive at the peak, plus weights and AdamW state). The last column
-is the estimate of that narrowed model divided by its measurement. Rows with gradient checkpointing are not
-measured (the recomputation makes the CPU run several times longer on a shared machine), and their
-estimate is the least checked: the transients of the backward's recomputation are not counted.
+The check: each configuration narrowed 16 times in width (hidden size, head size, MLP width, vocabulary and LoRA rank
+divided by 16; depth, heads and tokens kept) is built on the CPU with random weights, and one GRPO update of one
+micro-batch (groups of --group-size completions of one prompt) is measured with `measure_update` below (every tensor
+storage the forward, backward and AdamW step create, alive at the peak, plus weights and AdamW state). The last column
+is the estimate of that narrowed model divided by its measurement. Rows with gradient checkpointing are not measured
+(the recomputation makes the CPU run several times longer on a shared machine), and their estimate is the least
+checked: the transients of the backward's recomputation are not counted.
 
-    python benchmarks/memory_estimate.py [--micro-batch 8] [--lora-rank 16] [--prompt-len 100] [--no-measure]
-                                         [--training {full,lora,both}]
+    python benchmarks/memory_estimate.py [--micro-batch 8] [--group-size 8] [--lora-rank 16] [--prompt-len 100]
+                                         [--no-measure] [--training {full,lora,both}]
 """
 
 import argparse
@@ -32,6 +33,7 @@ from torch.utils._pytree import tree_flatten  # noqa: E402
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM  # noqa: E402
 
 import grpo  # noqa: E402
+from args import Args  # noqa: E402
 from testbed import costs  # noqa: E402
 from testbed import lora  # noqa: E402
 
@@ -92,8 +94,8 @@ PAPER_PAIR = {
                                                         num_key_value_heads=8, tie_word_embeddings=False)),
 }
 NARROWING = 16
-TERMS = ("weights", "gradients", "optimizer", "optimizer_step", "activations", "recompute", "logits", "kv_cache",
-         "rollout_logits")
+TERMS = ("weights", "gradients", "optimizer", "optimizer_step", "activations", "recompute", "logits",
+         "update_kv_cache", "kv_cache", "rollout_logits")
 
 
 def build(name: str, lora_rank: int, checkpointing: bool, narrowing: int = 1) -> torch.nn.Module:
@@ -111,24 +113,27 @@ def build(name: str, lora_rank: int, checkpointing: bool, narrowing: int = 1) ->
 
 
 def measured_ratio(name: str, lora_rank: int, checkpointing: bool, work: costs.Workload) -> float:
-    """Estimate / measurement of one update of one micro-batch on the narrowed model."""
+    """Estimate / measurement of one update of one micro-batch on the narrowed model: its rows in groups of
+    `work.group_size` completions of one prompt, the prompts of different lengths (the attention mask pads)."""
     model = build(name, lora_rank, checkpointing, NARROWING)
     vocab = model.get_input_embeddings().weight.shape[0]
     gen = torch.Generator().manual_seed(0)
-    n = work.micro_batch
-    prompts = [torch.randint(vocab, (work.prompt_len - i,), generator=gen).tolist() for i in range(n)]
+    n, group = work.micro_batch, work.group_size
+    distinct = [torch.randint(vocab, (work.prompt_len - u,), generator=gen).tolist() for u in range(-(-n // group))]
+    prompts = [distinct[i // group] for i in range(n)]
     completions = [torch.randint(vocab, (work.max_new_tokens,), generator=gen).tolist() for _ in range(n)]
     batch = grpo.build_batch(prompts, completions, [torch.ones(work.max_new_tokens)] * n, pad_id=0)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-5, foreach=True)
     grpo.grpo_step(model, optimizer, batch, grpo.LossConfig(), micro_batch=n)   # AdamW's moments exist from here
     measured = measure_update(model, optimizer, batch, micro_batch=n)
-    narrowed = costs.Workload(n, work.prompt_len, work.max_new_tokens, n, n, checkpointing)
+    narrowed = costs.Workload(n, work.prompt_len, work.max_new_tokens, n, n, checkpointing, group_size=group)
     return costs.estimate(model, narrowed).total_bytes / measured
 
 
 def main() -> None:
     cli = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     cli.add_argument("--micro-batch", type=int, default=8)
+    cli.add_argument("--group-size", type=int, default=Args.group_size, help="completions of one prompt")
     cli.add_argument("--lora-rank", type=int, default=16)
     cli.add_argument("--prompt-len", type=int, default=100)
     cli.add_argument("--max-new-tokens", type=int, default=40)
@@ -145,7 +150,7 @@ def main() -> None:
         for checkpointing in (False, True):
             for name in PAPER_PAIR:
                 work = costs.Workload(cli.rollouts, cli.prompt_len, cli.max_new_tokens, cli.micro_batch,
-                                         cli.rollouts, checkpointing)
+                                      cli.rollouts, checkpointing, group_size=cli.group_size)
                 est = costs.estimate(build(name, lora_rank, checkpointing), work)
                 measure = not (cli.no_measure or checkpointing)
                 ratio = f"{measured_ratio(name, lora_rank, checkpointing, work):.3f}" if measure else ""

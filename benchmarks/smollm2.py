@@ -78,13 +78,13 @@ def update_memory(policy: policies.Policy, lora_rank: int, prompt_len: int, n: i
     model.train()
     vocab = len(policy.tokenizer)
     gen = torch.Generator().manual_seed(0)
-    prompts = [torch.randint(vocab, (prompt_len - i % 4,), generator=gen).tolist() for i in range(n)]
+    prompts = [torch.randint(vocab, (prompt_len,), generator=gen).tolist()] * n
     completions = [torch.randint(vocab, (NEW_TOKENS,), generator=gen).tolist() for _ in range(n)]
     batch = grpo.build_batch(prompts, completions, [torch.ones(NEW_TOKENS)] * n, pad_id=policy.tokenizer.pad_token_id)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-6, foreach=True)
     grpo.grpo_step(model, optimizer, batch, grpo.LossConfig(), micro_batch=n)   # AdamW's moments exist from here
     measured = measure_update(model, optimizer, batch, micro_batch=n)
-    work = costs.Workload(n, prompt_len, NEW_TOKENS, n, n)
+    work = costs.Workload(n, prompt_len, NEW_TOKENS, n, n, group_size=n)
     return costs.estimate(model, work).total_bytes, measured
 
 

@@ -32,6 +32,7 @@ class Workload:
     train_sequences: int    # sequences in the update (own and received)
     gradient_checkpointing: bool = False
     reference_copy: bool = False    # a frozen copy of the weights as KL reference (beta > 0 without LoRA)
+    group_size: int = 1     # completions of one prompt side by side in a micro-batch, its prompt computed once
 
 
 @dataclass(frozen=True)
@@ -48,12 +49,14 @@ class Estimate:
         """The peak: what stays resident (weights, their reference copy, AdamW's moments) plus the largest of the
         phases that never overlap. Gradients live from a backward to the next update's zero_grad, so through
         the rollouts (KV cache, behaviour logits) and the optimizer step (its transient), and through a
-        micro-batch's forward (activations, logits) only after the first. In the backward the activations are
-        freed as gradients appear, except under checkpointing, where a recomputed block joins them; at its end a
-        trained embedding tied to the head holds the head's and the lookup's gradients beside their sum."""
+        micro-batch's forward (activations, logits, the update's KV cache) only after the first. In the backward
+        the activations are freed as gradients appear, except under checkpointing, where a recomputed block joins
+        them; at its end a trained embedding tied to the head holds the head's and the lookup's gradients beside
+        their sum."""
         b = self.bytes
         resident = b["weights"] + b["reference"] + b["optimizer"]
-        forward = b["activations"] + b["logits"] + (b["gradients"] if self.accumulates else 0)
+        forward = (b["activations"] + b["logits"] + b["update_kv_cache"]
+                   + (b["gradients"] if self.accumulates else 0))
         backward = b["activations"] + b["recompute"] + b["gradients"] if b["recompute"] else 0
         return resident + max(b["gradients"] + b["kv_cache"] + b["rollout_logits"], forward, backward,
                               b["gradients"] + b["tied_gradients"], b["gradients"] + b["optimizer_step"])
@@ -72,7 +75,16 @@ def adapter_widths(model: torch.nn.Module) -> tuple[int, int, int]:
             adapters[0].weight.element_size() if adapters else 0)
 
 
-def activation_bytes(model: torch.nn.Module, micro_batch: int, seq: int, checkpointing: bool) -> tuple[int, int]:
+def update_tokens(work: Workload, rows: int) -> tuple[int, int]:
+    """(prompt tokens, completion tokens) the update's forward computes for `rows` of its sequences: each prompt
+    once for its `group_size` completions (sequences.completion_logprobs), or every row whole under gradient
+    checkpointing, which keeps no KV cache to share."""
+    if work.gradient_checkpointing:
+        return rows * work.prompt_len, rows * work.max_new_tokens
+    return -(-rows // work.group_size) * work.prompt_len, rows * work.max_new_tokens
+
+
+def activation_bytes(model: torch.nn.Module, work: Workload) -> tuple[int, int]:
     """(kept, recomputed): what one micro-batch's forward saves for the backward, logits excepted, and what a
     block saves again while the backward recomputes it under gradient checkpointing (else 0). Counted tensor by
     tensor with saved-tensor hooks on transformers' Llama / Qwen2 and peft; tests/test_costs.py measures it.
@@ -82,13 +94,15 @@ def activation_bytes(model: torch.nn.Module, micro_batch: int, seq: int, checkpo
         weights train, also the normalized input before and after the weight (2 s h);
       - attention: q, k, v and the output at full heads (with a padding mask, transformers' SDPA path expands k
         and v by repeat_kv, so grouped-query attention saves nothing), the float32 logsumexp per head, and the
-        B x 1 x T x T mask (T elements per token);
+        mask's row over the keys the token attends to (its prompt's and its own positions);
       - the gated MLP: gate, up and the activated gate (3 I), and the down projection's input (I) where the
         linear weights train;
       - LoRA (peft keeps adapters in float32): each adapted linear saves a float32 copy of its input and the
         adapter's rank-r hidden (in a float32 model the copies are the inputs themselves, see below).
-    The final norm counts like a block's. With gradient checkpointing the blocks keep only their inputs through
-    the forward, and one block's worth lives again while the backward recomputes it.
+    The final norm counts like a block's. Where a prompt goes through once for its completions (`update_tokens`),
+    each completion row keeps its prompt's keys and values again, expanded to full heads for its attention (the
+    repeated KV cache itself is not saved: `estimate` counts it beside). With gradient checkpointing the blocks keep
+    only their inputs through the forward, and one block's worth lives again while the backward recomputes it.
     """
     cfg = text_config(model)
     size = next(model.parameters()).element_size()
@@ -97,7 +111,7 @@ def activation_bytes(model: torch.nn.Module, micro_batch: int, seq: int, checkpo
     head_dim = getattr(cfg, "head_dim", None) or hidden // heads
     intermediate = getattr(cfg, "intermediate_size", None) or 4 * hidden
     norm = 4 * hidden + 4 + (2 * size * hidden if base_trains else 0)
-    attention = 4 * heads * head_dim * size + 4 * heads + seq * size
+    attention = 4 * heads * head_dim * size + 4 * heads
     mlp = (4 if base_trains else 3) * intermediate * size
     adapter_in, adapter_rank, adapter_size = adapter_widths(model)
     if adapter_size == size:
@@ -106,11 +120,15 @@ def activation_bytes(model: torch.nn.Module, micro_batch: int, seq: int, checkpo
         # input is the attention output, kept already)
         adapter_in = min(adapter_in, layers * (2 * hidden + intermediate))
     adapters = adapter_size * (adapter_in + adapter_rank)  # all layers together
-    per_layer = 2 * norm + attention + mlp
-    tokens = micro_batch * seq
-    if checkpointing:
-        return tokens * (layers * hidden * size + norm), tokens * (per_layer + adapters // layers)
-    return tokens * (layers * per_layer + adapters + norm), 0
+    per_layer = 2 * norm + attention + mlp                 # a token's, beside its mask row
+    seq, rows = work.prompt_len + work.max_new_tokens, work.micro_batch
+    prompt_tokens, completion_tokens = update_tokens(work, rows)
+    tokens = prompt_tokens + completion_tokens
+    if work.gradient_checkpointing:
+        return tokens * (layers * hidden * size + norm), tokens * (per_layer + seq * size + adapters // layers)
+    masks = layers * size * (prompt_tokens * work.prompt_len + completion_tokens * seq)
+    repeated_prompts = layers * rows * work.prompt_len * 2 * heads * head_dim * size
+    return tokens * (layers * per_layer + adapters + norm) + masks + repeated_prompts, 0
 
 
 def estimate(model: torch.nn.Module, work: Workload) -> Estimate:
@@ -120,14 +138,15 @@ def estimate(model: torch.nn.Module, work: Workload) -> Estimate:
     moments are measured from the model's parameters; AdamW's foreach step allocates a transient as large as
     the trainable parameters; a trained embedding tied to the head adds two gradients of its size at the end
     of the backward (the head's and the lookup's, beside their sum). Activations are `activation_bytes`. The
-    logits peak holds four float32 copies
-    during the entropy computation (the scaled logits, their log-softmax, its exp and the product), over the
-    completion positions only: the update projects no prompt position onto the vocabulary (sequences.logits_from).
-    The KV cache holds keys and values of every layer for all rollouts, and generation keeps every step's
-    float32 logits for the behaviour log-probs. The FLOPs count one pass of rollouts and one forward and backward of the update
-    over the parameters that multiply, the matrices (the input embedding is a lookup unless tied to the head;
-    norm weights and biases are elementwise; attention's own products are left out): a lower bound
-    (no epochs, KL reference, receiver log-probs or recomputation).
+    logits peak holds four float32 copies during the entropy computation (the scaled logits, their log-softmax,
+    its exp and the product), over the completion positions only: the update projects no prompt position onto
+    the vocabulary (sequences.logits_from). The KV cache holds keys and values of every layer for all rollouts,
+    and generation keeps every step's float32 logits for the behaviour log-probs; the update's KV cache holds
+    them for a micro-batch's rows, its prompts repeated for their completions, until the forward's logits are
+    read. The FLOPs count one pass of rollouts and one forward and backward of the update over the parameters
+    that multiply, the matrices (the input embedding is a lookup unless tied to the head; norm weights and
+    biases are elementwise; attention's own products are left out): a lower bound (no epochs, KL reference,
+    receiver log-probs or recomputation).
     """
     cfg = text_config(model)
     params = list(model.parameters())
@@ -140,7 +159,7 @@ def estimate(model: torch.nn.Module, work: Workload) -> Estimate:
     kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
     seq = work.prompt_len + work.max_new_tokens
     weights = sum(p.numel() * p.element_size() for p in params)
-    kept, recomputed = activation_bytes(model, work.micro_batch, seq, work.gradient_checkpointing)
+    kept, recomputed = activation_bytes(model, work)
     embedding, head = model.get_input_embeddings().weight, model.get_output_embeddings().weight
     tied = embedding is head and embedding.requires_grad
     memory = {"weights": weights,
@@ -152,6 +171,8 @@ def estimate(model: torch.nn.Module, work: Workload) -> Estimate:
               "activations": kept,
               "recompute": recomputed,
               "logits": 4 * work.micro_batch * work.max_new_tokens * vocab * 4,
+              "update_kv_cache": 0 if work.gradient_checkpointing else kv_cache_bytes(
+                  layers, kv_heads, head_dim, work.micro_batch, seq, size),
               "kv_cache": kv_cache_bytes(layers, kv_heads, head_dim, work.rollouts, seq, size),
               "rollout_logits": work.rollouts * work.max_new_tokens * vocab * 4}
     flops = sum(iteration_flops(model, work).values())
@@ -167,13 +188,13 @@ def multiplying_parameters(model: torch.nn.Module) -> int:
 
 
 def iteration_flops(model: torch.nn.Module, work: Workload) -> dict[str, float]:
-    """FLOPs of one iteration's rollouts (one pass over their tokens) and update (a forward and a backward of its
-    sequences: activation gradients always, weight gradients where every weight trains)."""
+    """FLOPs of one iteration's rollouts (one pass over their tokens) and update (a forward and a backward of the
+    tokens it computes, `update_tokens`: activation gradients always, weight gradients where every weight trains)."""
     multiplying, seq = multiplying_parameters(model), work.prompt_len + work.max_new_tokens
     trains_all = all(p.requires_grad for p in model.parameters())
     backward = 2 + (2 if trains_all else 0)
     return {"rollouts": float(2 * multiplying * work.rollouts * seq),
-            "update": float((2 + backward) * multiplying * work.train_sequences * seq)}
+            "update": float((2 + backward) * multiplying * sum(update_tokens(work, work.train_sequences)))}
 
 
 def curation_flops(model: torch.nn.Module, scope: tuple[list, list | None], diagnosed: int, crossed: int, seq: int,
@@ -185,8 +206,8 @@ def curation_flops(model: torch.nn.Module, scope: tuple[list, list | None], diag
     cost a forward over every matrix; a backward batched over the steps, each step's cotangent multiplying every
     matrix it passes through once (activation gradients only: the scope's matrices and, for `exact`, all below
     them to the lowest trained one); and per weight of the scope the cheaper of its ghost norm, T^2 (steps out +
-    in), and its formed per-step gradients, steps T out in. Attention's own products, the diagnosis's bookkeeping and the norm
-    layers are left out, as in `iteration_flops`."""
+    in), and its formed per-step gradients, steps T out in. Attention's own products, the diagnosis's bookkeeping
+    and the norm layers are left out, as in `iteration_flops`."""
     multiplying, (params, modules) = multiplying_parameters(model), scope
     scoped = {id(p) for p in params}
     linears = [m for m in (model.modules() if modules is None else modules) if isinstance(m, torch.nn.Linear)]

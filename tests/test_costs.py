@@ -12,7 +12,7 @@ import eval as evaluation
 import grpo
 import grad_norms
 import train
-from testbed import checkpoint, costs, lora, tiny
+from testbed import checkpoint, costs, lora, sequences, tiny
 from test_train import tiny_args
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
@@ -115,27 +115,35 @@ def small_model(family, dtype, with_lora, hidden=64, layers=2, vocab=256, checkp
     return (lora.add_lora(model, rank=4, alpha=8) if with_lora else model).train()
 
 
-def padded_batch(n, prompt_len, new_tokens, vocab=256):
-    """n sequences whose prompts differ in length, so the attention mask pads, as in training."""
+def padded_batch(n, prompt_len, new_tokens, vocab=256, group=1):
+    """n sequences in groups of `group` completions of one prompt, the prompts of different lengths so that the
+    attention mask pads, as in training."""
     gen = torch.Generator().manual_seed(0)
-    prompts = [torch.randint(1, vocab, (prompt_len - i % 3,), generator=gen).tolist() for i in range(n)]
+    distinct = [torch.randint(1, vocab, (prompt_len - u % 3,), generator=gen).tolist() for u in range(-(-n // group))]
+    prompts = [distinct[i // group] for i in range(n)]
     completions = [torch.randint(1, vocab, (new_tokens,), generator=gen).tolist() for _ in range(n)]
     return grpo.build_batch(prompts, completions, [torch.ones(new_tokens)] * n, pad_id=0)
 
 
 def saved_for_backward(model, batch):
-    """Bytes of the distinct storages autograd saves in a forward, parameters not included."""
+    """Bytes of the distinct storages autograd saves in the model's forwards of the update's log-probs
+    (sequences.completion_logprobs: each prompt once, then its completions), parameters not included."""
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    saved = {}
+    saved, inside = {}, []
 
     def pack(tensor):
         storage = tensor.untyped_storage()
-        if storage.data_ptr() not in params:
+        if inside and storage.data_ptr() not in params:
             saved[storage.data_ptr()] = storage.nbytes()
         return tensor
 
+    groups = sequences.prompt_groups(batch.input_ids, batch.mask, list(range(len(batch.input_ids))))
+    entering = model.register_forward_pre_hook(lambda module, args: inside.append(True))
+    leaving = model.register_forward_hook(lambda module, args, out: inside.clear())
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-        model(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
+        sequences.completion_logprobs(model, groups, cache=sequences.cache_keyword(model))
+    entering.remove()
+    leaving.remove()
     return sum(saved.values())
 
 
@@ -156,26 +164,40 @@ CASES = [(family, dtype, with_lora) for family in ("qwen2", "llama") for dtype i
          for with_lora in (False, True)]
 
 
+@pytest.mark.parametrize("group", [1, 4])
 @pytest.mark.parametrize("family, dtype, with_lora", CASES)
-def test_activations_are_the_tensors_saved_for_backward(family, dtype, with_lora):
+def test_activations_are_the_tensors_saved_for_backward(family, dtype, with_lora, group):
     model = small_model(family, dtype, with_lora)
-    batch = padded_batch(4, 24, 24)
-    kept, recomputed = costs.activation_bytes(model, 4, batch.input_ids.shape[1], checkpointing=False)
+    kept, recomputed = costs.activation_bytes(model, costs.Workload(4, 24, 24, 4, 4, group_size=group))
     assert recomputed == 0
-    assert kept == pytest.approx(saved_for_backward(model, batch), rel=0.03)
+    assert kept == pytest.approx(saved_for_backward(model, padded_batch(4, 24, 24, group=group)), rel=0.03)
 
 
+@pytest.mark.parametrize("group", [1, 4])
 @pytest.mark.parametrize("family, dtype, with_lora", CASES)
-def test_the_estimated_peak_is_within_10_percent_of_the_measured_peak_of_an_update(family, dtype, with_lora):
+def test_the_estimated_peak_is_within_10_percent_of_the_measured_peak_of_an_update(family, dtype, with_lora, group):
     model = small_model(family, dtype, with_lora)
     n, prompt_len, new_tokens = 4, 24, 24
-    batch = padded_batch(n, prompt_len, new_tokens)
+    batch = padded_batch(n, prompt_len, new_tokens, group=group)
     # foreach, as AdamW picks on CUDA: its step allocates a transient as large as the trainable parameters
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4, foreach=True)
     grpo.grpo_step(model, optimizer, batch, grpo.LossConfig(), micro_batch=n)   # AdamW's moments exist from now
     measured = memory_estimate.measure_update(model, optimizer, batch, micro_batch=n)
-    est = costs.estimate(model, costs.Workload(n, prompt_len, new_tokens, n, n))
+    est = costs.estimate(model, costs.Workload(n, prompt_len, new_tokens, n, n, group_size=group))
     assert est.total_bytes == pytest.approx(measured, rel=0.10)
+
+
+def test_a_prompt_computed_once_for_its_group_costs_the_update_less_memory_and_flops():
+    """By hand: 8 rows of prompts of 100 and completions of 40 compute 8 x 140 positions whole, 100 + 8 x 40 in
+    one group; under checkpointing every row goes whole whatever the group."""
+    model = small_model("llama", torch.bfloat16, with_lora=False)
+    shared, whole = (costs.Workload(8, 100, 40, 8, 8, group_size=g) for g in (8, 1))
+    assert costs.update_tokens(shared, 8) == (100, 320) and costs.update_tokens(whole, 8) == (800, 320)
+    checkpointed = costs.Workload(8, 100, 40, 8, 8, gradient_checkpointing=True, group_size=8)
+    assert costs.update_tokens(checkpointed, 8) == (800, 320)
+    flops = {g: costs.iteration_flops(model, w)["update"] for g, w in ((8, shared), (1, whole))}
+    assert flops[8] / flops[1] == pytest.approx(420 / 1120)
+    assert costs.activation_bytes(model, shared)[0] < costs.activation_bytes(model, whole)[0]
 
 
 @pytest.mark.parametrize("n, micro_batch, hidden, new_tokens", [(8, 2, 64, 24),    # gradients live in later forwards
