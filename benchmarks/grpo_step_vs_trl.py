@@ -4,13 +4,13 @@
         -r benchmarks/requirements.txt
     .venv-trl/bin/python benchmarks/grpo_step_vs_trl.py            # --steps 8 --warmup-scale 1.0
 
-Both sides start from the same warmed-up policy (a copy each): 8 prompts x 8 completions, 40 new tokens,
-temperature 0.7, lr 3e-5, beta 0, one update per batch. TRL's steps are timed by a callback, and after each of
-them this project's step runs (rollout + reward + advantages + exchange + update), so both see the same load.
-Then the phases of one project iteration of the default pair are timed on their own, with the rollout
-also through model.generate as it was before (the candidate the direct decode loop replaced), and each
-phase's FLOPs over the matmul probe's throughput give its bound. Medians; the machine's load moves the
-absolute figures, the interleaving keeps the ratios honest.
+Both sides start from the same warmed-up policy (a copy each): 8 prompts x 8 completions, 40 new tokens, temperature
+0.7, lr 3e-5, beta 0, one update per batch. TRL's steps are timed by a callback, and after each of them this project's
+step runs (rollout + reward + advantages + exchange + update), so both see the same load. Then the phases of one
+project iteration of the default pair are timed on their own, with the rollout also through model.generate as it was
+before (the candidate the direct decode loop replaced), and each phase's FLOPs (the update's with each prompt once, as
+it computes it) over the matmul probe's throughput give its bound. Medians; the machine's load moves the absolute
+figures, the interleaving keeps the ratios honest.
 """
 
 from __future__ import annotations
@@ -139,12 +139,13 @@ def phase_bounds(pols: list[policies.Policy], task: tasks.Task, repeats: int, fl
             seconds.setdefault("evaluation (500 greedy)", []).append(time.perf_counter() - clock)
         rollouts = policy.rollout(prompts, GROUP, NEW_TOKENS, TEMPERATURE)
         prompt_tokens = sum(len(p) for p in rollouts.prompt_ids)
+        distinct_prompt_tokens = sum(map(len, {tuple(p.tolist()) for p in rollouts.prompt_ids}))  # once each
         completion_tokens = sum(len(c) for c in rollouts.completion_ids)
         greedy = policy.rollout([task.prompt(q) for q in task.heldout], 1, NEW_TOKENS, greedy=True)
         eval_tokens = sum(len(p) + len(c) for p, c in zip(greedy.prompt_ids, greedy.completion_ids))
         flops = {"rollout": 2 * params * (prompt_tokens + completion_tokens),
                  "rollout by generate()": 2 * params * (prompt_tokens + completion_tokens),
-                 "update": 6 * params * (prompt_tokens + completion_tokens),
+                 "update": 6 * params * (distinct_prompt_tokens + completion_tokens),
                  "evaluation (500 greedy)": 2 * params * eval_tokens}
         print(f"  {policy.name} ({params / 1e6:.2f}M parameters, {completion_tokens} sampled tokens):")
         for phase, values in seconds.items():
