@@ -106,9 +106,16 @@ def workload(args: Args, prompt_len: int, policy_count: int) -> costs.Workload:
     rollouts = args.prompts_per_iteration * args.group_size
     received = {"none": 0, "xgrpo": 0, "sgt": rollouts // 4, "graft": rollouts // 4, "prp": rollouts,
                 "hacpo": rollouts, "cross-fidelity": rollouts}[args.share] * (policy_count - 1)
-    return costs.Workload(rollouts, prompt_len, args.max_new_tokens, min(args.micro_batch, rollouts + received),
-                          rollouts + received, args.gradient_checkpointing,
-                          reference_copy=args.beta > 0 and not args.lora_rank, group_size=args.group_size)
+    micro_batch = min(args.micro_batch, rollouts + received)
+    # own rows alone cut into micro-batches of whole groups; received rows join some groups and make others of a
+    # few rows, so a micro-batch may then hold a prompt per row, up to the iteration's prompts
+    whole_groups = (received == 0 and micro_batch % args.group_size == 0
+                    and args.prompts_per_iteration % args.minibatches == 0)
+    rows_per_prompt = (args.group_size if whole_groups
+                       else max(1, micro_batch // min(micro_batch, args.prompts_per_iteration)))
+    return costs.Workload(rollouts, prompt_len, args.max_new_tokens, micro_batch, rollouts + received,
+                          args.gradient_checkpointing, reference_copy=args.beta > 0 and not args.lora_rank,
+                          group_size=rows_per_prompt)
 
 
 def print_estimates(estimates: list[tuple[str, str, int, int | None]]) -> None:

@@ -114,7 +114,8 @@ def build(name: str, lora_rank: int, checkpointing: bool, narrowing: int = 1) ->
 
 def measured_ratio(name: str, lora_rank: int, checkpointing: bool, work: costs.Workload) -> float:
     """Estimate / measurement of one update of one micro-batch on the narrowed model: its rows in groups of
-    `work.group_size` completions of one prompt, the prompts of different lengths (the attention mask pads)."""
+    `work.group_size` completions of one prompt; where there are several prompts, of different lengths (the
+    attention mask pads)."""
     model = build(name, lora_rank, checkpointing, NARROWING)
     vocab = model.get_input_embeddings().weight.shape[0]
     gen = torch.Generator().manual_seed(0)

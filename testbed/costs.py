@@ -32,7 +32,7 @@ class Workload:
     train_sequences: int    # sequences in the update (own and received)
     gradient_checkpointing: bool = False
     reference_copy: bool = False    # a frozen copy of the weights as KL reference (beta > 0 without LoRA)
-    group_size: int = 1     # completions of one prompt side by side in a micro-batch, its prompt computed once
+    group_size: int = 1     # rows of one prompt a micro-batch holds together, at least (train.workload)
 
 
 @dataclass(frozen=True)
@@ -76,9 +76,10 @@ def adapter_widths(model: torch.nn.Module) -> tuple[int, int, int]:
 
 
 def update_tokens(work: Workload, rows: int) -> tuple[int, int]:
-    """(prompt tokens, completion tokens) the update's forward computes for `rows` of its sequences: each prompt
-    once for its `group_size` completions (sequences.completion_logprobs), or every row whole under gradient
-    checkpointing, which keeps no KV cache to share."""
+    """(prompt tokens, completion tokens) the update's forward computes for `rows` of its sequences: a
+    micro-batch computes each of its prompts once for that prompt's rows in it (sequences.completion_logprobs),
+    counted here as one prompt per `group_size` rows; under gradient checkpointing, which keeps no KV cache to
+    share, every row whole."""
     if work.gradient_checkpointing:
         return rows * work.prompt_len, rows * work.max_new_tokens
     return -(-rows // work.group_size) * work.prompt_len, rows * work.max_new_tokens

@@ -7,11 +7,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 
 import eval as evaluation
 import grpo
 import grad_norms
 import train
+from args import Args
 from testbed import checkpoint, costs, lora, sequences, tiny
 from test_train import tiny_args
 
@@ -116,8 +119,8 @@ def small_model(family, dtype, with_lora, hidden=64, layers=2, vocab=256, checkp
 
 
 def padded_batch(n, prompt_len, new_tokens, vocab=256, group=1):
-    """n sequences in groups of `group` completions of one prompt, the prompts of different lengths so that the
-    attention mask pads, as in training."""
+    """n sequences in groups of `group` completions of one prompt; where there are several prompts, of different
+    lengths, so that the attention mask pads, as in training."""
     gen = torch.Generator().manual_seed(0)
     distinct = [torch.randint(1, vocab, (prompt_len - u % 3,), generator=gen).tolist() for u in range(-(-n // group))]
     prompts = [distinct[i // group] for i in range(n)]
@@ -185,6 +188,29 @@ def test_the_estimated_peak_is_within_10_percent_of_the_measured_peak_of_an_upda
     measured = memory_estimate.measure_update(model, optimizer, batch, micro_batch=n)
     est = costs.estimate(model, costs.Workload(n, prompt_len, new_tokens, n, n, group_size=group))
     assert est.total_bytes == pytest.approx(measured, rel=0.10)
+
+
+@settings(max_examples=60, deadline=None)
+@given(share=st.sampled_from(["none", "xgrpo", "sgt", "prp", "cross-fidelity"]), prompts=st.integers(1, 6),
+       group=st.integers(2, 5), micro_batch=st.integers(1, 20), minibatches=st.integers(1, 3), data=st.data())
+def test_no_micro_batch_of_an_update_holds_more_prompts_than_the_estimate_counts(share, prompts, group, micro_batch,
+                                                                                minibatches, data):
+    """The update's own cut (grpo_step: minibatch_rows, sequences_of_prompts, micro-batches) of own groups and
+    received rows spread over the prompts at random, against the prompts train.workload lets a micro-batch hold."""
+    assume(minibatches <= prompts * group)
+    args = Args(share=share, prompts_per_iteration=prompts, group_size=group, micro_batch=micro_batch,
+                minibatches=minibatches)
+    work = train.workload(args, prompt_len=3, policy_count=2)
+    received = work.train_sequences - work.rollouts
+    owners = [b for b in range(prompts) for _ in range(group)]
+    owners += data.draw(st.lists(st.integers(0, prompts - 1), min_size=received, max_size=received))
+    batch = grpo.build_batch([[b + 1, b + 1] for b in owners], [[7]] * len(owners), [torch.ones(1)] * len(owners),
+                             pad_id=0)
+    for part in grpo.minibatch_rows(len(owners), minibatches):
+        order = grpo.sequences_of_prompts(batch.input_ids, batch.mask, part)
+        for start in range(0, len(order), micro_batch):
+            held = {owners[r] for r in order[start:start + micro_batch]}
+            assert len(held) <= -(-work.micro_batch // work.group_size)
 
 
 def test_a_prompt_computed_once_for_its_group_costs_the_update_less_memory_and_flops():
