@@ -1,12 +1,12 @@
 """What cross-fidelity's curation costs at the small and paper presets, before a GPU user pays it: FLOPs per
 iteration and receiver, from the models' published shapes (built on the meta device: no weights, no hub).
 
-For each model, with every weight trained and with LoRA, `testbed.costs.iteration_flops` gives the rollouts' and
-the update's FLOPs and `testbed.costs.curation_flops` curation's for each CCM estimate: the per-step gradient
-norms over every peer rollout and the receiver's own calibration rollouts (an upper bound: on the tiny preset
-the predictor and the inert offers leave about half undiagnosed) and the receiver's forward over every offer
-(an upper bound on what crosses). tests/test_costs.py checks both counts against torch's FLOP counter on a real
-call.
+For each model, with every weight trained and with LoRA, `testbed.costs.iteration_flops` gives the rollouts' and the
+update's FLOPs (each prompt computed once for its group, the fewest the update computes) and
+`testbed.costs.curation_flops` curation's for each CCM estimate: the per-step gradient norms over every peer rollout
+and the receiver's own calibration rollouts (an upper bound: on the tiny preset the predictor and the inert offers
+leave about half undiagnosed) and the receiver's forward over every offer (an upper bound on what crosses).
+tests/test_costs.py checks both counts against torch's FLOP counter on a real call.
 
     python benchmarks/curation_cost.py                                  # the default run's shapes
     python benchmarks/curation_cost.py --max-new-tokens 256 --steps 8   # longer solutions, more steps
