@@ -60,6 +60,23 @@ def test_tbd_counts_a_straddled_step_boundary_not_a_digit_split():
     torch.testing.assert_close(tbd, torch.tensor([0.5, 0.5], dtype=torch.float64))
 
 
+def test_an_inexact_group_is_drift_by_its_bytes_and_a_two_by_two_group_keeps_a_third_of_its_boundaries():
+    # the receiver re-encoded the source's "XX" as "Y": an inexact group over source bytes [1, 3), 2 of step 0's 3
+    source, target = encoding(b"aXXbb", [1, 3]), encoding(b"aYbb", [1, 2])
+    alignment = tokalign.align(source, target)
+    steps = [(0, 3), (3, 5)]
+    assert alignment.exact == [True, False, True]
+    credit = boundary_drift.drift_steps("credit", alignment, source, target, steps)
+    assert credit.tolist() == pytest.approx([2 / 3, 0.0])
+    assert boundary_drift.boundary_similarity(alignment).tolist() == [1.0, 0.0, 1.0]
+    jaccard = boundary_drift.drift_steps("jaccard", alignment, source, target, steps)
+    assert jaccard.tolist() == pytest.approx([0.5, 0.0])                      # step 0: groups 'a' (1) and XX~Y (0)
+    # "a|bc" against "ab|c": one exact group of 2 and 2 tokens sharing 1 of their 3 boundaries
+    square = tokalign.align(encoding(b"abc", [1]), encoding(b"abc", [2]))
+    assert square.sizes == [(2, 2)]
+    assert boundary_drift.boundary_similarity(square).tolist() == pytest.approx([1 / 3])
+
+
 def naive_step_mean(alignment, values, steps):
     """The mean of per-group values over the groups whose bytes overlap each step, by a plain loop."""
     out = []

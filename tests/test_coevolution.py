@@ -54,8 +54,24 @@ def test_the_gain_is_measured_against_the_receivers_own_trend_by_hand():
     assert coevolution.trend_gain([0.3, 0.3, 0.3, 0.3], 0.25) == pytest.approx(-0.05)
 
 
-def test_a_tripped_guard_backs_the_context_off_one_level_below_what_was_played():
-    bandit = coevolution.ThresholdBandit(coevolution.BanditConfig(step=0.05, epsilon=0.0), seed=0)
+class ScriptedDraws:
+    """The bandit's two draws (random.Random's random and choice), scripted: explore only when told, to the side
+    told."""
+
+    def __init__(self):
+        self.explore, self.side = False, 1
+
+    def random(self) -> float:
+        return 0.0 if self.explore else 0.99
+
+    def choice(self, options):
+        return self.side
+
+
+@pytest.mark.parametrize("side", [1, -1])
+def test_a_tripped_guard_backs_the_context_off_one_level_below_what_was_played(side):
+    bandit = coevolution.ThresholdBandit(coevolution.BanditConfig(step=0.05, epsilon=0.5), seed=0)
+    bandit.rng = draws = ScriptedDraws()
     context = ("qwen", "llama", "similar")
     bandit.level[context] = 3
     for cycle in range(5):
@@ -63,10 +79,12 @@ def test_a_tripped_guard_backs_the_context_off_one_level_below_what_was_played()
         assert bandit.choose("qwen", "llama", gap=0.0) == 3
         bandit.updated("llama", STABLE)
     assert bandit.judge("llama", {"charts/reward_mean": 0.5, "charts/reward_std": 0.4}) == []
-    bandit.choose("qwen", "llama", gap=0.0)
+    draws.explore, draws.side = True, side
+    assert bandit.choose("qwen", "llama", gap=0.0) == 3 + side                 # a neighbour of the current level
     bandit.updated("llama", dict(STABLE, **{"losses/grad_norm": 50.0}))
     assert bandit.judge("llama", {"charts/reward_mean": 0.5, "charts/reward_std": 0.4}) == ["losses/grad_norm"]
-    assert bandit.choose("qwen", "llama", gap=0.0) == 2
+    draws.explore = False
+    assert bandit.level[context] == 3 + side - 1 and bandit.choose("qwen", "llama", gap=0.0) == 3 + side - 1
     assert bandit.choose("qwen", "llama", gap=0.5) == 0                      # another context starts at level 0
 
 
@@ -94,6 +112,7 @@ def test_the_stability_guard_trips_only_outside_a_signals_own_range():
     for value in (1.0, 1.1, 0.9, 1.05):
         assert guard.check({**steady, "losses/grad_norm": value}) == []
     assert guard.check({**steady, "losses/grad_norm": 1.2}) == []
+    assert guard.check({**steady, "losses/grad_norm": 0.01}) == []             # one-sided: a calm cycle is stable
     assert guard.check({**steady, "losses/grad_norm": 5.0}) == ["losses/grad_norm"]
     assert guard.check({**steady, "losses/grad_norm": float("nan")}) == ["losses/grad_norm"]
 
@@ -113,6 +132,24 @@ def test_the_predictor_skips_nothing_for_a_receiver_it_was_not_audited_on():
         predictor.audited("llama", correct)
     assert predictor.may_skip("llama", 0.99) == (True, False)                # 3 of 7 right: below trust 1/2
     assert predictor.accuracy("llama") == pytest.approx(3 / 7) and math.isnan(predictor.accuracy("qwen"))
+
+
+def test_the_predictor_learns_separable_bands_and_skips_only_sure_trusted_unaudited_ones():
+    gen = torch.Generator().manual_seed(0)
+    x = torch.rand(90, 1, generator=gen, dtype=torch.float64) * 2 - 1                   # one feature in [-1, 1)
+    band = torch.bucketize(x[:, 0], torch.tensor([-1 / 3, 1 / 3], dtype=torch.float64))  # thirds: 0, 1, 2
+    cfg = coevolution.PredictorConfig(min_history=64, min_audits=3, confidence=0.9, trust=0.5, audit=0.5)
+    predictor = coevolution.FidelityPredictor(1, cfg, seed=0)
+    predictor.learn(x, band)
+    probe = torch.tensor([[-0.9], [0.0], [0.9]], dtype=torch.float64)
+    predicted, prob = predictor.predict(probe)
+    assert predicted.tolist() == [0, 1, 2] and prob[0] > 0.9 and prob[2] > 0.9
+    for _ in range(3):
+        predictor.audited("llama", True)
+    assert predictor.may_skip("llama", 0.5) == (False, False)                  # unsure: diagnosed, not audited
+    skips = [predictor.may_skip("llama", 0.95) for _ in range(2000)]
+    assert all(sure for sure, _ in skips)
+    assert sum(skip for _, skip in skips) / len(skips) == pytest.approx(0.5, abs=0.05)   # half drawn for audit
 
 
 def test_the_predictor_refuses_nan_features():

@@ -21,6 +21,7 @@ def test_summary_by_hand(tmp_path):
     [row] = evaluation.summarize(run, target=0.6)
     assert (row["start_accuracy"], row["final_accuracy"], row["best_accuracy"]) == (0.2, 0.6, 0.7)
     assert row["iterations_to_target"] == 20
+    assert evaluation.summarize(run, target=0.5)[0]["iterations_to_target"] == 10     # reaching it is enough
     # consecutive differences 0.2, -0.1, 0.2: (0.04 + 0.01 + 0.04) / (2 * 3)
     assert row["reward_var"] == pytest.approx(0.09 / 6)
     assert row["mean_train_reward"] == pytest.approx(0.25)

@@ -19,6 +19,10 @@ def test_sensitivity_and_saturation_by_hand():
     out = fidelity_record.sensitivity(records, {"tbd": 0.0, "ccm": 1 / 3, "rsd": 1 / 3})
     # D at (p10, p90): 0.283 / 0.55 (PRP -> XGRPO), 0.367 / 0.633 (XGRPO -> SGT), 0.5 / 0.767 (XGRPO -> SGT)
     assert out["ccm"]["moved"] == pytest.approx(1.0) and "tbd" not in out
+    assert (out["ccm"]["p10"], out["ccm"]["p90"]) == pytest.approx((0.1, 0.9))
+    # at CCM weight 0.1 the same move adds 0.08: D 0.26 / 0.34 crosses 0.3, 0.46 / 0.54 and 0.71 / 0.79 cross nothing
+    light = fidelity_record.sensitivity(records, {"tbd": 0.0, "ccm": 0.1, "rsd": 1 / 3})
+    assert light["ccm"]["moved"] == pytest.approx(1 / 3)
     assert out["ccm"]["saturated"] == pytest.approx(1 / 3)       # the third: every step at its cap
     assert out["rsd"]["moved"] == 0.0                            # every offer at the same RSD: p10 = p90
     # at the top of its scale a term cannot get worse either, whatever its steps: RSD scaled to 1 on one offer

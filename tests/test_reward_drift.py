@@ -42,6 +42,8 @@ def test_gsm8k_annotations_carry_drift_and_verified_credit():
     assert drift == pytest.approx(reward_drift.bernoulli_kl(10 / 12, 3 / 12))
     credit = reward_drift.verified_credit(1.0, steps, tgt, mix=0.5)
     assert credit[0] == pytest.approx(0.5 + 0.5 * (1 - 3 / 12)) and credit[1:] == [None, None]
+    credit = reward_drift.verified_credit(-0.4, steps, tgt, mix=0.25)          # a weight the two sides tell apart
+    assert credit[0] == pytest.approx(0.75 * -0.4 + 0.25 * (1 - 3 / 12))
 
 
 ARITH = tasks.load_task("arith", 0, 0, 0)

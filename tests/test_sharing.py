@@ -350,7 +350,9 @@ def test_prp_weights_equal_a_naive_group_ratio_across_tokenizers(untrained):
     texts = [["123 + 456 = 579\nAnswer: 579", "98 - 76 = 22\nAnswer: 2"]]   # digits: Qwen 1 per token, Llama 3
     peer = experience(qwen, PROMPTS[:1], texts, [[1.0, 0.0]], unfinished={1})
     gen = torch.Generator().manual_seed(0)
-    peer.rollouts.logprobs = [-torch.rand(len(i), generator=gen) * 3 for i in peer.rollouts.completion_ids]
+    # the peer found its first three tokens far less likely than the receiver does: their groups reach the cap
+    peer.rollouts.logprobs = [-torch.rand(len(i), generator=gen) * 3 - 30.0 * (torch.arange(len(i)) < 3)
+                              for i in peer.rollouts.completion_ids]
     receiver = experience(llama, PROMPTS[:1], texts, [[0.0, 0.0]])
     cap = 1.5
     crossings = sharing.exchange([receiver, peer], sharing.ShareConfig("prp", ratio_cap=cap, temperature=0.7)
@@ -367,6 +369,7 @@ def test_prp_weights_equal_a_naive_group_ratio_across_tokenizers(untrained):
             ratio = math.exp(tgt_logp[list(tgt)].sum().item() - peer.rollouts.logprobs[c.index][list(src)].sum().item())
             expected += [min(ratio, cap)] * len(tgt)
         torch.testing.assert_close(c.weights, torch.tensor(expected), rtol=1e-4, atol=1e-6)
+        assert 0 < expected.count(cap) < len(expected)                        # capped groups and uncapped ones
 
 
 def test_sgt_moves_only_verified_successes_onto_failed_prompts(untrained):
