@@ -372,6 +372,19 @@ def test_prp_weights_equal_a_naive_group_ratio_across_tokenizers(untrained):
         assert 0 < expected.count(cap) < len(expected)                        # capped groups and uncapped ones
 
 
+def test_crossing_metrics_by_hand():
+    def crossing(reward, log_ratio, weights, residual):
+        n = len(weights)
+        return sharing.Crossing("qwen2", 0, reward, [1], list(range(n)), torch.zeros(n), torch.tensor(weights),
+                                torch.zeros(n), torch.tensor(log_ratio), residual)
+    crossings = [crossing(1.0, [0.0, 1.0], [1.0, 1.5, 1.5], 0.0), crossing(0.0, [-1.0, 0.5, 2.0], [0.5, 1.5], 0.3)]
+    out = sharing.crossing_metrics(crossings, cap=1.5, picked=3)            # log 1.5 = 0.405
+    assert out == pytest.approx({"sharing/received": 2.0, "sharing/received_reward": 0.5,
+                                 "sharing/log_ratio_mean": 2.5 / 5, "sharing/log_ratio_max": 2.0,
+                                 "sharing/truncated_share": 3 / 5, "sharing/weight_mean": 6.0 / 5,
+                                 "sharing/residual": 0.15, "sharing/dropped": 1.0})
+
+
 def test_sgt_moves_only_verified_successes_onto_failed_prompts(untrained):
     peer = experience(untrained["qwen2"], PROMPTS, TEXTS, [[1.0, 0.0], [1.0, 1.0], [0.0, 1.0]])
     receiver = experience(untrained["llama"], PROMPTS, TEXTS, [[0.0, 0.0], [1.0, 0.0], [0.0, 0.0]])
