@@ -30,6 +30,27 @@ def test_sensitivity_and_saturation_by_hand():
     assert fidelity_record.sensitivity(records, {"tbd": 0.0, "ccm": 1 / 3, "rsd": 1 / 3})["rsd"]["saturated"] == 1 / 3
 
 
+def test_an_iterations_fidelity_metrics_by_hand():
+    nan = float("nan")
+
+    def scored(level, d, terms, hot, repairs=()):
+        return {"level": level, "D": d, "tbd_jaccard": 0.1, "terms": terms, "repairs": list(repairs),
+                "steps": [{"hot": h} for h in hot]}
+    records = [scored("prp", 0.2, {"tbd": 0.0, "ccm": 0.4, "rsd": nan}, [[], ["ccm"]]),
+               scored("sgt", 0.6, {"tbd": 0.2, "ccm": 0.8, "rsd": 0.5}, [["ccm", "rsd"]], repairs=("tbd", "ccm")),
+               {"level": "rejected", "repairs": [], "skipped": True},           # predicted, never diagnosed
+               {"level": "inert", "repairs": []}]
+    out = fidelity_record.fidelity_metrics(records, {"qwen": (0.3, 0.6)}, predictor_accuracy=0.75)
+    assert out == pytest.approx({
+        "fidelity/offered": 4.0, "fidelity/could_matter": 3 / 4,
+        "fidelity/admitted_prp": 1 / 3, "fidelity/admitted_xgrpo": 0.0, "fidelity/admitted_sgt": 1 / 3,
+        "fidelity/rejected": 1 / 3, "fidelity/d_mean": 0.4, "fidelity/tbd_jaccard_mean": 0.1,
+        "fidelity/tbd_mean": 0.1, "fidelity/ccm_mean": 0.6, "fidelity/rsd_mean": 0.5,        # RSD over the typed one
+        "fidelity/repairs_tbd": 1.0, "fidelity/repairs_ccm": 1.0, "fidelity/repairs_rsd": 0.0,
+        "fidelity/hotspot_cooccurrence": 1 / 3, "fidelity/predictor_skips": 1.0,
+        "fidelity/predictor_accuracy": 0.75, "fidelity/theta1/qwen": 0.3, "fidelity/theta2/qwen": 0.6})
+
+
 def test_direction_terms_by_hand():
     nan = float("nan")
     records = [{"source": "q", "receiver": "l", "D": 0.5, "dominant": "ccm", "terms": {"tbd": 0.0, "ccm": 0.6, "rsd": 0.2}},
