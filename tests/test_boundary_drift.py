@@ -193,3 +193,39 @@ def test_the_hidden_measure_is_cross_fitted_against_a_naive_loop(real):
     measured = boundary_drift.hidden_measure(items)
     for i in range(4):
         assert measured[i].tolist() == pytest.approx(expected[i], abs=1e-6)
+
+
+def test_a_fold_with_no_one_to_one_group_borrows_the_other_folds_map_and_zero_point(real):
+    # trajectories 0 and 2 (fold 0) have 1:1 groups, trajectory 1 (fold 1) only a 3:1 group ("123"): fold 0 is
+    # scored by its own map, in sample, and fold 1 by that map against fold 0's median 1:1 similarity
+    text = "1 + 2 = 34\nAnswer: 34"
+    source = encode(real, "qwen2", text)
+    alignment = tokalign.align(source, tokalign.retokenize(source, *real["llama"]))
+    steps = tokalign.char_to_byte_spans(text, arith.step_spans(text))
+    digits = tokalign.align(encode(real, "qwen2", "123"), encode(real, "llama", "123"))
+    assert digits.sizes == [(3, 1)]
+    g = torch.Generator().manual_seed(2)
+
+    def states(a):
+        return (torch.randn(a.src[-1][1], 16, generator=g, dtype=torch.float64),
+                torch.randn(a.tgt[-1][1], 16, generator=g, dtype=torch.float64))
+    items = [(alignment, *states(alignment), steps), (digits, *states(digits), [(0, 3)]),
+             (alignment, *states(alignment), steps)]
+    pairs = boundary_drift.one_to_one_pairs(alignment)
+    w = boundary_drift.fit_hidden_map(torch.cat([items[i][1][[s for s, _ in pairs]] for i in (0, 2)]),
+                                      torch.cat([items[i][2][[t for _, t in pairs]] for i in (0, 2)]))
+
+    def cosines(a, h_src, h_tgt):
+        out = []
+        for (s0, s1), (t0, t1), ok in zip(a.src, a.tgt, a.exact):
+            x, y = h_src[s0:s1].mean(0) @ w, h_tgt[t0:t1].mean(0)
+            out.append(float(x @ y / (x.norm() * y.norm())) if ok else 0.0)
+        return out
+    one_to_one = sorted(cosines(*items[i][:3])[k] for i in (0, 2) for k, size in enumerate(alignment.sizes)
+                        if size == (1, 1))
+    reference = one_to_one[(len(one_to_one) - 1) // 2]                        # torch's median: the lower middle
+    assert reference > 0
+    measured = boundary_drift.hidden_measure(items)
+    for (a, h_src, h_tgt, spans), values in zip(items, measured):
+        drift = [min(max((reference - s) / reference, 0.0), 1.0) for s in cosines(a, h_src, h_tgt)]
+        assert values.tolist() == pytest.approx(naive_step_mean(a, drift, spans), abs=1e-6)
