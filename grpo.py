@@ -35,18 +35,19 @@ def group_advantages(rewards: torch.Tensor, scale_by_std: bool = True, eps: floa
         raise ValueError(f"rewards must be [groups, group_size] with group_size > 0, got {tuple(rewards.shape)}")
     if not torch.isfinite(rewards).all():
         raise ValueError("rewards contain NaN or inf")
-    centered = rewards - rewards.mean(dim=1, keepdim=True)
+    # equal rewards, not a zero std: the mean of seven 0.3s is not exactly 0.3 in floating point
+    signal = rewards.amax(dim=1, keepdim=True) > rewards.amin(dim=1, keepdim=True)           # [B, 1]
+    centered = torch.where(signal, rewards - rewards.mean(dim=1, keepdim=True), torch.zeros_like(rewards))
     if not scale_by_std:
         return centered
-    std = rewards.std(dim=1, keepdim=True, unbiased=False)
-    return torch.where(std > 0, centered / (std + eps), torch.zeros_like(centered))
+    return centered / (rewards.std(dim=1, keepdim=True, unbiased=False) + eps)
 
 
 def rewards_stats(rewards: torch.Tensor) -> dict[str, float]:
     """rewards [B, G] -> the reward charts of one iteration."""
     return {"charts/reward_mean": rewards.mean().item(),
             "charts/reward_std": rewards.std(unbiased=False).item(),
-            "charts/zero_std_groups": (rewards.std(dim=1, unbiased=False) == 0).float().mean().item()}
+            "charts/zero_std_groups": (rewards.amax(dim=1) == rewards.amin(dim=1)).float().mean().item()}
 
 
 def check_finite(name: str, value: torch.Tensor) -> None:

@@ -23,10 +23,12 @@ def test_group_advantages_by_hand():
 
 
 def test_zero_variance_groups_give_exact_zeros():
-    rewards = torch.tensor([[1.0, 1.0, 1.0], [0.0, 0.0, 0.0], [0.3, 0.3, 0.3], [0.0, 1.0, 0.0]])
-    advantages = grpo.group_advantages(rewards)
-    assert torch.isfinite(advantages).all()
-    assert (advantages[:3] == 0).all() and (advantages[3] != 0).all()
+    # seven 0.3s: their float32 mean is not 0.3, so their std is not 0 (3e-8), yet the group carries no signal
+    rewards = torch.tensor([[1.0] * 7, [0.0] * 7, [0.3] * 7, [0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0]])
+    for scale_by_std in (True, False):
+        advantages = grpo.group_advantages(rewards, scale_by_std=scale_by_std)
+        assert torch.isfinite(advantages).all()
+        assert (advantages[:3] == 0).all() and (advantages[3] != 0).all()
     stats = grpo.rewards_stats(rewards)
     assert stats["charts/zero_std_groups"] == 0.75
 
