@@ -132,6 +132,16 @@ def test_dropping_a_term_constant_on_the_calibration_changes_no_decision(values,
     assert dropped.band == kept.band and dropped.D == pytest.approx(kept.D)
 
 
+def test_the_dominant_term_is_the_largest_weighted_one_by_hand():
+    # TBD 0.5, CCM 1 - 0.1 = 0.9, RSD 0 under weights (0.6, 0.2, 0.2): weighted 0.30, 0.18, 0, so TBD dominates
+    # though CCM is the largest term; D = 0.48 lands in XGRPO between 0.3 and 0.6
+    cfg = diagnosis.CuratorConfig(lambdas=(0.6, 0.2, 0.2))
+    scored = curator.score(FakeOffer(make_diagnosis(([0.5], [0.0], [0.1]))), cfg, (0.3, 0.6), None)
+    assert (scored.dominant, scored.band) == ("tbd", 1) and scored.D == pytest.approx(0.48)
+    equal = curator.score(FakeOffer(make_diagnosis(([0.5], [0.0], [0.1]))), diagnosis.CuratorConfig(), (0.3, 0.6), None)
+    assert equal.dominant == "ccm"
+
+
 def test_inert_offers_are_those_on_prompts_where_every_reward_is_one_value_by_hand():
     from types import SimpleNamespace as Offer
     own = torch.tensor([[0.0, 0.0], [1.0, 1.0], [1.0, 0.0], [0.0, 0.0]])
@@ -157,6 +167,18 @@ def test_random_admission_keeps_each_sources_band_shares_and_leaves_inert_offers
         assert sorted(b for k in mine if (b := bands[k]) is not None) == \
             sorted(b for k in mine if (b := permuted[k]) is not None)
     assert [b is None for b in permuted] == [b is None for b in bands]
+
+
+def test_random_admission_moves_bands_between_offers_of_a_source_and_never_across_sources():
+    # the identity keeps every share too: over seeds, each position of a source must take each of its bands
+    bands, sources = [0, 1, 2] * 5 + [2, 2], ["qwen"] * 15 + ["mistral"] * 2
+    seen = [set() for _ in bands]
+    for seed in range(200):
+        permuted = curator.permuted_bands(bands, sources, random.Random(seed))
+        assert permuted[15:] == [2, 2]
+        for k, b in enumerate(permuted):
+            seen[k].add(b)
+    assert all(s == {0, 1, 2} for s in seen[:15])
 
 
 # ---------------------------------------------------------------------------------------------------------------
