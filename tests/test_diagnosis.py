@@ -22,6 +22,20 @@ def test_step_credit_applies_rsd_then_ccm_by_hand():
     # rank of -g among the two steps = 1 (the smaller norm) -> 1 - 1/2: 0.5 + 0.25 = 0.75, then * 0.8^2
     torch.testing.assert_close(credit, torch.tensor([0.75 * 0.25, 0.75 * 0.64], dtype=torch.float64))
     assert recalibrated.tolist() == [True, True]
+    # at mix 1/4, whose two weights differ: step 0 0.75 * 1 + 0.25 * 1/2, step 1 0.75 * 1 + 0.25 * 1/2 again
+    quarter = diagnosis.CuratorConfig(credit_mix=0.25, ccm_beta=2.0, theta1=0.1, theta2=0.2)
+    credit, _ = diagnosis.step_credit(1.0, process, diag, target, quarter)
+    torch.testing.assert_close(credit, torch.tensor([0.875 * 0.25, 0.875 * 0.64], dtype=torch.float64))
+    # the intrinsic signal for both steps: step 0 has the larger norm, rank 0 -> -1/2: 0.75 - 0.125
+    intrinsic = diagnosis.CuratorConfig(credit_mix=0.25, ccm_beta=2.0, theta1=0.1, theta2=0.2,
+                                        process_signal="intrinsic")
+    credit, _ = diagnosis.step_credit(1.0, process, diag, target, intrinsic)
+    torch.testing.assert_close(credit, torch.tensor([0.625 * 0.25, 0.875 * 0.64], dtype=torch.float64))
+    # no norms: the unverifiable step keeps the outcome advantage, unrecalibrated
+    no_norms = diagnosis.Diagnosis(torch.zeros(2), torch.zeros(2), torch.tensor([0.5, 0.8]), None)
+    credit, recalibrated = diagnosis.step_credit(1.0, process, no_norms, target, quarter)
+    torch.testing.assert_close(credit, torch.tensor([0.875 * 0.25, 0.64], dtype=torch.float64))
+    assert recalibrated.tolist() == [True, False]
     off, _ = diagnosis.step_credit(1.0, process, diag, target,
                                    diagnosis.CuratorConfig(ablate=("rsd", "tbd"), theta1=0.1, theta2=0.2))
     torch.testing.assert_close(off, torch.tensor([0.5, 0.8], dtype=torch.float64))
