@@ -20,6 +20,38 @@ def random_trajectories(vocab: int, generator: torch.Generator):
     return out
 
 
+class EmbeddingBigram(torch.nn.Module):
+    """Next-token logits from the current token alone, an embedding row: a step's gradient has a closed form."""
+
+    def __init__(self, vocab=6):
+        super().__init__()
+        self.table = torch.nn.Embedding(vocab, vocab)
+        torch.nn.init.normal_(self.table.weight, generator=torch.Generator().manual_seed(0))
+
+    def forward(self, input_ids, attention_mask=None, **unused):
+        return type("Out", (), {"logits": self.table(input_ids)})()
+
+    def get_input_embeddings(self):
+        return self.table
+
+
+def test_step_norms_of_a_bigram_in_closed_form():
+    # from ids 0 1 2 3 4, step [1, 2) predicts 1 from 0, step [2, 4) predicts 2 from 1 and 3 from 2. The mean NLL's
+    # gradient puts (p(x) - e_y) / |k| in row x, rows differ within a step, so the norm times sqrt(|k|) is
+    # sqrt(sum over its tokens ||p(x) - e_y||^2 / |k|)
+    model = EmbeddingBigram()
+    ids = torch.tensor([[0, 1, 2, 3, 4]])
+    steps = [[(1, 2), (2, 4)]]
+    p = torch.softmax(model.table.weight.detach().double(), dim=-1)
+    miss = [(p[x] - torch.nn.functional.one_hot(torch.tensor(y), 6).double()).norm().item() for x, y in
+            ((0, 1), (1, 2), (2, 3))]
+    expected = torch.tensor([miss[0], math.sqrt((miss[1] ** 2 + miss[2] ** 2) / 2)])
+    params = grad_norms.parameter_subset(model, "all")
+    for norms in (grad_norms.step_grad_norms(model, ids, torch.ones_like(ids), steps, params),
+                  grad_norms.step_grad_norms_loop(model, ids, torch.ones_like(ids), steps, params)):
+        torch.testing.assert_close(norms.double(), expected.double(), rtol=1e-5, atol=0)
+
+
 @pytest.mark.parametrize("family", ["qwen2", "llama"])
 @pytest.mark.parametrize("dtype, rtol", [(torch.float64, 1e-5), (torch.float32, 1e-3)])
 def test_batched_norms_equal_one_backward_per_step(family, dtype, rtol):
