@@ -192,6 +192,18 @@ def test_micro_batches_give_the_gradient_of_the_whole_batch():
     torch.testing.assert_close(grads[0], grads[1])
     torch.testing.assert_close(grads[2], grads[3])
     assert not torch.allclose(grads[0], grads[2])
+    # by hand, at ratio 1: each sequence's (previous, next) pairs with its advantage; the sequence loss averages
+    # each sequence's mean, the token loss every token (6) at once
+    pairs = [[(0, 1), (1, 2), (2, 3)], [(2, 4)], [(3, 5), (5, 0)]]
+    advantage = [1.0, -2.0, 0.5]
+    for aggregation, grad in (("sequence", grads[0]), ("token", grads[2])):
+        table = Bigram().table.detach().clone().requires_grad_(True)
+        logp = [[torch.log_softmax(table[x], -1)[y] for x, y in seq] for seq in pairs]
+        if aggregation == "sequence":
+            loss = -sum(a * sum(lp) / len(lp) for a, lp in zip(advantage, logp)) / 3
+        else:
+            loss = -sum(a * sum(lp) for a, lp in zip(advantage, logp)) / 6
+        torch.testing.assert_close(grad, torch.autograd.grad(loss, table)[0])
 
 
 def test_non_finite_loss_raises_and_leaves_parameters_untouched():
