@@ -12,6 +12,7 @@ import learner
 import sharing
 import train
 from baselines import graft, hacpo
+from testbed import policies
 from test_sharing import (EPS, PROMPTS, TEXTS, experience, naive_logprobs, random_binary_rewards,  # noqa: F401
                           untrained)
 from test_train import tiny_args
@@ -90,6 +91,23 @@ def test_a_mixed_peer_group_replaces_a_failed_group_with_its_own_advantages(untr
     for row, ids in enumerate(rows):
         prompt = receiver.rollouts.prompt_ids[2].tolist() if row < 2 else llama.encode_prompt(PROMPTS[[0, 0, 2][row - 2]])
         assert batch.input_ids[row, :len(prompt) + len(ids)].tolist() == prompt + ids
+
+
+def test_of_two_mixed_peer_groups_the_more_compatible_one_replaces_the_failed_group(untrained):
+    qwen, llama = untrained["qwen2"], untrained["llama"]
+    twin = policies.Policy("twin", qwen.model, qwen.tokenizer, use_chat_template=False)
+    receiver = experience(llama, PROMPTS[:1], TEXTS[:1], [[0.0, 0.0]])
+    peers = [experience(qwen, PROMPTS[:1], TEXTS[:1], [[1.0, 0.0]]), experience(twin, PROMPTS[:1], TEXTS[:1],
+                                                                                    [[1.0, 0.0]])]
+    for compatible_first in (False, True):   # the winner is the higher mean log s, not the first or last peer
+        s = [[0.95, 0.99], [0.9, 0.85]] if compatible_first else [[0.9, 0.85], [0.95, 0.99]]
+        for peer, wanted in zip(peers, s):
+            with_compatibility(peer, receiver, wanted)
+        mine = graft.exchange([receiver, *peers], sharing.ShareConfig("graft", temperature=0.7, graft_delta=0.8))
+        winner = "qwen2" if compatible_first else "twin"
+        crossings = mine["llama"].crossings
+        assert [(c.source, c.index) for c in crossings] == [(winner, 0), (winner, 1)]
+        assert [round(c.weights[0].item(), 3) for c in crossings] == [0.95, 0.99]
 
 
 def test_with_every_trajectory_below_delta_the_receiver_keeps_its_group(untrained):
