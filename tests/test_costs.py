@@ -210,7 +210,7 @@ def test_no_micro_batch_of_an_update_holds_more_prompts_than_the_estimate_counts
         order = grpo.sequences_of_prompts(batch.input_ids, batch.mask, part)
         for start in range(0, len(order), micro_batch):
             held = {owners[r] for r in order[start:start + micro_batch]}
-            assert len(held) <= -(-work.micro_batch // work.group_size)
+            assert len(held) * work.prompt_len <= costs.update_tokens(work, work.micro_batch)[0]
 
 
 def test_a_prompt_computed_once_for_its_group_costs_the_update_less_memory_and_flops():
