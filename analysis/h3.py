@@ -35,6 +35,9 @@ CONFIGURATIONS = tuple(c for c in H3_CONFIGURATIONS if c != BASELINE)
 """the configurations whose gains over BASELINE are compared: 3 policies x 3 configurations, the 9 Holm corrects"""
 DIMINISHING = 0.5
 """the ratio at or below which gains diminish, the one-sided p-value's null"""
+ZERO = 1e-9
+"""a mean gain (points) within this of 0 is 0: where gains cancel, rounding must not pick the sign of x / 0, which
+Amendment 1 gives by the numerator's, nor make 0 / 0 defined"""
 UNDERPOWERED = ("qwen",)
 """the policies the registration says H3 is underpowered for at its 8 seeds, reported so"""
 
@@ -109,6 +112,11 @@ def gains(runs: Runs, policy: str, configuration: str, seeds: list[int]) -> dict
     return {g: {s: gain(g, s) for s in seeds} for g in ("trio", *pairs_of(policy))}
 
 
+def exact_zero(x: np.ndarray | float) -> np.ndarray:
+    """x with every value within ZERO of 0 set to 0"""
+    return np.where(np.abs(x) <= ZERO, 0.0, x)
+
+
 def ratio_row(policy: str, configuration: str, by_grouping: dict[str, dict[int, float]], cfg: ma.AnalysisConfig
               ) -> dict:
     """One of the 9: the mean gains, the ratio R with its 95% percentile bootstrap interval over seeds, its
@@ -121,9 +129,10 @@ def ratio_row(policy: str, configuration: str, by_grouping: dict[str, dict[int, 
     pair_sum = np.array(list(by_grouping[pair1].values())) + np.array(list(by_grouping[pair2].values()))   # [seeds]
     trio_means, sum_means, additive_means = (stats.bootstrap_means(list(v), cfg.resamples, cfg.bootstrap_seed)
                                              for v in (trio, pair_sum, trio - pair_sum))      # each [resamples]
+    trio_means, sum_means = exact_zero(trio_means), exact_zero(sum_means)
     with np.errstate(divide="ignore", invalid="ignore"):      # x / 0 is +-inf, 0 / 0 NaN
         ratios = trio_means / sum_means                                                       # [resamples]
-        ratio = float(trio.mean() / pair_sum.mean())
+        ratio = float(exact_zero(trio.mean()) / exact_zero(pair_sum.mean()))
     level = 1 - cfg.alpha
     return {"policy": policy, "configuration": configuration, "seeds": list(by_grouping["trio"]),
             "gains": by_grouping, "trio_gain": float(trio.mean()),

@@ -142,6 +142,56 @@ def test_h3_ratio_interval_p_holm_and_calls_by_hand():
     assert "| mistral | llama-mistral | " in text          # the mean AUC of each run
 
 
+def test_each_grouping_gains_over_its_own_none():
+    # none sits 0, 3, 6 and 9 units higher in the trio and the three pairs: a gain taken against another grouping's
+    # none is off by a multiple of 3 units on every seed
+    offset = {"trio": 0, "qwen-llama": 3, "qwen-mistral": 6, "llama-mistral": 9}
+    sets = h3_sets(SCENARIOS)
+    for grouping, name in matrix_h3.SETS.items():
+        for run in sets[name]:
+            for policy in run["policies"].values():
+                policy["heldout"] = [[i, a + offset[grouping] / 64] for i, a in policy["heldout"]]
+    rows = {(r["policy"], r["configuration"]): r for r in matrix_h3.analyze(sets, ma.AnalysisConfig(resamples=500))
+            ["rows"]}
+    r = rows["qwen", "sgt"]
+    assert r["gains"]["qwen-mistral"] == {s: pytest.approx(UNIT * linear(s)[2]) for s in range(6001, 6009)}
+    assert r["ratio"] == pytest.approx(1.0) and r["interval"] == pytest.approx((1.0, 1.0))
+
+
+def called(holm_rejected, interval, denominator_interval):
+    row = {"holm_rejected": holm_rejected, "interval": interval, "denominator_interval": denominator_interval}
+    return matrix_h3.call(row), matrix_h3.reading(row)
+
+
+def test_each_condition_of_the_call_decides_it_alone():
+    assert called(True, (0.6, 1.2), (1, 3)) == ("about linear", "—")
+    assert called(True, (1.0, 1.2), (1, 3)) == ("about linear", "—")                    # 1 at the interval's edge
+    assert called(False, (0.6, 1.2), (1, 3)) == ("not resolved", "—")                   # Holm did not reject
+    assert called(True, (1.1, 1.6), (1, 3)) == ("not resolved", "superlinear")          # the interval misses 1
+    assert called(True, (0.6, 0.9), (1, 3))[1] == "diminishing returns"
+    for denominator in ((-0.2, 3), (0.0, 3)):                                            # the sum not told from 0
+        assert called(True, (0.6, 1.2), denominator) == (
+            "not resolved", "not read (the sum of pair gains is not told from 0)")
+
+
+def test_a_zero_sum_of_pair_gains_divides_by_the_numerators_sign_however_its_mean_rounds():
+    # pair sums -0.1, -0.2 and +0.3 on three seeds, the trio gain 1 on each: of the 27 equally likely draws, the
+    # 8 without the +0.3 and the 3 of -0.2, -0.2, +0.3 have a negative sum (R < 0); the 6 that draw each seed once
+    # sum to 0 in exact arithmetic (R = +inf), though their float means come out at -1e-17: p = 11/27, not 17/27
+    pair1, pair2 = matrix_h3.pairs_of("llama")
+    by_grouping = {"trio": {6001: 1.0, 6002: 1.0, 6003: 1.0}, pair1: {6001: -0.1, 6002: -0.2, 6003: 0.3},
+                   pair2: {6001: 0.0, 6002: 0.0, 6003: 0.0}}
+    row = matrix_h3.ratio_row("llama", "sgt", by_grouping, ma.AnalysisConfig())
+    assert row["ratio"] == math.inf and row["p"] == pytest.approx(11 / 27, abs=0.02)
+    # a trio gain of -2 on every seed over pair sums of +-1 by seed parity: a = the draws of even seeds, R =
+    # -2 / (1 - a / 4); a = 4 is -2 / 0 = -inf, so p = P(a >= 4) = 163/256 (+inf there would give 93/256)
+    seeds = range(6001, 6009)
+    by_grouping = {"trio": {s: -2.0 for s in seeds}, pair1: {s: 1.0 if s % 2 else -1.0 for s in seeds},
+                   pair2: {s: 1.0 if s % 2 else -1.0 for s in seeds}}
+    assert matrix_h3.ratio_row("llama", "sgt", by_grouping, ma.AnalysisConfig())["p"] == pytest.approx(
+        163 / 256, abs=0.02)
+
+
 def test_a_seed_whose_trio_run_started_a_policy_elsewhere_is_left_out_of_its_contrasts_and_a_fresh_seed_owed():
     cfg = ma.AnalysisConfig(resamples=500)
     sets = h3_sets(SCENARIOS)
@@ -165,6 +215,22 @@ def test_a_seed_whose_trio_run_started_a_policy_elsewhere_is_left_out_of_its_con
     assert rows["qwen", "sgt"]["trio_gain"] == pytest.approx(UNIT * sum(linear(s)[0] for s in kept) / 8)
     # only qwen's contrast with sgt reads the moved run: llama's (its start unmoved) and qwen's others keep 6003
     assert rows["llama", "sgt"]["seeds"] == rows["qwen", "hacpo"]["seeds"] == list(range(6001, 6010))
+
+
+def test_a_policy_started_elsewhere_in_a_whole_grouping_is_left_out_of_its_three_contrasts_for_one_fresh_seed():
+    # qwen moved in the trio's sgt and none runs of seed 6003 alike: within the trio its runs agree, across
+    # groupings they do not; every contrast of qwen reads trio none, so all three leave 6003 out, for one fresh seed
+    sets = h3_sets(SCENARIOS)
+    for run in sets["h3-trio"]:
+        if run["seed"] == 6003 and run["configuration"] in ("sgt", "none"):
+            run["start_fingerprints"] = {**run["start_fingerprints"], "qwen": "elsewhere"}
+    result = matrix_h3.analyze(sets, ma.AnalysisConfig(resamples=200))
+    assert {(u["policy"], u["configuration"], u["seed"]) for u in result["unpaired"]} == {
+        ("qwen", c, 6003) for c in ("sgt", "hacpo", "cross-fidelity")}
+    assert result["seeds"] == list(range(6001, 6010))
+    # the registration pairs by start whatever the configuration says
+    assert matrix_h3.analyze(sets, ma.AnalysisConfig(resamples=200, pair_by_start=False))["unpaired"] == \
+        result["unpaired"]
 
 
 def test_a_policys_iteration_0_accuracy_stands_in_where_a_summary_records_no_fingerprint():
