@@ -17,6 +17,7 @@ import functools
 import hashlib
 import importlib.util
 import json
+import random
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
@@ -371,7 +372,12 @@ def build_policy(setup: PolicySetup, index: int, device: torch.device, task_cfg)
                              model_paths, setup.warmup_scale, setup.model_dir)
     p.model.train()  # from_pretrained leaves eval mode, in which transformers skips gradient checkpointing
     if setup.lora_rank:
-        p.model = lora.add_lora(p.model, setup.lora_rank, setup.lora_alpha)
+        # peft draws the adapters from torch's global generator, which a process starts at random: drawn from the
+        # policy's own seed they are the same in every process, so a run repeats and resumes (its fingerprint)
+        seed = tiny_seed(preset(setup.pair, setup.scale)[index], index, setup.seed)
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+            torch.manual_seed(random.Random(f"lora/{seed}").getrandbits(63))
+            p.model = lora.add_lora(p.model, setup.lora_rank, setup.lora_alpha)
     if setup.gradient_checkpointing:
         p.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     return p

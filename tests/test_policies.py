@@ -146,6 +146,30 @@ def test_a_checkpoint_whose_head_outgrows_its_tokenizer_never_samples_the_paddin
     assert all(int(i) < vocab for ids in out.completion_ids for i in ids) and len(out.texts) == 4
 
 
+def test_lora_adapters_on_real_weights_are_drawn_from_the_runs_seed_not_the_process(cache_dir, tmp_path):
+    # a real checkpoint seeds nothing on loading: peft's draws would follow whatever torch's global generator holds,
+    # which a fresh process starts at random
+    from transformers import AutoConfig, AutoModelForCausalLM
+    config = AutoConfig.for_model("llama", vocab_size=len(tiny.tiny_tokenizer("llama", "line", cache_dir)),
+                                  hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+                                  num_key_value_heads=2)
+    AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path)
+    tiny.tiny_tokenizer("llama", "line", cache_dir).save_pretrained(tmp_path)
+
+    def adapters(seed: int, global_seed: int) -> dict[str, torch.Tensor]:
+        setup = policies.PolicySetup("qwen-llama", "tiny", seed, (f"llama={tmp_path}",), None, cache_dir, 1.0, 4,
+                                     8.0, False)
+        torch.manual_seed(global_seed)
+        model = policies.build_policy(setup, 1, torch.device("cpu"), arith.TaskConfig()).model
+        return {n: w.detach().clone() for n, w in model.named_parameters() if "lora_A" in n}
+
+    first = adapters(7, global_seed=1)
+    assert first and all(w.abs().sum() > 0 for w in first.values())
+    again, other = adapters(7, global_seed=2), adapters(8, global_seed=1)
+    assert all(torch.equal(first[n], again[n]) for n in first)
+    assert not any(torch.equal(first[n], other[n]) for n in first)
+
+
 def test_unknown_pair_and_policy_names_are_refused():
     with pytest.raises(ValueError, match="unknown pair"):
         policies.load_policies("qwen-gpt", "tiny", torch.device("cpu"), arith.TaskConfig(), 0)
