@@ -34,7 +34,7 @@ ANSWER_PREFIX = "Answer:"
 # answer. Without the bound, int() raises on completions with over 4,300 digits (Python's int-str limit), and
 # the verifiers promise not to raise.
 MAX_DIGITS = 100
-NUMBER = rf"(-?\d{{1,{MAX_DIGITS}}})"
+NUMBER = rf"(-?[0-9]{{1,{MAX_DIGITS}}})"   # ASCII: int() would also read "٩" or "９"
 STEP_RE = re.compile(rf"^\s*{NUMBER}\s*([+\-*])\s*{NUMBER}\s*=\s*{NUMBER}\s*$")
 OP_WORDS = {"+": "plus", "-": "minus", "*": "times"}
 PROSE_STEP_RE = re.compile(rf"^\s*(?:Then )?{NUMBER} ({'|'.join(OP_WORDS.values())}) {NUMBER} is {NUMBER}\.\s*$")
@@ -186,11 +186,13 @@ def parse_step(text: str) -> tuple[int, str, int, int] | None:
 
 
 def parse_answer(completion: str, step_format: str = "line") -> int | None:
-    """The integer of the last `Answer:` piece, or None if the completion has none."""
+    """The integer of the last `Answer:` piece, or None if the completion has none or that piece is malformed (an
+    earlier answer does not stand in for it: hedging over several answers earns nothing)."""
     for start, end in reversed(step_spans(completion, step_format)):
-        m = ANSWER_RE.match(completion[start:end])
-        if m:
-            return int(m.group(1))
+        piece = completion[start:end]
+        if piece.startswith("Answer:"):
+            m = ANSWER_RE.match(piece)
+            return int(m.group(1)) if m else None
     return None
 
 

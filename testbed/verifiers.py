@@ -135,16 +135,18 @@ def _number(text: str) -> Fraction | None:
 def annotation_verdict(expression: str, result: str, shown: str | None) -> bool | None:
     """Whether `<<expression=result>>shown` holds; None where the expression or result is not plain arithmetic.
 
-    GSM8K writes inexact results rounded or cut to the digits shown (<<10/3=3.33>>), so a result with d decimals
-    is correct when it is the exact value rounded or truncated to d decimals; the number shown after the
-    annotation, where there is one, must equal the result."""
+    GSM8K writes inexact results rounded or cut to the digits shown (<<10/3=3.33>>, <<-2/3=-0.66>>), so a result
+    with d decimals is correct when it is the exact value, or that value rounded or cut toward 0 to d decimals; the
+    number shown after the annotation, where there is one, must equal the result."""
     value, claimed = evaluate(expression), _number(result)
     if value is None or claimed is None:
         return None
     if shown is not None and _number(shown) != claimed:
         return False
     scale = 10 ** len(result.strip().partition(".")[2])
-    return claimed * scale in (math.floor(value * scale), math.floor(value * scale + Fraction(1, 2)))
+    half = Fraction(1, 2)
+    return claimed == value or claimed * scale in (math.trunc(value * scale), math.floor(value * scale + half),
+                                                   math.ceil(value * scale - half))
 
 
 def _line_verdict(line: str) -> bool | None:

@@ -233,6 +233,8 @@ def test_gsm8k_step_verifier_catches_every_altered_annotation(data):
 @pytest.mark.parametrize("expression, result, shown, verdict", [
     ("10/3", "3.33", "3.33", True), ("10/3", "3.3", None, True), ("10/3", "3", "3", True),   # rounded or cut
     ("2/3", "0.67", None, True), ("2/3", "0.66", None, True), ("2/3", "0.68", None, False),
+    ("-2/3", "-0.67", None, True), ("-2/3", "-0.66", None, True), ("-2/3", "-0.65", None, False),   # cut toward 0
+    ("-2/3", "-0.68", None, False), ("1/2", "1/2", None, True), ("1/3", "1/2", None, False),        # exact
     ("7*1.5", "10.5", None, True), ("7*1.5", "10", None, True), ("7*1.5", "11", None, True),
     ("7*1.5", "12", None, False), ("2**10", "1024", None, True), ("(2+3)*4", "20", "20", True),
     ("1,000*2", "2,000", "2,000", True), ("-3+1", "-2", None, True), ("5/0", "1", None, None),

@@ -78,11 +78,22 @@ def test_the_task_of_a_step_format_scores_with_it():
     ("7 + 5 = 12\n12 - 3 = 9\nAnswer: 8", 0.0),
     ("Answer: 8\nAnswer: 9", 1.0),                         # the last answer line counts
     ("Answer: 9\nAnswer: 8", 0.0),
+    # the last answer line decides alone, malformed or not; other lines after it do not count
+    ("Answer: 9\nAnswer: 9.5", 0.0), ("Answer: 9\nAnswer: ten", 0.0), ("Answer: 9\nAnswer:", 0.0),
+    ("Answer: 9\nAnswer: 9 or 8", 0.0), ("Answer: 9\nthat is all", 1.0),
+    ("Answer: \u0669", 0.0), ("Answer: \uff19", 0.0),        # Arabic-Indic and full-width nine: not the format's digits
     ("", 0.0), ("\n\n", 0.0), ("7 + 5 = 12\n12 - 3 = 9", 0.0), ("Answer: nine", 0.0), ("Answer: 9.0", 0.0),
     ("\x00\ufffd garbage 😀", 0.0), ("Answer:", 0.0), ("answer: 9", 0.0),
 ])
 def test_answer_reward(completion, reward):
     assert arith.answer_reward(problem(), completion) == reward
+
+
+def test_the_last_answer_piece_counts_alone_in_every_step_format():
+    assert arith.answer_reward(problem(), "7 + 5 = 12; Answer: 9; Answer: 9.5", "inline") == 0.0
+    assert arith.answer_reward(problem(), "7 + 5 = 12; Answer: 8; Answer: 9", "inline") == 1.0
+    assert arith.answer_reward(problem(), "7 plus 5 is 12.Answer: 9\nAnswer: nine", "prose") == 0.0
+    assert [v for _, v in arith.step_verdicts(problem(), "7 + 5 = \uff11\uff12\n12 - 3 = 9")] == [None, False]
 
 
 def test_step_verdicts_on_hand_labelled_lines():
