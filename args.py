@@ -200,6 +200,13 @@ class Args:
         for name in ("iterations", "eval_every", "checkpoint_every", "epochs", "micro_batch", "minibatches"):
             if getattr(self, name) < (0 if name == "iterations" else 1):
                 raise ValueError(f"--{name.replace('_', '-')} must be positive, got {getattr(self, name)}")
+        for flag, holds, rule in (("temperature", self.temperature > 0, "be positive"),
+                                  ("top-p", 0 < self.top_p <= 1, "lie in (0, 1]"),
+                                  ("max-new-tokens", self.max_new_tokens >= 1, "be positive"),
+                                  ("lr", self.lr > 0, "be positive"),
+                                  ("eval-samples", self.eval_samples >= 0, "be 0 or more")):
+            if not holds:   # NaN included: a sampler at temperature 0 or below, or no tokens, cannot roll out
+                raise ValueError(f"--{flag} must {rule}, got {getattr(self, flag.replace('-', '_'))}")
         if self.prompts_per_iteration < 1 or self.group_size < 2:
             raise ValueError(f"need at least one prompt and two completions per prompt (a group), got "
                              f"{self.prompts_per_iteration} and {self.group_size}")

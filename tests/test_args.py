@@ -16,7 +16,13 @@ from testbed import policies
 @pytest.mark.parametrize("flags, flag", [(dict(theta1=0.3, theta2=0.2), "--theta1"),
                                          (dict(fidelity_lambdas=(0.5, 0.5, 0.5)), "--fidelity-lambdas"),
                                          (dict(ablate=("ccm",), process_signal="intrinsic"), "--process-signal"),
-                                         (dict(share="hacpo", epochs=2), "--epochs 1")])
+                                         (dict(share="hacpo", epochs=2), "--epochs 1"),
+                                         (dict(temperature=0.0), "--temperature"),
+                                         (dict(temperature=-1.0), "--temperature"),
+                                         (dict(temperature=float("nan")), "--temperature"),
+                                         (dict(top_p=0.0), "--top-p"), (dict(top_p=1.5), "--top-p"),
+                                         (dict(max_new_tokens=0), "--max-new-tokens"), (dict(lr=-1e-4), "--lr"),
+                                         (dict(eval_samples=-1), "--eval-samples")])
 def test_settings_that_cannot_run_are_refused_as_the_arguments_are_parsed(tmp_path, flags, flag):
     with pytest.raises(ValueError, match=flag):
         Args(runs_dir=str(tmp_path), **flags)
