@@ -119,11 +119,25 @@ def record_sitting(run_dir: Path, iteration: int, built: dict[str, str], weights
 
 
 def truncate_metrics(path: Path, iteration: int) -> None:
-    """Keep the metric lines logged up to `iteration`, so a resumed run repeats none and loses none."""
-    if path.exists():
-        lines = [line for line in path.read_text().splitlines() if line.strip()]
-        kept = [line for line in lines if json.loads(line)["iteration"] <= iteration]
-        path.write_text("".join(line + "\n" for line in kept))
+    """Keep the metric lines logged up to `iteration`, so a resumed run repeats none and loses none. A torn last
+    line (a process killed or a disk filled mid-write) is dropped: every line of an iteration is written before its
+    checkpoint, so it belongs to one after the checkpoint resumed from. A bad line elsewhere is refused."""
+    if not path.exists():
+        return
+    lines = [line for line in path.read_text().splitlines() if line.strip()]
+    kept = []
+    for number, line in enumerate(lines, 1):
+        try:
+            logged = json.loads(line)["iteration"]
+        except (json.JSONDecodeError, KeyError, TypeError):
+            if number == len(lines):
+                break
+            raise ValueError(f"{path}: line {number} is not a metrics record ({line[:60]!r}); only the last line "
+                             "of a log can be torn by a stopped run, so this one was edited: mend or remove it, "
+                             "then resume") from None
+        if logged <= iteration:
+            kept.append(line)
+    path.write_text("".join(line + "\n" for line in kept))
 
 
 def trainable_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:

@@ -125,6 +125,21 @@ def test_a_fingerprint_tells_weights_apart_by_a_single_bit_and_only_by_the_weigh
     assert checkpoint.weights_fingerprint(model) != checkpoint.weights_fingerprint(twin)
 
 
+def test_a_resume_keeps_the_lines_up_to_its_checkpoint_drops_a_torn_last_line_and_refuses_a_bad_one_elsewhere(
+        tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    lines = ['{"iteration": 0, "a": 1}', '{"iteration": 1, "a": 2}', '{"iteration": 2, "a": 3}']
+    path.write_text("\n".join(lines) + '\n{"iteration": 3, "pol')
+    checkpoint.truncate_metrics(path, 1)
+    assert path.read_text() == lines[0] + "\n" + lines[1] + "\n"
+    path.write_text("\n".join([lines[0], '{"iteration": 1, "a"', lines[2]]) + "\n")
+    with pytest.raises(ValueError, match=r"metrics.jsonl: line 2 is not a metrics record"):
+        checkpoint.truncate_metrics(path, 2)
+    assert path.read_text().count("\n") == 3            # refused, nothing lost
+    checkpoint.truncate_metrics(tmp_path / "absent.jsonl", 1)
+    assert not (tmp_path / "absent.jsonl").exists()
+
+
 def test_record_sitting_by_hand(tmp_path):
     first = checkpoint.record_sitting(tmp_path, 0, {"a": "1", "b": "2"}, {"a": "1", "b": "2"})
     assert first == {"fingerprints": {"a": "1", "b": "2"}, "sittings": [
