@@ -63,7 +63,9 @@ def test_two_iterations_change_every_policy_and_log_the_documented_metrics(tmp_p
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("setting", [{}, dict(share="prp", lora_rank=4, beta=0.1)], ids=["full", "prp-lora-kl"])
+@pytest.mark.parametrize("setting", [{}, dict(share="prp", lora_rank=4, beta=0.1),
+                                     dict(share="cross-fidelity", thresholds="adaptive"), dict(share="hacpo")],
+                         ids=["full", "prp-lora-kl", "cross-fidelity-adaptive", "hacpo"])
 def test_a_killed_run_resumes_and_a_shorter_one_extends_to_where_an_uninterrupted_one_ends(tmp_path, cache_dir, monkeypatch, setting,
                                                                                          capsys):
     overrides = dict(iterations=4, checkpoint_every=2, eval_every=2, **setting)
