@@ -117,20 +117,27 @@ def family(runs: list[dict], seeds: tuple[int, ...], contrasts: tuple, cfg: ma.A
     unpaired = {f"{a} - {b}": pairing.unpaired_seeds(by_config[a], by_config[b]) if cfg.pair_by_start else {}
                 for a, b, _ in contrasts}
     out = {"ran": ran, "unpaired": {c: u for c, u in unpaired.items() if u}, "repaired": list(repaired),
-           "rows": [], "at_cost": [], "admission": []}
+           "rows": [], "missing": [], "at_cost": [], "admission": []}
     if not policies or min(ran.values()) < len(seeds):
         return out
-    rows = [{**ma.contrast_row(a, b, policy, ma.paired_differences(by_config[a], by_config[b], policy, "auc",
-                                                                   cfg.pair_by_start), cfg), "rule": rule}
-            for a, b, rule in contrasts for policy in policies]
-    ma.holm_family(rows, cfg)
+    rows, tested = [], []
+    for a, b, rule in contrasts:
+        for policy in policies:
+            differences = ma.paired_differences(by_config[a], by_config[b], policy, "auc", cfg.pair_by_start)
+            if len(differences) < 2:
+                out["missing"].append(f"{a} - {b} ({policy})")
+                continue
+            rows.append({**ma.contrast_row(a, b, policy, differences, cfg), "rule": rule})
+            tested.append((a, b, policy))
+    # a contrast without two paired seeds stays in Holm's family at p = 1, so the family is the registered one
+    ma.holm_family(rows, cfg, absent=len(out["missing"]))
     for row in rows:
         row["verdict"] = call(row["rule"], row)
     out["rows"] = rows
     out["at_cost"] = [{"contrast": f"{a} - {b}", "policy": policy,
                        **{view: ma.contrast_row(a, b, policy, ma.paired_differences(
                            by_config[a], by_config[b], policy, view, cfg.pair_by_start), cfg) for view in COST_VIEWS}}
-                      for a, b, _ in contrasts for policy in policies]
+                      for a, b, policy in tested]
     out["admission"] = [(name, policy, got) for name in names for policy in policies
                         if (got := ma.admission(list(by_config[name].values()), policy))]
     return out
@@ -191,6 +198,8 @@ def plane_gap(x: dict[int, dict], y: dict[int, dict], policy: str, cfg: ma.Analy
     "variance", each (mean, low, high) with its 95% bootstrap interval, and the variance differences' exact
     sign-flip p (descriptive)."""
     seeds = pairing.paired_seeds(x, y, cfg.pair_by_start)
+    if len(seeds) < 2:   # no interval: a single difference would read as one of zero width
+        return {"seeds": len(seeds)}
     received, variance = ([plane_point(x[s], policy)[k] - plane_point(y[s], policy)[k] for s in seeds] for k in (0, 1))
     return {"seeds": len(seeds), "received": interval(received, cfg), "variance": interval(variance, cfg),
             "variance_sign_flip_p": stats.sign_flip_p(variance)}
@@ -198,8 +207,8 @@ def plane_gap(x: dict[int, dict], y: dict[int, dict], policy: str, cfg: ma.Analy
 
 def dominates(gap: dict) -> bool:
     """Whether a plane_gap's x dominates its y: more received per iteration and less reward variance, each paired
-    difference's 95% interval excluding 0."""
-    return gap["received"][1] > 0 and gap["variance"][2] < 0
+    difference's 95% interval excluding 0 (never over fewer than two paired seeds)."""
+    return gap["seeds"] >= 2 and gap["received"][1] > 0 and gap["variance"][2] < 0
 
 
 def h5(runs: list[dict], cfg: ma.AnalysisConfig, waiting: list[str] = (), records: dict[int, dict] | None = None
@@ -368,6 +377,9 @@ def markdown(result: dict) -> str:
                          f"| {r['verdict']}{' (underpowered, as registered)' if r['underpowered'] else ''} |")
         if not f["ran"]:
             lines.append("No run of this set yet.")
+        elif f["missing"]:
+            lines.append("Fewer than two paired seeds, so not tested (each counts at p = 1 in Holm's family): "
+                         + ", ".join(f["missing"]) + ".")
         elif not f["rows"]:
             lines.append(f"Incomplete, so not called and no outcome shown (a block is called once both sides of "
                          f"every contrast ran on all {seeds} seeds); seeds run so far: "
@@ -411,7 +423,9 @@ def markdown(result: dict) -> str:
         lines += [f"  - {g['configuration']} less {H5_ADAPTIVE}, paired over {g['seeds']} seeds: received "
                   f"{g['received'][0]:+.2f} [{g['received'][1]:+.2f}, {g['received'][2]:+.2f}], reward variance "
                   f"{g['variance'][0]:+.5f} [{g['variance'][1]:+.5f}, {g['variance'][2]:+.5f}] (exact sign-flip p "
-                  f"{stats.p_text(g['variance_sign_flip_p'])}, descriptive)" for g in h["gaps"]]
+                  f"{stats.p_text(g['variance_sign_flip_p'])}, descriptive)" if g["seeds"] >= 2 else
+                  f"  - {g['configuration']} less {H5_ADAPTIVE}, paired over {g['seeds']} seeds: fewer than two, "
+                  "not compared" for g in h["gaps"]]
         if h["points"] and h["path"]:
             lines.append(f"  - {H5_ADAPTIVE}'s path over {h5_windows.WINDOWS} windows of its iterations: " + "; ".join(
                 f"{w['window']}: received {w['received'][0]:.2f} [{w['received'][1]:.2f}, {w['received'][2]:.2f}], "

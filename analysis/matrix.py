@@ -305,6 +305,8 @@ def better(candidates: tuple[str, ...], a: str, by_config: dict, policy: str, by
 
 def contrast_row(a: str, b: str, policy: str, differences: dict[int, float], cfg: AnalysisConfig) -> dict:
     values = list(differences.values())
+    if len(values) < 2:
+        raise ValueError(f"{a} - {b} ({policy}): {len(values)} paired seeds, and a contrast needs two")
     if not all(math.isfinite(v) for v in values):
         raise ValueError(f"{a} - {b} ({policy}): a paired difference is not finite, {differences}")
     mean, sd = mean_sd(values)

@@ -91,6 +91,8 @@ def chi2_cdf(x: float, dof: int) -> float:
 
 def chi2_quantile(p: float, dof: int) -> float:
     """The `p` quantile of chi2 with `dof` degrees of freedom, by bisection on chi2_cdf."""
+    if dof < 1:
+        raise ValueError(f"chi-square needs at least 1 degree of freedom (two seeds), got {dof}")
     low, high = 0.0, float(dof)
     while chi2_cdf(high, dof) < p:
         low, high = high, 2 * high
@@ -115,6 +117,8 @@ def sd_interval(sd: float, seeds: int, level: float) -> tuple[float, float]:
 def t_quantile(p: float, dof: int, intervals: int = 1000) -> float:
     """The `p` quantile (p > 1/2) of Student's t with `dof` degrees of freedom: bisection on its CDF, integrated
     from 0 by Simpson's rule over (1 + x^2/dof)^(-(dof+1)/2)."""
+    if dof < 1:
+        raise ValueError(f"Student's t needs at least 1 degree of freedom (two seeds), got {dof}")
     scale = math.exp(math.lgamma((dof + 1) / 2) - math.lgamma(dof / 2)) / math.sqrt(dof * math.pi)
     density = lambda x: scale * (1 + x * x / dof) ** (-(dof + 1) / 2)
     def cdf(x: float) -> float:

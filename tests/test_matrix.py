@@ -284,6 +284,19 @@ def test_chi_square_quantiles_match_the_printed_table(p, dof, table):
     assert stats.chi2_quantile(p, dof) == pytest.approx(table, abs=2e-3)
 
 
+def test_a_contrasts_t_interval_and_its_refusal_below_two_seeds_by_hand():
+    # differences 1, 2, 3: mean 2, SD 1, so the t interval is 2 -+ t(0.975, 2) / sqrt(3), t(0.975, 2) = 4.303
+    row = analysis.contrast_row("a", "b", "p", {1: 1.0, 2: 2.0, 3: 3.0}, analysis.AnalysisConfig(resamples=200))
+    assert row["mean"] == 2.0 and row["sd"] == pytest.approx(1.0)
+    assert row["t_interval"] == pytest.approx((2 - 4.3027 / math.sqrt(3), 2 + 4.3027 / math.sqrt(3)), abs=1e-3)
+    for differences in ({}, {1: 1.0}):
+        with pytest.raises(ValueError, match="a contrast needs two"):
+            analysis.contrast_row("a", "b", "p", differences, analysis.AnalysisConfig())
+    for quantile in (stats.chi2_quantile, stats.t_quantile):      # 0 degrees of freedom: an error, not a hang
+        with pytest.raises(ValueError, match="at least 1 degree of freedom"):
+            quantile(0.9, 0)
+
+
 def test_the_seed_rule_by_hand():
     # 8 pilot seeds: the SD's upper 80% bound is sd * sqrt(7 / 3.822)
     assert stats.sd_upper_bound(2.0, 8, 0.8) == pytest.approx(2.0 * math.sqrt(7 / 3.822), rel=1e-3)

@@ -145,6 +145,32 @@ def test_a_seed_whose_runs_started_from_other_weights_is_left_out_named_and_rest
     assert published["unpaired"] == {}
 
 
+def test_a_contrast_left_with_one_paired_seed_is_named_not_tested_and_counts_at_p_1_in_holms_family():
+    cfg = ma.AnalysisConfig(resamples=200)
+    seeds, contrasts = mb.FAMILIES["estimate"][1][:2], mb.FAMILIES["estimate"][2]
+    runs = estimate_runs({s: 1.0 for s in seeds}, seeds)
+    moved = next(r for r in runs if r["seed"] == seeds[0] and r["configuration"] == "cross-fidelity-last2")
+    moved["start_fingerprints"] = {"p": "elsewhere", "q": "q-elsewhere"}
+    out = mb.family(runs, seeds, contrasts, cfg)        # both of last2's contrasts keep one seed each
+    assert out["rows"] == [] and out["at_cost"] == [] and len(out["missing"]) == 4
+    assert "cross-fidelity-last2 - sgt (p)" in out["missing"]
+    text = mb.markdown({"families": {"estimate": {**out, "set": "s", "seeds": (seeds[0], seeds[-1]), "seconds": {}}},
+                        "h4": {"table": [], "claims": [], "cells": {}}, "h5": [],
+                        "h3": matrix_h3.analyze({}, cfg)})
+    assert "Fewer than two paired seeds, so not tested" in text and "Incomplete" not in text
+    # the other contrast, still paired on three seeds, is tested against a family of two
+    three = mb.FAMILIES["estimate"][1][:3]
+    runs = estimate_runs({s: 1.0 for s in three}, three)
+    for r in runs:
+        if r["seed"] != three[0] and r["configuration"] == "sgt":
+            r["start_fingerprints"] = {"p": "elsewhere", "q": "q-elsewhere"}
+    out = mb.family(runs, three, contrasts, cfg)
+    assert {(r["contrast"], r["policy"]) for r in out["rows"]} == {
+        ("cross-fidelity-last2 - cross-fidelity", "p"), ("cross-fidelity-last2 - cross-fidelity", "q")}
+    ranked = sorted(out["rows"], key=lambda r: r["p"])
+    assert ranked[0]["holm_p"] == pytest.approx(min(1, 4 * ranked[0]["p"]))     # 2 tested + 2 absent at p = 1
+
+
 def rows_of(family):
     return {(r["contrast"], r["policy"]): r for r in family["rows"]}
 
@@ -284,6 +310,29 @@ def test_h5_calls_adaptive_curation_by_dominance_in_the_plane_once_every_level_r
     assert mb.h5(base + sgt + mixed, cfg)[0]["verdict"] == "not resolved"
     assert mb.h5(base + sgt + adaptive, cfg, ["ablations"])[0] == {"policy": "p", "points": [], "gaps": [], "path": [],
                                                                   "verdict": "waits for block ablations"}
+
+
+def test_h5_compares_levels_over_the_seeds_paired_by_start_and_never_over_one():
+    cfg = ma.AnalysisConfig(resamples=500)
+    seeds = range(1009, 1015)
+    levels = [plane_run(name, s, received + s % 2, 0.030) for s in seeds
+              for name, received in (("prp", 2.0), ("xgrpo", 5.0), ("sgt", 9.0))]
+    adaptive = [plane_run(mb.H5_ADAPTIVE, s, 4.0 + s % 2, 0.020) for s in seeds]
+    moved = next(r for r in levels if r["seed"] == 1009 and r["configuration"] == "prp")
+    moved["start_fingerprints"] = {"p": "elsewhere", "q": "q-elsewhere"}
+    moved["policies"]["p"]["crossed"]["sharing/received"] = 1000.0     # would swamp the gap were it paired
+    [p, _] = mb.h5(levels + adaptive, cfg)
+    gap = {g["configuration"]: g for g in p["gaps"]}["prp"]
+    assert gap["seeds"] == 5 and gap["received"] == pytest.approx((-2.0, -2.0, -2.0))
+    assert p["verdict"] == "supported (dominates prp)"
+    # left with one paired seed, a gap has no interval and dominates nothing
+    for r in levels:
+        if r["configuration"] == "prp" and r["seed"] != 1010:
+            r["start_fingerprints"] = {"p": "elsewhere", "q": "q-elsewhere"}
+    [p, _] = mb.h5(levels + adaptive, cfg)
+    gap = {g["configuration"]: g for g in p["gaps"]}["prp"]
+    assert gap == {"configuration": "prp", "seeds": 1} and not mb.dominates({"seeds": 1})
+    assert p["verdict"] == "not resolved"
 
 
 def test_a_computed_h5_is_reported_with_its_points_and_drawn_once_the_blocks_it_reads_are_complete(tmp_path,
