@@ -1,9 +1,10 @@
 """The comparison's two figures (issue 32), drawn from the run summaries and their analysis (analysis/matrix.py).
 
 curves.png: per policy, each configuration's held-out greedy curve, mean over seeds with a band of ±1 SD (top),
-and its paired difference from independent GRPO (`none`) seed by seed, mean with a band of ±1 standard error
-(bottom). Seeds spread the curves by far more than the configurations differ, and each seed's runs share their
-random numbers, so the differences show what the top row's bands hide.
+and its paired difference from independent GRPO (`none`) seed by seed, over the seeds whose two runs started from
+the same weights (analysis/pairing.py), mean with a band of ±1 standard error (bottom). Seeds spread the curves by
+far more than the configurations differ, and each seed's runs share their random numbers, so the differences show
+what the top row's bands hide.
 plane.png: the stability-support plane, what crossed per iteration against the receiver's training reward variance,
 one point per configuration (its policies and seeds averaged).
 h5-plane.png (the matrix's H5, analysis/blocks.py): the same plane per policy, each configuration's point with its
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from analysis import pairing
 from analysis.curves import POINTS
 
 REFERENCE = "none"                      # the configuration the bottom row's differences are taken from
@@ -23,9 +25,14 @@ REFERENCE = "none"                      # the configuration the bottom row's dif
 
 def heldout_points(summaries: list[dict], name: str, policy: str) -> tuple[list[int], dict[int, np.ndarray]]:
     """The evaluation iterations and seed -> [evaluations] held-out accuracy in points of one configuration."""
-    runs = {s["seed"]: s["policies"][policy]["heldout"] for s in summaries if s["configuration"] == name}
+    runs = {seed: s["policies"][policy]["heldout"] for seed, s in runs_of(summaries, name).items()}
     iterations = [i for i, _ in next(iter(runs.values()))]
     return iterations, {seed: POINTS * np.array([a for _, a in curve]) for seed, curve in runs.items()}
+
+
+def runs_of(summaries: list[dict], name: str) -> dict[int, dict]:
+    """seed -> the summary of configuration `name`'s run"""
+    return {s["seed"]: s for s in summaries if s["configuration"] == name}
 
 
 def band(ax, iterations: list[int], values: np.ndarray, spread: np.ndarray, label: str, color: str) -> None:
@@ -49,7 +56,9 @@ def plot(summaries: list[dict], result: dict, folder: Path) -> None:
             values = np.stack(list(curves.values()))                                 # [seeds, evaluations]
             sd = values.std(0, ddof=1) if len(values) > 1 else np.zeros(values.shape[1])
             band(top, iterations, values.mean(0), sd, name, color)
-            paired = [curves[s] - reference[s] for s in sorted(set(curves) & set(reference))]
+            seeds = pairing.paired_seeds(runs_of(summaries, name), runs_of(summaries, REFERENCE),
+                                         result["config"]["pair_by_start"])
+            paired = [curves[s] - reference[s] for s in seeds]
             if name != REFERENCE and len(paired) > 1:
                 differences = np.stack(paired)                                       # [seeds, evaluations]
                 standard_error = differences.std(0, ddof=1) / np.sqrt(len(differences))

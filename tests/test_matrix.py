@@ -236,6 +236,25 @@ def write_summaries(folder, summaries):
         (folder / f"{s['configuration']}-s{s['seed']}.json").write_text(json.dumps(s))
 
 
+def test_the_curves_paired_difference_reads_only_the_seeds_whose_runs_started_alike(tmp_path, monkeypatch):
+    from analysis import plots
+    summaries = [summary(name, seed, level) for seed in (1, 2, 3)
+                 for name, level in (("none", 40.0), ("sgt", 41.0 if seed != 3 else 90.0))]
+    summaries[-1]["start_fingerprints"] = {"p": "elsewhere", "q": "q-s3"}     # sgt's run of seed 3
+    drawn = []
+    monkeypatch.setattr(plots, "band", lambda ax, iterations, values, spread, label, color: drawn.append(
+        (label, list(values))))
+    point = {policy: {"received": (3.0, 0.0), "reward_variance": (0.02, 0.0)} for policy in ("p", "q")}
+    result = {"configurations": {"none": point, "sgt": point}, "config": {"pair_by_start": True}}
+    plots.plot(summaries, result, tmp_path)
+    # per policy: none's and sgt's curves on top, then sgt - none at the bottom, over seeds 1 and 2 only
+    assert [label for label, _ in drawn] == ["none", "sgt", "sgt"] * 2
+    assert drawn[2][1] == pytest.approx([1.0] * 3) and drawn[5][1] == pytest.approx([0.5] * 3)
+    drawn.clear()
+    plots.plot(summaries, {**result, "config": {"pair_by_start": False}}, tmp_path)
+    assert drawn[2][1] == pytest.approx([(1 + 1 + 50) / 3] * 3)             # as published before the repair
+
+
 def test_differences_are_taken_seed_by_seed_over_the_seeds_both_ran():
     a = {seed: summary("a", seed, v) for seed, v in ((3, 50.0), (1, 40.0), (2, 45.0))}
     b = {seed: summary("b", seed, v) for seed, v in ((2, 44.0), (1, 41.0), (4, 90.0))}
