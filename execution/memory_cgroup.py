@@ -183,7 +183,7 @@ def remove(folder: str, within_s: float = REMOVE_WITHIN_S) -> bool:
         except FileNotFoundError:
             return True
         except OSError:
+            _kill_members(folder)   # before the deadline's check: a retry given no time (within_s=0) kills too
             if time.monotonic() > deadline:
                 return False
-        _kill_members(folder)
         time.sleep(0.002)

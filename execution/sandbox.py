@@ -110,6 +110,8 @@ def _hidden_folders() -> list[str]:
 
 
 _uids = itertools.count()
+_uids_held: set[int] = set()             # this process's uids of live sandboxes
+_uids_freed = threading.Condition()
 
 
 @functools.cache
@@ -129,12 +131,31 @@ def sandbox_uids(pid: int) -> range:
     return range(UID_BASE + pid * size, UID_BASE + (pid + 1) * size)
 
 
-def _sandbox_uid() -> int:
-    """As root, the next uid of this process's block; else -1 (the user namespace maps the caller's uid)."""
+@contextlib.contextmanager
+def _sandbox_uids_held(n: int):
+    """As root, `n` uids of this process's block that none of its live sandboxes holds, held until the block ends
+    (waiting while fewer are free: a block holds 154 uids where pid_max is 2^22); else n times -1 (the user
+    namespace maps the caller's uid)."""
     if os.geteuid() != 0:
-        return -1
+        yield [-1] * n
+        return
     block = sandbox_uids(os.getpid())
-    return block[next(_uids) % len(block)]
+    if n > len(block):
+        raise ValueError(f"{n} sandboxes at once, and this process's block holds {len(block)} uids")
+    with _uids_freed:
+        _uids_freed.wait_for(lambda: len(_uids_held) + n <= len(block))
+        uids = []
+        while len(uids) < n:
+            uid = block[next(_uids) % len(block)]
+            if uid not in _uids_held and uid not in uids:
+                uids.append(uid)
+        _uids_held.update(uids)
+    try:
+        yield uids
+    finally:
+        with _uids_freed:
+            _uids_held.difference_update(uids)
+            _uids_freed.notify_all()
 
 
 @functools.cache
@@ -192,9 +213,9 @@ def probe() -> None:
     """Raise SandboxUnavailable, with the reason, where no filtered sandbox can be built here."""
     opened = []
     try:
-        command = [*_bwrap(_sandbox_uid(), 1, _memory_file(_filter_program(), opened)), sys.executable, "-I", "-c",
-                   "pass"]
-        result = subprocess.run(command, capture_output=True, timeout=30, env=ENV, pass_fds=opened)
+        with _sandbox_uids_held(1) as [uid]:
+            command = [*_bwrap(uid, 1, _memory_file(_filter_program(), opened)), sys.executable, "-I", "-c", "pass"]
+            result = subprocess.run(command, capture_output=True, timeout=30, env=ENV, pass_fds=opened)
     except (OSError, subprocess.TimeoutExpired) as error:
         raise SandboxUnavailable(f"bwrap could not run: {error}") from None
     finally:
@@ -287,13 +308,12 @@ def _close(fds, opened: list[int]) -> None:
         os.close(fd)
 
 
-def _start(role: str, channel_fds: tuple[int, int], spec: dict, seconds: float, limits: dict[str, int],
+def _start(role: str, uid: int, channel_fds: tuple[int, int], spec: dict, seconds: float, limits: dict[str, int],
            memory_mb: int, disk_mb: int, keep: int, opened: list[int], cgroups: list[str]):
-    """Start one sandbox running `role` on `spec`; its (outermost process, output)."""
+    """Start one sandbox running `role` on `spec` as `uid`; its (outermost process, output)."""
     spec_fd = _memory_file(repr(spec).encode(), opened)
     filter_fd = _memory_file(_filter_program(), opened)
     output_fd, output_write_fd = _pipe(opened)
-    uid = _sandbox_uid()
     command = [*_bwrap(uid, disk_mb, filter_fd), *_child_command(role, uid, *channel_fds, seconds, limits)]
     cgroup = memory_cgroup.create(memory_mb << 20)
     if cgroup is not None:
@@ -351,18 +371,19 @@ def _judge_once(specs: tuple[dict, dict], timeout_s: float, memory_mb: int, disk
     keep = min(4 * tail_chars, output_limit_bytes + (1 << 16))
     start = time.monotonic()
     opened, cgroups, sandboxes = [], [], []  # cgroups: each sandbox's, or none where the host has none to give
-    try:
-        calls_r, calls_w = _pipe(opened)
-        replies_r, replies_w = _pipe(opened)
-        for role, channel_fds, spec in (("candidate", (calls_r, replies_w), specs[0]),
-                                        ("judge", (replies_r, calls_w), specs[1])):
-            sandboxes.append(_start(role, channel_fds, spec, timeout_s, limits, memory_mb, disk_mb, keep, opened,
-                                    cgroups))
-        _close((calls_r, calls_w, replies_r, replies_w), opened)  # a side that dies is EOF to the other
-        outputs = [output for _, output in sandboxes]
-        stopped = _drain(outputs, outputs[1], start + timeout_s, output_limit_bytes)
-    finally:
-        out_of_memory = _release(sandboxes, opened, cgroups)
+    with _sandbox_uids_held(2) as uids:      # given back once _release has stopped both sandboxes
+        try:
+            calls_r, calls_w = _pipe(opened)
+            replies_r, replies_w = _pipe(opened)
+            for role, uid, channel_fds, spec in (("candidate", uids[0], (calls_r, replies_w), specs[0]),
+                                                 ("judge", uids[1], (replies_r, calls_w), specs[1])):
+                sandboxes.append(_start(role, uid, channel_fds, spec, timeout_s, limits, memory_mb, disk_mb, keep,
+                                        opened, cgroups))
+            _close((calls_r, calls_w, replies_r, replies_w), opened)  # a side that dies is EOF to the other
+            outputs = [output for _, output in sandboxes]
+            stopped = _drain(outputs, outputs[1], start + timeout_s, output_limit_bytes)
+        finally:
+            out_of_memory = _release(sandboxes, opened, cgroups)
     status = sandboxes[1][0].returncode
     candidate_text, judge_text = (output.text(tail_chars) for output in outputs)
     reason = _reason(stopped, status, judge_text, output_limit_bytes)

@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from concurrent.futures import ThreadPoolExecutor
@@ -349,6 +350,19 @@ def test_a_cgroup_that_could_not_be_removed_is_removed_at_a_later_judgement(monk
     assert not left & sandbox.LEFT_BEHIND and not any(os.path.isdir(folder) for folder in left)
 
 
+
+def test_removing_a_cgroup_kills_what_is_left_in_it_even_when_given_no_time():
+    if memory_cgroup.hierarchy() is None:
+        pytest.skip("this host gives no memory cgroups")
+    folder = memory_cgroup.create(64 << 20)
+    left = subprocess.Popen(memory_cgroup.launched_inside(folder, ["sleep", "100"]))
+    deadline = time.monotonic() + 5
+    while not open(os.path.join(folder, "cgroup.procs")).read().split() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    memory_cgroup.remove(folder, within_s=0)       # as a later judgement retries a cgroup left behind
+    assert left.wait(timeout=5) == -9
+    assert memory_cgroup.remove(folder) and not os.path.isdir(folder)
+
 @pytest.mark.parametrize("role, reason", [("candidate", "not judged: the candidate's sandbox did not start"),
                                           ("judge", "not judged: the judge's sandbox stopped without a verdict")])
 def test_a_sandbox_that_did_not_start_is_judged_again(role, reason, tmp_path, monkeypatch, caplog):
@@ -521,13 +535,42 @@ def test_escapes_score_zero_and_change_nothing_outside(name, has_close_elements,
 
 
 def test_a_correct_program_beside_a_fork_bomb_still_passes(has_close_elements):
-    # RLIMIT_NPROC counts per sandbox: a bomb in one sandbox does not starve a program judged at the same time
+    # RLIMIT_NPROC counts per uid: a bomb in one sandbox does not starve a program judged at the same time, which
+    # starts a thread (a process to RLIMIT_NPROC) before it solves
     bomb = after_the_prompt("import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass")
+    threaded = after_the_prompt("import threading\nworker = threading.Thread(target=lambda: None)\nworker.start()\n"
+                                "worker.join()", has_close_elements.reference)
     with ThreadPoolExecutor(2) as pool:
         bombed = pool.submit(verifiers.code_reward, has_close_elements, bomb, 3.0)
         time.sleep(0.5)
-        honest = pool.submit(verifiers.code_reward, has_close_elements, has_close_elements.reference, 3.0)
+        honest = pool.submit(verifiers.code_reward, has_close_elements, threaded, 3.0)
         assert honest.result() == 1.0 and bombed.result() == 0.0
+
+
+def test_live_sandboxes_of_one_process_never_share_a_uid_and_wait_for_one_to_free(monkeypatch):
+    monkeypatch.setattr(sandbox.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(sandbox, "sandbox_uids", lambda pid: range(10, 13))
+    got = []
+
+    def judge_once():
+        with sandbox._sandbox_uids_held(2) as uids:
+            got.append(uids)
+    first = sandbox._sandbox_uids_held(2)
+    held = first.__enter__()
+    waiting = threading.Thread(target=judge_once)
+    waiting.start()
+    time.sleep(0.3)
+    assert got == []                                   # one uid free, two wanted: it waits
+    with sandbox._sandbox_uids_held(1) as [third]:     # the free one
+        assert sorted([*held, third]) == [10, 11, 12]
+    time.sleep(0.3)
+    assert got == []
+    first.__exit__(None, None, None)
+    waiting.join(5)
+    assert len(got) == 1 and len(set(got[0])) == 2
+    with pytest.raises(ValueError, match="holds 3 uids"):
+        with sandbox._sandbox_uids_held(4):
+            pass
 
 
 def test_the_program_sees_no_secrets_no_host_processes_and_no_privileges(monkeypatch):
