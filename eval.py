@@ -45,13 +45,16 @@ def heldout_accuracy(policy, examples: list, max_new_tokens: int, task: tasks.Ta
     if None)."""
     if not examples:
         raise ValueError("no held-out examples to evaluate")
+    if temperature is not None and not temperature > 0:
+        raise ValueError(f"sampling needs a positive temperature, got {temperature} (None evaluates greedily)")
     task = task or tasks.load_task("arith", 0, 0, 0)
     samples = 1 if temperature is None else samples
     correct = 0.0
     for i in range(0, len(examples), batch_size):
         chunk = examples[i:i + batch_size]
         rollouts = policy.rollout([task.prompt(e) for e in chunk], samples, max_new_tokens,
-                                  temperature=temperature or 1.0, greedy=temperature is None, generator=generator)
+                                  temperature=1.0 if temperature is None else temperature, greedy=temperature is None,
+                                  generator=generator)
         correct += tasks.group_rewards(task, chunk, rollouts.texts, samples).sum().item() / samples
     return correct / len(examples)
 
@@ -114,8 +117,8 @@ def budget_line(records: list[dict], policy: str, cost: str, budget: float) -> s
 
 
 def accuracy_within_budget(records: list[dict], policy: str, cost: str, budget: float) -> tuple[int, float] | None:
-    """(iteration, greedy pass@1) of the last evaluation made before the run had spent more than `budget` of
-    `cost`; None if even the first training iteration cost more."""
+    """(iteration, greedy pass@1) of the last evaluation after training began made before the run had spent more
+    than `budget` of `cost`; None where none was (iteration 0's measures no training)."""
     costs = spent(records, policy, cost)
     within = [(it, acc) for it, acc in curve(records, policy, "eval/heldout_accuracy") if costs.get(it, math.inf) <= budget]
     return within[-1] if within and within[-1][0] > 0 else None

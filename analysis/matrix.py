@@ -106,14 +106,27 @@ def is_summary(path: Path) -> bool:
     return re.fullmatch(r".+-s\d+\.json", Path(path).name) is not None
 
 
+SUMMARY_FIELDS = {"configuration", "seed", "shared", "commits", "iterations", "policies"}
+POLICY_FIELDS = {"heldout", "reward_mean", "reward_variance", "spent", "crossed"}
+"""what every run summary holds, and each of its policies (benchmarks/matrix.py, summarize)"""
+
+
 def load(*folders: Path, declarations: list[Path] | None = None) -> list[dict]:
-    """Every summary of the folders, refused where two are of one (configuration, seed), where their shared flags
-    or evaluation iterations differ, where a held-out accuracy is not finite, or where their commits span more than
-    one class of metric-equivalent commits, as the folders' own declarations (or `declarations`) say."""
+    """Every summary of the folders, refused where one lacks a field, where two are of one (configuration, seed),
+    where their shared flags or evaluation iterations differ, where a held-out accuracy is not finite, or where
+    their commits span more than one class of metric-equivalent commits, as the folders' own declarations (or
+    `declarations`) say."""
     folder = " + ".join(str(f) for f in folders)
-    summaries = [json.loads(p.read_text()) for f in folders for p in sorted(Path(f).glob("*.json")) if is_summary(p)]
-    if not summaries:
+    paths = [p for f in folders for p in sorted(Path(f).glob("*.json")) if is_summary(p)]
+    if not paths:
         raise FileNotFoundError(f"no run summaries in {folder}")
+    summaries = [json.loads(p.read_text()) for p in paths]
+    for path, s in zip(paths, summaries):
+        missing = sorted(SUMMARY_FIELDS - set(s)) or sorted(
+            {f"policies.{name}.{key}" for name, m in s["policies"].items() for key in POLICY_FIELDS - set(m)})
+        if missing:
+            raise ValueError(f"{path}: a run summary without {', '.join(missing)}; remove it and run its set "
+                             f"again with benchmarks/matrix.py, which summarizes the finished run anew")
     runs = [(s["configuration"], s["seed"]) for s in summaries]
     twice = sorted({r for r in runs if runs.count(r) > 1})
     if twice:

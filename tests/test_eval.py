@@ -111,6 +111,9 @@ def test_sampled_accuracy_is_the_mean_reward_over_samples_and_greedy_takes_one_c
     policy.calls.clear()
     greedy = evaluation.heldout_accuracy(policy, examples, 16, task, samples=3)   # samples mean nothing greedily
     assert greedy == pytest.approx(4 / 5) and policy.calls == [(5, 1, 1.0, True, None)]
+    for temperature in (0.0, -0.7, float("nan")):      # never a silent T = 1
+        with pytest.raises(ValueError, match="positive temperature"):
+            evaluation.heldout_accuracy(policy, examples, 16, task, temperature=temperature)
 
 
 def test_a_budget_says_when_a_run_ended_before_spending_it_or_had_no_evaluation_within_it(tmp_path):

@@ -415,6 +415,16 @@ def test_a_run_with_a_nan_accuracy_or_another_evaluation_schedule_is_refused(tmp
         analysis.load(tmp_path / "short")
 
 
+
+@pytest.mark.parametrize("drop", ["commits", "policies.q.reward_variance"])
+def test_a_summary_without_a_field_is_refused_naming_its_file_and_the_field(tmp_path, drop):
+    lacking = summary("sgt", 1002, 40.0)
+    *path, key = drop.split(".")
+    del (lacking["policies"]["q"] if path else lacking)[key]
+    write_summaries(tmp_path, [summary("sgt", 1001, 40.0), lacking])
+    with pytest.raises(ValueError, match=rf"sgt-s1002.json: a run summary without {drop}; remove it"):
+        analysis.load(tmp_path)
+
 def test_a_p_value_below_the_bootstraps_resolution_is_printed_as_a_bound():
     runs = [summary(name, s, auc) for s in (1001, 1002, 1003) for name, auc in (("cross-fidelity", 43.0),
                                                                                ("sgt", 40.0))]
