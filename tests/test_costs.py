@@ -238,6 +238,21 @@ def test_the_estimated_peak_follows_micro_batches_and_the_optimizer_step(n, micr
     assert est.total_bytes == pytest.approx(measured, rel=0.10)
 
 
+def test_the_update_flops_by_hand_with_and_without_lora():
+    # small Llama: per block q and o 64 x 64, k and v 64 x 32 (2 of 4 heads), gate, up and down 64 x 192; the
+    # untied head 256 x 64; the input embedding a lookup: 2 x 49,152 + 16,384 = 114,688 multiplying weights. The
+    # update computes 100 + 8 x 40 = 420 positions of one group: forward 2, activation gradients 2 and weight
+    # gradients 2 FLOPs a weight a position, the last only where every weight trains
+    work = costs.Workload(8, 100, 40, 8, 8, group_size=8)
+    full = small_model("llama", torch.bfloat16, with_lora=False)
+    assert costs.multiplying_parameters(full) == 114_688
+    assert costs.iteration_flops(full, work)["update"] == 6 * 114_688 * 420
+    # rank-4 adapters on the 7 linears of each block, r x (in + out): 2 x (512 + 384 + 384 + 512 + 3 x 1,024)
+    adapted = small_model("llama", torch.bfloat16, with_lora=True)
+    assert costs.multiplying_parameters(adapted) == 114_688 + 9_728
+    assert costs.iteration_flops(adapted, work)["update"] == 4 * (114_688 + 9_728) * 420
+
+
 @pytest.mark.parametrize("family", ["qwen2", "llama"])
 def test_the_flop_count_is_the_matmuls_of_a_forward(family):
     from torch.utils.flop_counter import FlopCounterMode
