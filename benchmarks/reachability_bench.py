@@ -7,7 +7,9 @@
 2. Speed across trajectories: the greedy solutions of `--problems` held-out problems (what the curator measures
    each iteration: many short trajectories of a few steps), one trajectory per pass (rows_per_pass=1, as
    before trajectories were batched) against 16, 32 and 64 per pass.
-3. Behaviour: mean reachability, under a warmed-up tiny Qwen2 policy, of the steps of its own greedy solutions
+3. Where one call's time goes: the CPU time of the batched norms of those solutions under the curator's default
+   CCM estimate, by operator family (torch.profiler's self time; on a CPU only).
+4. Behaviour: mean reachability, under a warmed-up tiny Qwen2 policy, of the steps of its own greedy solutions
    and of the same number of steps written by a policy of the same family that never saw the task; alpha is
    calibrated on the policy's own steps.
 
@@ -22,15 +24,46 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
+from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
 from timing import best_of  # noqa: E402
 
+import diagnosis  # noqa: E402
 from testbed import arith  # noqa: E402
 from testbed import policies  # noqa: E402
 from testbed import presets  # noqa: E402
 import grad_norms  # noqa: E402
 import reachability  # noqa: E402
 from testbed import tiny  # noqa: E402
+
+FAMILIES = {   # torch operators by what they do; the rest is reported as "other"
+    "matrix products": {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm"},
+    "elementwise multiplies and adds": {"aten::mul", "aten::mul_", "aten::add", "aten::add_", "aten::addcmul_",
+                                        "aten::sub", "aten::neg", "aten::div", "aten::pow", "aten::rsqrt",
+                                        "aten::mean", "aten::sum", "aten::silu", "aten::silu_backward"},
+    "copies, fills and concatenations": {"aten::copy_", "aten::fill_", "aten::zero_", "aten::cat", "aten::clone",
+                                         "aten::contiguous", "aten::empty", "aten::zeros", "aten::index_select",
+                                         "aten::index", "aten::index_put_", "aten::masked_fill"},
+}
+
+
+def print_profile(model: torch.nn.Module, solutions: tuple) -> None:
+    """Section 3: the self CPU time of one batched call under the default CCM estimate, by operator family."""
+    estimate = diagnosis.CuratorConfig.ccm_estimate
+    params, modules = grad_norms.ccm_scope(model, estimate)
+    grad_norms.step_grad_norms(model, *solutions, params, modules)   # warm the allocator before profiling
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        grad_norms.step_grad_norms(model, *solutions, params, modules)
+    self_us = {e.key: e.self_cpu_time_total for e in prof.key_averages()}
+    total = sum(self_us.values())
+    shares = {family: sum(us for op, us in self_us.items() if op in ops) / total for family, ops in FAMILIES.items()}
+    shares["other"] = 1 - sum(shares.values())
+    print(f"\n| {estimate} norms of {len(solutions[2])} solutions ({sum(map(len, solutions[2]))} steps): "
+          f"{total / 1e3:.0f} ms of self CPU time | share |\n|---|---|")
+    for family, share in shares.items():
+        print(f"| {family} | {share:.0%} |")
+    top = sorted(self_us.items(), key=lambda kv: -kv[1])[:8]
+    print("largest operators: " + ", ".join(f"{op} {us / total:.0%}" for op, us in top))
 
 
 def main() -> None:
@@ -92,6 +125,9 @@ def main() -> None:
                            lambda: grad_norms.step_grad_norms(model, *solutions, params, rows_per_pass=rows))
         one = one or ms
         print(f"| {rows} | {ms:.0f} | {one / ms:.1f}x |")
+
+    if device.type == "cpu":
+        print_profile(model, solutions)
 
     untrained = policies.Policy("untrained", tiny.tiny_model(spec.family, spec.tiny, len(policy.tokenizer), 99
                                                                  ).to(device), policy.tokenizer, use_chat_template=False)
