@@ -4,16 +4,15 @@ pilot's comparison at 11 seeds, is analysis/matrix.py's (`python eval.py --matri
 
     python eval.py --blocks results        # blocks.md, blocks.json (h5-plane.png) in results/matrix
 
-Each family is a list of contrasts A - B, per policy, on the family's registered seeds: the paired differences
-seed by seed, their mean, a 95% percentile bootstrap interval and a bootstrap p-value (analysis/matrix.py), Holm over
-the family. Each contrast is called by its registered rule (`call`). H4: per cell (pair, step format, TBD measure)
-and direction source->receiver, each term's mean raw value over the direction's diagnosed offers
-(fidelity_record.direction_terms), averaged over the seeds that measured it; the dominant term is the largest. H5:
-per policy, the fixed levels and adaptive cross-fidelity in the plane of what crossed per iteration against
-training reward variance (results/preregistration-h5.md), and adaptive cross-fidelity's path through it over 4
-windows, from the per-iteration records kept beside its summaries (benchmarks/h5_path.py). Each of them is computed only once all its registered
-runs are in, at one class of commits: the registration calls a block when it is complete and has nobody look at
-its outcomes before, so until then the report gives counts of runs, never an outcome.
+Each family is a list of contrasts A - B, per policy, on the family's registered seeds: the paired differences seed
+by seed, their mean, a 95% percentile bootstrap interval and a bootstrap p-value (analysis/matrix.py), Holm over the
+family. Each contrast is called by its registered rule (`call`). H4: per cell (pair, step format, TBD measure) and
+direction source->receiver, each term's mean raw value over the direction's diagnosed offers
+(fidelity_record.direction_terms), averaged over the seeds that measured it; the dominant term is the largest. H5
+(analysis/h5.py): the fixed levels and adaptive cross-fidelity in the stability-support plane. Each of them is
+computed only once all its registered runs are in, at one class of commits: the registration calls a block when it
+is complete and has nobody look at its outcomes before, so until then the report gives counts of runs, never an
+outcome.
 """
 
 from __future__ import annotations
@@ -22,7 +21,7 @@ import json
 import math
 from pathlib import Path
 
-from analysis import h3, h5_windows, pairing, plots, stats
+from analysis import h3, h5, pairing, plots, stats
 from analysis import matrix as ma
 
 SMALLEST = 2.0
@@ -66,9 +65,6 @@ H5_WAITS = ("estimate", "ablations")
 COST_VIEWS = ("equal update tokens", "equal wall time")
 """a called family's contrasts again at equal cost (analysis/matrix.py, VIEWS), shown beside its calls and not tested:
 the registration calls the AUC alone, and wall time is that of two runs at a time on a shared machine"""
-H5_LEVELS = ("prp", "xgrpo", "sgt")
-H5_ADAPTIVE = "cross-fidelity-adaptive"
-H5_SEEDS = range(1009, 1015)
 
 
 def call(rule: str, row: dict) -> str:
@@ -187,95 +183,6 @@ def h4(sets: dict[str, list[dict]], waiting: list[str] = ()) -> dict:
     return {"cells": cells, "table": table, "claims": claims}
 
 
-def plane_point(run: dict, policy: str) -> tuple[float, float]:
-    """(peer experience received per iteration, training reward variance) of one run's policy"""
-    mine = run["policies"][policy]
-    return mine["crossed"].get("sharing/received", 0.0), mine["reward_variance"]
-
-
-def plane_gap(x: dict[int, dict], y: dict[int, dict], policy: str, cfg: ma.AnalysisConfig) -> dict:
-    """Runs x (seed -> summary) less runs y in the plane, over the seeds where they are paired: "received" and
-    "variance", each (mean, low, high) with its 95% bootstrap interval, and the variance differences' exact
-    sign-flip p (descriptive)."""
-    seeds = pairing.paired_seeds(x, y, cfg.pair_by_start)
-    if len(seeds) < 2:   # no interval: a single difference would read as one of zero width
-        return {"seeds": len(seeds)}
-    received, variance = ([plane_point(x[s], policy)[k] - plane_point(y[s], policy)[k] for s in seeds] for k in (0, 1))
-    return {"seeds": len(seeds), "received": interval(received, cfg), "variance": interval(variance, cfg),
-            "variance_sign_flip_p": stats.sign_flip_p(variance)}
-
-
-def dominates(gap: dict) -> bool:
-    """Whether a plane_gap's x dominates its y: more received per iteration and less reward variance, each paired
-    difference's 95% interval excluding 0 (never over fewer than two paired seeds)."""
-    return gap["seeds"] >= 2 and gap["received"][1] > 0 and gap["variance"][2] < 0
-
-
-def h5(runs: list[dict], cfg: ma.AnalysisConfig, waiting: list[str] = (), records: dict[int, dict] | None = None
-       ) -> list[dict]:
-    """H5 per policy, once adaptive cross-fidelity and every fixed level ran on every H5 seed at this class of
-    commits and no block it reads is `waiting`: each configuration's point (mean received per iteration and reward
-    variance over the seeds, each with its 95% bootstrap interval), adaptive cross-fidelity's path over its
-    windows where `records` (seed -> its per-iteration record, h5_path) holds every H5 seed, and the call:
-    supported where adaptive cross-fidelity is dominated by none of the fixed levels and dominates one, refuted
-    where one dominates it, otherwise not resolved."""
-    by_config: dict[str, dict[int, dict]] = {}
-    for s in runs:
-        if s["seed"] in H5_SEEDS:
-            by_config.setdefault(s["configuration"], {})[s["seed"]] = s
-    ran = {c: len(by_config.get(c, {})) for c in (H5_ADAPTIVE, *H5_LEVELS)}
-    short = {c: n for c, n in ran.items() if n < len(H5_SEEDS)}
-    out = []
-    for policy in (list(runs[0]["policies"]) if runs else []):
-        if short or waiting:
-            counts = ", ".join(f"{c} on {n} of {len(H5_SEEDS)} seeds" for c, n in short.items())
-            verdict = f"incomplete: {counts}" if short else f"waits for block {', '.join(waiting)}"
-            out.append({"policy": policy, "points": [], "gaps": [], "path": [], "verdict": verdict})
-            continue
-        points = []
-        for c in (*H5_LEVELS, H5_ADAPTIVE):
-            received, variance = zip(*(plane_point(s, policy) for s in by_config[c].values()))
-            points.append({"configuration": c, "received": interval(list(received), cfg),
-                           "variance": interval(list(variance), cfg)})
-        adaptive = by_config[H5_ADAPTIVE]
-        gaps = {c: plane_gap(by_config[c], adaptive, policy, cfg) for c in H5_LEVELS}
-        beaten = [c for c in H5_LEVELS if dominates(gaps[c])]
-        beats = [c for c in H5_LEVELS if dominates(plane_gap(adaptive, by_config[c], policy, cfg))]
-        verdict = (f"refuted (dominated by {', '.join(beaten)})" if beaten else
-                   f"supported (dominates {', '.join(beats)})" if beats else "not resolved")
-        out.append({"policy": policy, "points": points, "gaps": [{"configuration": c, **g} for c, g in gaps.items()],
-                    "path": adaptive_path(adaptive, records or {}, policy, cfg), "verdict": verdict})
-    return out
-
-
-def adaptive_path(adaptive: dict[int, dict], records: dict[int, dict], policy: str, cfg: ma.AnalysisConfig
-                  ) -> list[dict]:
-    """Adaptive cross-fidelity's path through the plane: per window, the mean over seeds of its (received,
-    variance) within the window, each with its 95% bootstrap interval; empty until every seed's record is in."""
-    if not set(adaptive) <= set(records):
-        return []
-    for seed, run in adaptive.items():
-        if records[seed]["commits"] != run["commits"]:
-            raise ValueError(f"the record of {H5_ADAPTIVE}-s{seed} names commits {records[seed]['commits']}, its "
-                             f"summary {run['commits']}: rewrite it from the summarized run (benchmarks/h5_path.py)")
-    windows = [h5_windows.window_points(records[s]["received"][policy], run["policies"][policy]["reward_mean"])
-               for s, run in sorted(adaptive.items())]
-    return [{"window": w + 1, "received": interval([seed[w][0] for seed in windows], cfg),
-             "variance": interval([seed[w][1] for seed in windows], cfg)} for w in range(h5_windows.WINDOWS)]
-
-
-def load_records(folder: Path) -> dict[int, dict]:
-    """seed -> the per-iteration record of adaptive cross-fidelity's run of that seed, from `folder` (h5_path)"""
-    records = [json.loads(p.read_text()) for p in sorted(Path(folder).glob(f"{H5_ADAPTIVE}-s*.received.json"))]
-    return {r["seed"]: r for r in records if r["configuration"] == H5_ADAPTIVE}
-
-
-def interval(values: list[float], cfg: ma.AnalysisConfig) -> tuple[float, float, float]:
-    """(mean, low, high): the values' mean and its 95% percentile bootstrap interval over seeds"""
-    means = stats.bootstrap_means(values, cfg.resamples, cfg.bootstrap_seed)
-    return (sum(values) / len(values), *stats.percentile_interval(means, 1 - cfg.alpha))
-
-
 def load_sets(root: Path) -> dict[str, list[dict]]:
     """set -> its summaries, for each set folder of the matrix under `root` that holds any (analysis/matrix.py, load
     checks each), refused where the folders' commits span more than one class of metric-equivalent commits (the
@@ -334,7 +241,7 @@ def analyze(sets: dict[str, list[dict]], cfg: ma.AnalysisConfig = ma.AnalysisCon
     def waiting(blocks: tuple[str, ...]) -> list[str]:
         return [b for b in blocks if not families[b]["rows"]]
     return {"config": ma.asdict(cfg), "families": families, "h4": h4(sets, waiting(H4_WAITS)),
-            "h5": h5(sets.get("matrix", []), cfg, waiting(H5_WAITS), records), "h3": h3.analyze(sets, cfg)}
+            "h5": h5.analyze(sets.get("matrix", []), cfg, waiting(H5_WAITS), records), "h3": h3.analyze(sets, cfg)}
 
 
 def unpaired_lines(unpaired: dict[str, dict[int, str]], repaired: list[int], repair: tuple[int, ...]) -> list[str]:
@@ -414,34 +321,14 @@ def markdown(result: dict) -> str:
     for c in result["h4"]["claims"]:
         lines.append(f"- {c['claim']}: {c['verdict']} ({c['share']:.0%} of {c['directions']} directions)"
                      if c["directions"] else f"- {c['claim']}: {c['verdict']}")
-    lines += ["", "## H5: the stability-support plane\n"]
-    for h in result["h5"]:
-        lines.append(f"- {h['policy']}: {h['verdict']}")
-        lines += [f"  - {p['configuration']}: received {p['received'][0]:.2f} [{p['received'][1]:.2f}, "
-                  f"{p['received'][2]:.2f}] an iteration, reward variance {p['variance'][0]:.4f} "
-                  f"[{p['variance'][1]:.4f}, {p['variance'][2]:.4f}]" for p in h["points"]]
-        lines += [f"  - {g['configuration']} less {H5_ADAPTIVE}, paired over {g['seeds']} seeds: received "
-                  f"{g['received'][0]:+.2f} [{g['received'][1]:+.2f}, {g['received'][2]:+.2f}], reward variance "
-                  f"{g['variance'][0]:+.5f} [{g['variance'][1]:+.5f}, {g['variance'][2]:+.5f}] (exact sign-flip p "
-                  f"{stats.p_text(g['variance_sign_flip_p'])}, descriptive)" if g["seeds"] >= 2 else
-                  f"  - {g['configuration']} less {H5_ADAPTIVE}, paired over {g['seeds']} seeds: fewer than two, "
-                  "not compared" for g in h["gaps"]]
-        if h["points"] and h["path"]:
-            lines.append(f"  - {H5_ADAPTIVE}'s path over {h5_windows.WINDOWS} windows of its iterations: " + "; ".join(
-                f"{w['window']}: received {w['received'][0]:.2f} [{w['received'][1]:.2f}, {w['received'][2]:.2f}], "
-                f"variance {w['variance'][0]:.4f} [{w['variance'][1]:.4f}, {w['variance'][2]:.4f}]"
-                for w in h["path"]))
-        elif h["points"]:
-            lines.append(f"  - {H5_ADAPTIVE}'s path: not drawn before every seed's per-iteration record is in "
-                         f"(benchmarks/h5_path.py)")
-    lines += ["", *h3.markdown(result["h3"])]
+    lines += ["", *h5.markdown(result["h5"]), "", *h3.markdown(result["h3"])]
     return "\n".join(lines) + "\n"
 
 
 def report(root: Path, cfg: ma.AnalysisConfig = ma.AnalysisConfig()) -> str:
     """The blocks' analysis of the summaries under `root`: blocks.md, blocks.json and, once H5 is computed,
     h5-plane.png written in root/matrix."""
-    result = analyze(load_sets(root), cfg, load_records(Path(root) / "matrix"))
+    result = analyze(load_sets(root), cfg, h5.load_records(Path(root) / "matrix"))
     text = markdown(result)
     out = Path(root) / "matrix"
     out.mkdir(exist_ok=True)

@@ -9,9 +9,8 @@ are kept in a record beside its summary, written from the run's directory once i
     python benchmarks/h5_path.py runs/matrix-cross-fidelity-adaptive-s1009 \\
         results/matrix/cross-fidelity-adaptive-s1009.json       # -> cross-fidelity-adaptive-s1009.received.json
 
-The record is refused where the run's per-iteration training rewards are not the summary's: that run is not the
-one summarized. analysis/blocks.py (h5) reads the records and gives the path (analysis/h5_windows.py) once every
-H5 seed has one.
+The record is refused where the run's per-iteration training rewards are not the summary's: that run is not the one
+summarized. analysis/h5.py reads the records and gives the path once every H5 seed has one.
 """
 
 from __future__ import annotations

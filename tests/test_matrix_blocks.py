@@ -15,7 +15,7 @@ from test_matrix import ROOT, summary, write_summaries   # it puts benchmarks/ o
 import h5_path  # noqa: E402
 from analysis import blocks as mb  # noqa: E402
 from analysis import h3 as matrix_h3  # noqa: E402
-from analysis import h5_windows, plots, stats  # noqa: E402
+from analysis import h5, plots, stats  # noqa: E402
 from analysis import matrix as ma  # noqa: E402
 
 
@@ -66,7 +66,7 @@ def test_the_families_are_the_registrations():
                                                                  ("hacpo-official", "hacpo", "lead")}),
     }
     assert {k: (s, seeds, set(c)) for k, (s, seeds, c) in mb.FAMILIES.items()} == registered
-    assert len(mb.H4_CELLS) == 10 and list(mb.H4_SEEDS) == [1009, 1010] and list(mb.H5_SEEDS) == list(range(1009, 1015))
+    assert len(mb.H4_CELLS) == 10 and list(mb.H4_SEEDS) == [1009, 1010] and list(h5.SEEDS) == list(range(1009, 1015))
 
 
 def estimate_runs(gaps, seeds, sgt=38.0):
@@ -284,12 +284,12 @@ def test_h5_calls_adaptive_curation_by_dominance_in_the_plane_once_every_level_r
     base = [plane_run(name, s, received, variance) for s in seeds
             for name, received, variance in (("prp", 2.0 + s % 2, 0.030), ("xgrpo", 5.0 + s % 2, 0.030))]
     sgt = [plane_run("sgt", s, 9.0 + s % 2, 0.025 + 0.001 * (s % 2)) for s in seeds]
-    assert mb.h5(base + sgt, cfg)[0] == {"policy": "p", "points": [], "gaps": [], "path": [], "verdict":
+    assert h5.analyze(base + sgt, cfg)[0] == {"policy": "p", "points": [], "gaps": [], "path": [], "verdict":
                                          "incomplete: cross-fidelity-adaptive on 0 of 6 seeds"}
     # adaptive receives more than prp with less variance, seed by seed: it dominates prp, and no level dominates it
-    adaptive = [plane_run(mb.H5_ADAPTIVE, s, 4.0 + s % 2, 0.022 + 0.001 * (s % 3)) for s in seeds]
-    assert mb.h5(base + sgt + adaptive[1:], cfg)[0]["verdict"].startswith("incomplete: cross-fidelity-adaptive on 5")
-    [p, q] = mb.h5(base + sgt + adaptive, cfg)
+    adaptive = [plane_run(h5.ADAPTIVE, s, 4.0 + s % 2, 0.022 + 0.001 * (s % 3)) for s in seeds]
+    assert h5.analyze(base + sgt + adaptive[1:], cfg)[0]["verdict"].startswith("incomplete: cross-fidelity-adaptive on 5")
+    [p, q] = h5.analyze(base + sgt + adaptive, cfg)
     assert p["verdict"] == q["verdict"] == "supported (dominates prp)"
     point = {x["configuration"]: x for x in p["points"]}["prp"]
     assert point["received"][0] == pytest.approx(2.5) and point["received"][1] <= 2.5 <= point["received"][2]
@@ -303,12 +303,12 @@ def test_h5_calls_adaptive_curation_by_dominance_in_the_plane_once_every_level_r
     assert min(by_hand) <= gap["variance"][1] <= gap["variance"][0] <= gap["variance"][2] <= max(by_hand)
     assert gap["variance_sign_flip_p"] == pytest.approx(2 / 64)
     # one that receives less than xgrpo and sgt, each seed, with more variance than both is dominated by both
-    worse = [plane_run(mb.H5_ADAPTIVE, s, 3.0 + s % 2, 0.032 + 0.001 * (s % 3)) for s in seeds]
-    assert mb.h5(base + sgt + worse, cfg)[0]["verdict"] == "refuted (dominated by xgrpo, sgt)"
+    worse = [plane_run(h5.ADAPTIVE, s, 3.0 + s % 2, 0.032 + 0.001 * (s % 3)) for s in seeds]
+    assert h5.analyze(base + sgt + worse, cfg)[0]["verdict"] == "refuted (dominated by xgrpo, sgt)"
     # more received than prp on average (+1) but not seed by seed (+3, -1, ...): its interval holds 0, no dominance
-    mixed = [plane_run(mb.H5_ADAPTIVE, s, 2.0 + s % 2 + (3.0 if s % 2 else -1.0), 0.020) for s in seeds]
-    assert mb.h5(base + sgt + mixed, cfg)[0]["verdict"] == "not resolved"
-    assert mb.h5(base + sgt + adaptive, cfg, ["ablations"])[0] == {"policy": "p", "points": [], "gaps": [], "path": [],
+    mixed = [plane_run(h5.ADAPTIVE, s, 2.0 + s % 2 + (3.0 if s % 2 else -1.0), 0.020) for s in seeds]
+    assert h5.analyze(base + sgt + mixed, cfg)[0]["verdict"] == "not resolved"
+    assert h5.analyze(base + sgt + adaptive, cfg, ["ablations"])[0] == {"policy": "p", "points": [], "gaps": [], "path": [],
                                                                   "verdict": "waits for block ablations"}
 
 
@@ -317,11 +317,11 @@ def test_h5_compares_levels_over_the_seeds_paired_by_start_and_never_over_one():
     seeds = range(1009, 1015)
     levels = [plane_run(name, s, received + s % 2, 0.030) for s in seeds
               for name, received in (("prp", 2.0), ("xgrpo", 5.0), ("sgt", 9.0))]
-    adaptive = [plane_run(mb.H5_ADAPTIVE, s, 4.0 + s % 2, 0.020) for s in seeds]
+    adaptive = [plane_run(h5.ADAPTIVE, s, 4.0 + s % 2, 0.020) for s in seeds]
     moved = next(r for r in levels if r["seed"] == 1009 and r["configuration"] == "prp")
     moved["start_fingerprints"] = {"p": "elsewhere", "q": "q-elsewhere"}
     moved["policies"]["p"]["crossed"]["sharing/received"] = 1000.0     # would swamp the gap were it paired
-    [p, _] = mb.h5(levels + adaptive, cfg)
+    [p, _] = h5.analyze(levels + adaptive, cfg)
     gap = {g["configuration"]: g for g in p["gaps"]}["prp"]
     assert gap["seeds"] == 5 and gap["received"] == pytest.approx((-2.0, -2.0, -2.0))
     assert p["verdict"] == "supported (dominates prp)"
@@ -329,9 +329,9 @@ def test_h5_compares_levels_over_the_seeds_paired_by_start_and_never_over_one():
     for r in levels:
         if r["configuration"] == "prp" and r["seed"] != 1010:
             r["start_fingerprints"] = {"p": "elsewhere", "q": "q-elsewhere"}
-    [p, _] = mb.h5(levels + adaptive, cfg)
+    [p, _] = h5.analyze(levels + adaptive, cfg)
     gap = {g["configuration"]: g for g in p["gaps"]}["prp"]
-    assert gap == {"configuration": "prp", "seeds": 1} and not mb.dominates({"seeds": 1})
+    assert gap == {"configuration": "prp", "seeds": 1} and not h5.dominates({"seeds": 1})
     assert p["verdict"] == "not resolved"
 
 
@@ -339,7 +339,7 @@ def test_a_computed_h5_is_reported_with_its_points_and_drawn_once_the_blocks_it_
                                                                                                   monkeypatch):
     seeds = range(1009, 1015)
     runs = [plane_run(name, s, received + s % 2, 0.03 - 0.001 * (s % 2)) for s in seeds
-            for name, received in (("prp", 2.0), ("xgrpo", 5.0), ("sgt", 9.0), (mb.H5_ADAPTIVE, 4.0))]
+            for name, received in (("prp", 2.0), ("xgrpo", 5.0), ("sgt", 9.0), (h5.ADAPTIVE, 4.0))]
     for r in runs:
         r["iteration_s"] = 400.0
     write_summaries(tmp_path / "matrix", runs)
@@ -350,17 +350,17 @@ def test_a_computed_h5_is_reported_with_its_points_and_drawn_once_the_blocks_it_
     monkeypatch.setattr(mb, "H5_WAITS", ())
     text = mb.report(tmp_path, cfg)
     assert "  - prp: received 2.50 [" in text and "reward variance 0.0295 [" in text
-    assert f"  - prp less {mb.H5_ADAPTIVE}, paired over 6 seeds: received -2.00 [-2.00, -2.00], reward variance " \
+    assert f"  - prp less {h5.ADAPTIVE}, paired over 6 seeds: received -2.00 [-2.00, -2.00], reward variance " \
            "+0.00000 [+0.00000, +0.00000] (exact sign-flip p 1.000, descriptive)" in text
     assert (tmp_path / "matrix" / "h5-plane.png").stat().st_size > 0
 
 
 def test_a_window_point_is_the_mean_received_and_the_reward_variance_within_the_window_by_hand():
     # windows [1, 1 | 3, 3] and rewards [0, 1 | 1, 3]: half the mean squared step, (1 - 0)^2 / 2 and (3 - 1)^2 / 2
-    assert h5_windows.window_points([1.0, 1.0, 3.0, 3.0], [0.0, 1.0, 1.0, 3.0], windows=2) == [(1.0, 0.5), (3.0, 2.0)]
+    assert h5.window_points([1.0, 1.0, 3.0, 3.0], [0.0, 1.0, 1.0, 3.0], windows=2) == [(1.0, 0.5), (3.0, 2.0)]
     for received, rewards in (([1.0] * 6, [0.0] * 6), ([1.0] * 8, [0.0] * 7)):   # 4 windows of 1.5, unequal
         with pytest.raises(ValueError, match="equal windows"):
-            h5_windows.window_points(received, rewards)
+            h5.window_points(received, rewards)
 
 
 def run_dir_of(tmp_path, rewards, received):
@@ -376,13 +376,13 @@ def run_dir_of(tmp_path, rewards, received):
 
 def test_a_runs_record_keeps_what_it_received_each_iteration_and_refuses_a_run_that_is_not_the_summarized_one(
         tmp_path):
-    s = summary(mb.H5_ADAPTIVE, 1009, 40.0)
+    s = summary(h5.ADAPTIVE, 1009, 40.0)
     rewards = {"p": [0.1, 0.3], "q": [0.1, 0.3]}
     run = run_dir_of(tmp_path, rewards, {"p": [4.0, 6.0], "q": [2.0, 0.0]})
     write_summaries(tmp_path, [s])
-    written = h5_path.main([str(run), str(tmp_path / f"{mb.H5_ADAPTIVE}-s1009.json")])
-    assert written.name == f"{mb.H5_ADAPTIVE}-s1009.received.json" and not ma.is_summary(written)
-    assert json.loads(written.read_text()) == {"configuration": mb.H5_ADAPTIVE, "seed": 1009, "commits": ["c1"],
+    written = h5_path.main([str(run), str(tmp_path / f"{h5.ADAPTIVE}-s1009.json")])
+    assert written.name == f"{h5.ADAPTIVE}-s1009.received.json" and not ma.is_summary(written)
+    assert json.loads(written.read_text()) == {"configuration": h5.ADAPTIVE, "seed": 1009, "commits": ["c1"],
                                                "received": {"p": [4.0, 6.0], "q": [2.0, 0.0]}}
     other = run_dir_of(tmp_path, {"p": [0.1, 0.4], "q": [0.1, 0.3]}, {"p": [4.0, 6.0], "q": [2.0, 0.0]})
     with pytest.raises(ValueError, match="not the run summarized"):
@@ -397,18 +397,18 @@ def test_h5_draws_adaptive_curations_path_window_by_window_once_every_seeds_reco
     seeds = range(1009, 1015)
     levels = [plane_run(name, s, received, 0.03) for s in seeds
               for name, received in (("prp", 2.0), ("xgrpo", 5.0), ("sgt", 9.0))]
-    adaptive = {s: plane_run(mb.H5_ADAPTIVE, s, 4.0, 0.02) for s in seeds}
+    adaptive = {s: plane_run(h5.ADAPTIVE, s, 4.0, 0.02) for s in seeds}
     for s, run in adaptive.items():       # 8 iterations, windows of 2: each window one step of size s - 1008
         for m in run["policies"].values():
             m["reward_mean"] = [0.0, (s - 1008) / 10] * 4
     # received per iteration: seed k (1..6) gets k in window w's first iteration and k + w in its second
-    records = {s: {"configuration": mb.H5_ADAPTIVE, "seed": s, "commits": ["c1"],
+    records = {s: {"configuration": h5.ADAPTIVE, "seed": s, "commits": ["c1"],
                    "received": {p: [v for w in range(4) for v in (s - 1008, s - 1008 + w)] for p in ("p", "q")}}
                for s in seeds}
     missing = {s: r for s, r in records.items() if s != 1012}
-    [p, _] = mb.h5(levels + list(adaptive.values()), cfg, records=missing)
+    [p, _] = h5.analyze(levels + list(adaptive.values()), cfg, records=missing)
     assert p["points"] and p["path"] == []
-    [p, _] = mb.h5(levels + list(adaptive.values()), cfg, records=records)
+    [p, _] = h5.analyze(levels + list(adaptive.values()), cfg, records=records)
     mean_k = sum(range(1, 7)) / 6
     mean_variance = sum((k / 10) ** 2 / 2 for k in range(1, 7)) / 6
     for w, window in enumerate(p["path"]):
@@ -418,16 +418,16 @@ def test_h5_draws_adaptive_curations_path_window_by_window_once_every_seeds_reco
         assert window["variance"][0] == pytest.approx(mean_variance)
     records[1010]["commits"] = ["c9"]
     with pytest.raises(ValueError, match="rewrite it from the summarized run"):
-        mb.h5(levels + list(adaptive.values()), cfg, records=records)
+        h5.analyze(levels + list(adaptive.values()), cfg, records=records)
     records[1010]["commits"] = ["c1"]
     for s, r in records.items():
         (tmp_path / "matrix").mkdir(exist_ok=True)
-        (tmp_path / "matrix" / f"{mb.H5_ADAPTIVE}-s{s}.received.json").write_text(json.dumps(r))
-    assert mb.load_records(tmp_path / "matrix") == records
-    result = mb.h5(levels + list(adaptive.values()), cfg, records=records)
+        (tmp_path / "matrix" / f"{h5.ADAPTIVE}-s{s}.received.json").write_text(json.dumps(r))
+    assert h5.load_records(tmp_path / "matrix") == records
+    result = h5.analyze(levels + list(adaptive.values()), cfg, records=records)
     text = mb.markdown({"families": {}, "h4": {"table": [], "cells": {}, "claims": []}, "h5": result,
                         "h3": matrix_h3.analyze({}, cfg)})
-    assert f"  - {mb.H5_ADAPTIVE}'s path over 4 windows of its iterations: 1: received {mean_k:.2f} [" in text
+    assert f"  - {h5.ADAPTIVE}'s path over 4 windows of its iterations: 1: received {mean_k:.2f} [" in text
     plots.h5_plane(result, tmp_path / "plane.png")
     assert (tmp_path / "plane.png").stat().st_size > 0
 
