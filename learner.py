@@ -8,7 +8,7 @@ code runs either way.
 
 Determinism: each policy samples from a generator of its own, seeded by (phase, seed, iteration, policy) alone, so
 neither the order the policies run in nor the process they run in changes a draw: on a CPU a run gives the same
-metrics under train.py and train_ray.py.
+metrics under train.py and train_ray.py at the same threads per policy.
 """
 
 from __future__ import annotations

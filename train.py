@@ -18,7 +18,8 @@ The flags are args.py's. One iteration, read top to bottom in `run`; each policy
   4. updates      a GRPO update per policy on its own rollouts and what it received (--minibatches steps, own
                   rollouts first);
   5. bookkeeping  metrics, held-out evaluation, checkpoint.
-train_ray.py runs this loop with each policy in a Ray actor of its own, and gives the same metrics.
+train_ray.py runs this loop with each policy in a Ray actor of its own, and gives the same metrics at the same
+threads per policy.
 Metrics go to runs/NAME/metrics.jsonl, one line per policy and iteration, under stable names (charts/, losses/,
 sharing/, fidelity/, eval/, perf/), with --tensorboard as TensorBoard events too (metrics_log.py); a
 cross-fidelity run logs every curation decision to runs/NAME/fidelity.jsonl; checkpoints go to

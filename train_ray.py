@@ -7,11 +7,11 @@
 Every flag of train.py (args.py) and three of Ray's (`RayArgs`). The loop is train.py's own (`train.run`), given
 this team: each policy's worker (learner.PolicyWorker) runs in an actor of its own (`PolicyActor`), so the actors
 roll out and update side by side, and on a CPU a run gives train.py's metrics, decisions and weights for the same
-seed (tests/test_train_ray.py). What crosses an actor's boundary: in, the iteration's prompts and problems, its
-peers' trajectories (completion ids, behaviour log-probs, texts, rewards, advantages; sent from their actors'
-object stores) and the curator's decisions; out, its trajectories, its metrics and, under cross-fidelity, its
-diagnoses of its peers' trajectories (learner.WorkerSide). Token tables cross once, at start; weights and gradients
-never do.
+seed at the same threads per policy (train.py's torch threads, here --cpus-per-policy; tests/test_train_ray.py).
+What crosses an actor's boundary: in, the iteration's prompts and problems, its peers' trajectories (completion ids,
+behaviour log-probs, texts, rewards, advantages; sent from their actors' object stores) and the curator's decisions;
+out, its trajectories, its metrics and, under cross-fidelity, its diagnoses of its peers' trajectories
+(learner.WorkerSide). Token tables cross once, at start; weights and gradients never do.
 What Ray adds: joining a cluster or starting a Ray for the run; each actor's declared resources, and a run refused
 at start where no node has room for an actor (Ray would wait forever); an actor that dies ends the run at the
 first result the loop waits for, with `PolicyLost` naming its policy; an actor that raises hands its exception to

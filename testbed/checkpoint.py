@@ -29,7 +29,8 @@ RESUMABLE = ("resume", "iterations", "backend", "devices", "ray_address", "cpus_
              "allow_other_start")
 """the settings a resume may change: --iterations (no schedule depends on the horizon, so a run extended from 100 to
 200 iterations is the run that would have gone to 200 from the start) and where the policies run (train.py and
-train_ray.py give the same metrics on a CPU)"""
+train_ray.py give the same metrics on a CPU at the same threads per policy; another thread count drifts in the
+last bits)"""
 
 
 NAMED = ("task", "step_format", "tbd_measure", "ablate", "thresholds", "process_signal", "ccm_estimate",
