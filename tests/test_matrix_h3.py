@@ -25,8 +25,10 @@ def h3_run(grouping, configuration, seed, level):
     """A run of H3's: each policy of the grouping flat at level(policy) / 64 held-out accuracy, started from its
     one fingerprint of the seed in every grouping."""
     names = matrix_h3.POLICIES if grouping == "trio" else grouping.split("-")
-    return {**summary(configuration, seed, 0.0), "start_fingerprints": {p: f"{p}-s{seed}" for p in names},
-            "policies": {p: {"heldout": [[i, level(p) / 64] for i in (0, 50, 100)]} for p in names}}
+    base = summary(configuration, seed, 0.0)
+    return {**base, "start_fingerprints": {p: f"{p}-s{seed}" for p in names},
+            "policies": {p: {**base["policies"]["p"], "heldout": [[i, level(p) / 64] for i in (0, 50, 100)]}
+                         for p in names}}
 
 
 def h3_sets(gain_of, seeds=H3_SEEDS):
