@@ -17,7 +17,7 @@ policy's rollout and update tokens, so runs can be compared at an equal budget o
     python eval.py runs/A runs/B --budget update_tokens=2e6     # accuracy once each run has spent the budget
     python eval.py --matrix results/pilot                      # the comparison (analysis/matrix.py)
     python eval.py --matrix results/pilot results/matrix-main  # its seeds pooled with the matrix's main block
-    python eval.py --blocks results                            # blocks 2-6 and H3 (analysis/blocks.py)
+    python eval.py --blocks results                            # blocks 2-6, H4, H5 and H3 (analysis/blocks.py)
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ def load_metrics(run_dir: Path) -> list[dict]:
     path = Path(run_dir) / "metrics.jsonl"
     if not path.exists():
         raise FileNotFoundError(f"{path} does not exist: is {run_dir} a run directory?")
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [record for _, record in checkpoint.metric_lines(path)]
 
 
 def curve(records: list[dict], policy: str, key: str) -> list[tuple[int, float]]:

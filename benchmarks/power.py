@@ -75,10 +75,15 @@ def train_run(name: str, flags: list[str], iterations: int, runs_dir: Path) -> t
 
 
 def curve_end(run_dir: Path) -> int:
-    """The last iteration a run evaluated at, 0 for none."""
+    """The last iteration at which every policy of a run was evaluated, 0 for none: a run stopped between two
+    policies' evaluation lines is not done (its resume evaluates that iteration again)."""
     if not (run_dir / "metrics.jsonl").exists():
         return 0
-    return max((r["iteration"] for r in evaluation.load_metrics(run_dir) if "eval/heldout_accuracy" in r), default=0)
+    last: dict[str, int] = {}
+    for r in evaluation.load_metrics(run_dir):
+        evaluated = r["iteration"] if "eval/heldout_accuracy" in r else 0
+        last[r["policy"]] = max(last.get(r["policy"], 0), evaluated)
+    return min(last.values(), default=0)
 
 
 def held_out_curves(run_dir: Path) -> dict[str, list[tuple[int, float]]]:

@@ -25,12 +25,12 @@ import torch
 from testbed import policies
 
 
-RESUMABLE = ("resume", "iterations", "backend", "devices", "ray_address", "cpus_per_policy", "gpus_per_policy",
-             "allow_other_start")
+RESUMABLE = ("resume", "iterations", "runs_dir", "backend", "devices", "ray_address", "cpus_per_policy",
+             "gpus_per_policy", "allow_other_start")
 """the settings a resume may change: --iterations (no schedule depends on the horizon, so a run extended from 100 to
-200 iterations is the run that would have gone to 200 from the start) and where the policies run (train.py and
-train_ray.py give the same metrics on a CPU at the same threads per policy; another thread count drifts in the
-last bits)"""
+200 iterations is the run that would have gone to 200 from the start), how its folder is reached (--runs-dir, as
+spelled or moved) and where the policies run (train.py and train_ray.py give the same metrics on a CPU at the same
+threads per policy; another thread count drifts in the last bits)"""
 
 
 NAMED = ("task", "step_format", "tbd_measure", "ablate", "thresholds", "process_signal", "ccm_estimate",
@@ -119,26 +119,31 @@ def record_sitting(run_dir: Path, iteration: int, built: dict[str, str], weights
     return record
 
 
-def truncate_metrics(path: Path, iteration: int) -> None:
-    """Keep the metric lines logged up to `iteration`, so a resumed run repeats none and loses none. A torn last
-    line (a process killed or a disk filled mid-write) is dropped: every line of an iteration is written before its
-    checkpoint, so it belongs to one after the checkpoint resumed from. A bad line elsewhere is refused."""
-    if not path.exists():
-        return
+def metric_lines(path: Path) -> list[tuple[str, dict]]:
+    """(line, record) for each line of a metrics log. A torn last line (a process killed or a disk filled
+    mid-write) is left out: every line of an iteration is written before its checkpoint, so it belongs to one after
+    the checkpoint a resume starts from, which drops it. A bad line elsewhere is refused."""
     lines = [line for line in path.read_text().splitlines() if line.strip()]
-    kept = []
+    records = []
     for number, line in enumerate(lines, 1):
         try:
-            logged = json.loads(line)["iteration"]
+            record = json.loads(line)
+            record["iteration"]
         except (json.JSONDecodeError, KeyError, TypeError):
             if number == len(lines):
                 break
             raise ValueError(f"{path}: line {number} is not a metrics record ({line[:60]!r}); only the last line "
                              "of a log can be torn by a stopped run, so this one was edited: mend or remove it, "
                              "then resume") from None
-        if logged <= iteration:
-            kept.append(line)
-    path.write_text("".join(line + "\n" for line in kept))
+        records.append((line, record))
+    return records
+
+
+def truncate_metrics(path: Path, iteration: int) -> None:
+    """Keep the metric lines logged up to `iteration`, so a resumed run repeats none and loses none (a torn last
+    line goes too, `metric_lines`)."""
+    if path.exists():
+        path.write_text("".join(line + "\n" for line, record in metric_lines(path) if record["iteration"] <= iteration))
 
 
 def trainable_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:

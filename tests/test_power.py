@@ -1,6 +1,7 @@
 """The power analysis' statistics (benchmarks/power.py; its t quantile in analysis/stats.py, the area under a curve in
 analysis/curves.py) against tables and hand-computed cases."""
 
+import json
 import sys
 from pathlib import Path
 
@@ -42,3 +43,39 @@ def test_paired_summary_and_the_area_under_a_curve_by_hand():
         curves.area_under(curve[1:], 20)                                   # no evaluation at 0
     with pytest.raises(ValueError, match="no evaluation"):
         power.accuracy_at(curve, 30)
+
+
+def write_run(run_dir, lines):
+    run_dir.mkdir(parents=True)
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+
+
+def test_a_run_is_done_only_where_every_policy_was_evaluated_and_a_torn_last_line_is_not_read(tmp_path):
+    evaluated = [{"iteration": i, "policy": p, "eval/heldout_accuracy": 0.5} for i in (0, 10) for p in "pq"]
+    write_run(tmp_path / "whole", evaluated + [{"iteration": 11, "policy": "p", "charts/reward_mean": 0.1}])
+    assert power.curve_end(tmp_path / "whole") == 10
+    # stopped between p's and q's evaluation at 20: not done at 20, and the line cut mid-write is left out
+    write_run(tmp_path / "stopped", evaluated + [{"iteration": 20, "policy": "p", "eval/heldout_accuracy": 0.6}])
+    with (tmp_path / "stopped" / "metrics.jsonl").open("a") as f:
+        f.write('{"iteration": 20, "policy": "q", "eval/held')
+    assert power.curve_end(tmp_path / "stopped") == 10
+    assert power.curve_end(tmp_path / "absent") == 0
+
+
+def test_the_power_analysis_of_two_levels_by_hand(tmp_path):
+    # seeds 1 and 2, evaluated at 0 (0.0) and 10: none at 0.2 and 0.4, prp at 0.3 and 0.7; one policy, whose
+    # iterations to 10 cost 10 s and 100 tokens of each kind
+    for level, finals in (("none", (0.2, 0.4)), ("prp", (0.3, 0.7))):
+        for seed, final in zip((1, 2), finals):
+            write_run(tmp_path / power.run_name("default", level, seed), [
+                {"iteration": 0, "policy": "p", "eval/heldout_accuracy": 0.0},
+                {"iteration": 10, "policy": "p", "eval/heldout_accuracy": final, "perf/iteration_s": 10.0,
+                 "perf/rollout_tokens": 100, "perf/update_tokens": 100}])
+    result = power.analyze("default", ["none", "prp"], [1, 2], [10], tmp_path)
+    final, auc = result["metrics"]["prp - none/final@10/p"], result["metrics"]["prp - none/auc@10/p"]
+    assert final["differences"] == pytest.approx([0.1, 0.3]) and final["mean"] == pytest.approx(0.2)
+    assert final["sd"] == pytest.approx(0.1 * 2 ** 0.5)
+    assert auc["differences"] == pytest.approx([0.05, 0.15])          # half the final gap: linear from 0 at 0
+    p = (0.2 + 0.4 + 0.3 + 0.7) / 4
+    assert result["binomial_se@10/p"] == pytest.approx((p * (1 - p) / 2000) ** 0.5)
+    assert result["cost"]["none"] == {"iteration_s": 10.0, "rollout_tokens": 100.0, "update_tokens": 100.0}

@@ -142,6 +142,15 @@ def test_a_resume_keeps_the_lines_up_to_its_checkpoint_drops_a_torn_last_line_an
     assert not (tmp_path / "absent.jsonl").exists()
 
 
+
+def test_a_resume_may_reach_its_run_by_another_spelling_of_its_folder_but_change_nothing_it_trains(tmp_path):
+    saved = tmp_path / "config.json"
+    saved.write_text(json.dumps({"runs_dir": "runs", "iterations": 100, "lr": 1e-4, "seed": 1}))
+    assert checkpoint.changed_settings(saved, {"runs_dir": "/home/me/project/runs", "iterations": 200, "lr": 1e-4,
+                                               "seed": 1}) == []
+    assert checkpoint.changed_settings(saved, {"runs_dir": "runs", "iterations": 100, "lr": 5e-5, "seed": 2}) == [
+        "lr", "seed"]
+
 def test_record_sitting_by_hand(tmp_path):
     first = checkpoint.record_sitting(tmp_path, 0, {"a": "1", "b": "2"}, {"a": "1", "b": "2"})
     assert first == {"fingerprints": {"a": "1", "b": "2"}, "sittings": [
