@@ -242,6 +242,9 @@ def main(argv: list[str] | None = None, train: Train = power.train_run, repo: Pa
     parser.add_argument("--warm-up", type=int, default=None, metavar="SEED",
                         help="only fill the warm-up cache for SEED (what the runner starts ahead of a seed's runs)")
     args = parser.parse_args(argv)
+    if args.blocks and (args.configurations or args.seeds or args.out):
+        parser.error("--blocks runs each block's registered sets, configurations and seeds into results/SET: drop "
+                     "--configurations, --seeds and --out, or run one set with --set")
     if args.warm_up is not None:
         return fill_warm_up_cache(args.set, args.warm_up)
     if args.blocks:

@@ -93,8 +93,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("flags", nargs="*", default=[], help="train.py flags after --, overriding the defaults")
     args = parser.parse_args(argv)
     found = compare(args.before, [*DEFAULT_FLAGS, *args.flags], after_flags=tuple(args.after_flags.split()))
-    print("bit-identical" if not found else "different:\n  " + "\n  ".join(found))
+    print(f"{args.before} against {after_side()}: " + ("bit-identical" if not found else
+                                                        "different:\n  " + "\n  ".join(found)))
     return 1 if found else 0
+
+
+def after_side(repo: Path = ROOT) -> str:
+    """What the later side trained: HEAD, or HEAD's working tree with uncommitted changes, which no declaration of
+    metric-equivalent commits can rest on."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True).stdout.strip()
+    head = git("rev-parse", "--short", "HEAD")
+    dirty = git("status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)results")
+    return f"{head} with uncommitted changes (commit them, then check again before declaring)" if dirty else head
 
 
 if __name__ == "__main__":

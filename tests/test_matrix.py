@@ -69,6 +69,16 @@ def test_the_code_commit_skips_results_and_a_dirty_tree_is_refused(repo):
         matrix.code_commit(repo)
 
 
+
+def test_same_metrics_names_the_later_side_and_says_when_it_was_no_commit(repo):
+    import same_metrics
+    head = subprocess.run(["git", "-C", str(repo), "rev-parse", "--short", "HEAD"], check=True, capture_output=True,
+                          text=True).stdout.strip()
+    (repo / "results" / "new.json").write_text("{}")
+    assert same_metrics.after_side(repo) == head
+    (repo / "code.py").write_text("x = 2\n")
+    assert same_metrics.after_side(repo).startswith(f"{head} with uncommitted changes")
+
 def test_train_run_starts_resumes_or_skips(tmp_path, monkeypatch):
     commands = []
 
@@ -619,6 +629,10 @@ def test_the_blocks_run_in_the_registered_order_and_a_shared_run_runs_once(repo,
                 no_warm_up)
     assert [name for name, _ in train.calls] == ["t-b-s8", "t-a-s8", "t-a-s7"]      # t-a-s8 not again in "first"
     assert sorted(p.name for p in (repo / "results" / "t").iterdir()) == ["a-s7.json", "a-s8.json", "b-s8.json"]
+    for narrowing in (["--seeds", "9"], ["--configurations", "a"], ["--out", str(tmp_path)]):   # never ignored
+        with pytest.raises(SystemExit):
+            matrix.main(["--blocks", "first", *narrowing], train, repo, no_warm_up)
+    assert len(train.calls) == 3
 
 
 def test_runs_of_a_seed_that_started_from_other_weights_are_left_out_of_the_contrast_and_named():
