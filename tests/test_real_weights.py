@@ -175,7 +175,7 @@ def check_one_iteration(run_dir, share: str, before: policies.Policy, lora_rank:
 
 
 @pytest.mark.parametrize("lora_rank", [0, 4], ids=["full", "lora"])
-@pytest.mark.parametrize("share", ["none", "prp", "xgrpo", "sgt", "hacpo", "cross-fidelity"])
+@pytest.mark.parametrize("share", ["none", "prp", "xgrpo", "sgt", "hacpo", "graft", "cross-fidelity"])
 def test_real_weights_one_iteration_of_every_sharing_level(tmp_path, cache_dir, smol_cut, scripted, share, lora_rank):
     scripted(smol_cut)
     run_dir = train.main(real_weights_args(tmp_path, cache_dir, share=share, lora_rank=lora_rank))
