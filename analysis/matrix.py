@@ -106,7 +106,7 @@ def is_summary(path: Path) -> bool:
     return re.fullmatch(r".+-s\d+\.json", Path(path).name) is not None
 
 
-SUMMARY_FIELDS = {"configuration", "seed", "shared", "commits", "iterations", "policies"}
+SUMMARY_FIELDS = {"configuration", "seed", "shared", "commits", "iterations", "policies", "iteration_s"}
 POLICY_FIELDS = {"heldout", "reward_mean", "reward_variance", "spent", "crossed"}
 """what every run summary holds, and each of its policies (benchmarks/matrix.py, summarize)"""
 
@@ -215,6 +215,7 @@ def analyze(summaries: list[dict], cfg: AnalysisConfig = AnalysisConfig()) -> di
         by_config.setdefault(s["configuration"], {})[s["seed"]] = s
     policies = list(summaries[0]["policies"])
     out: dict = {"config": asdict(cfg), "configurations": {}, "contrasts": {}}
+    out["training_s"] = {name: mean_sd([r["iteration_s"] for r in runs.values()]) for name, runs in by_config.items()}
     for name, runs in by_config.items():
         out["configurations"][name] = {
             policy: {"seeds": sorted(runs), "auc": mean_sd([primary_metric(r, policy) for r in runs.values()]),
@@ -352,14 +353,15 @@ def markdown(result: dict) -> str:
     lines = ["# The comparison: the analysis of its run summaries\n",
              "Primary metric: area under the held-out greedy curve, points (0-100), mean ± SD over seeds. Two runs "
              "of a seed are paired only where they started from the same weights (results/preregistration-repair.md); "
-             "the exact sign-flip p beside the registered bootstrap p is descriptive.\n",
-             "| configuration | policy | seeds | AUC | reward variance (x1e4) | received per iteration |",
-             "|---|---|---|---|---|---|"]
+             "the exact sign-flip p beside the registered bootstrap p is descriptive. Training s: a run's iterations' "
+             "wall time without its evaluations (perf/iteration_s summed), both policies, beside another run.\n",
+             "| configuration | policy | seeds | AUC | reward variance (x1e4) | received per iteration | training s |",
+             "|---|---|---|---|---|---|---|"]
     for name, per_policy in result["configurations"].items():
         for policy, m in per_policy.items():
             variance = (1e4 * m["reward_variance"][0], 1e4 * m["reward_variance"][1])
             lines.append(f"| {name} | {policy} | {len(m['seeds'])} | {ms(m['auc'])} | {ms(variance)} "
-                         f"| {ms(m['received'], 1)} |")
+                         f"| {ms(m['received'], 1)} | {ms(result['training_s'][name], 0)} |")
     for view, rows in result["contrasts"].items():
         lines += ["", f"## Primary contrasts, {view}: paired differences seed by seed, points\n",
                   "| contrast | policy | per-seed difference | unpaired, left out | mean | SD | 95% interval | p "

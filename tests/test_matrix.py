@@ -237,7 +237,7 @@ def summary(configuration, seed, auc_points, commits=("c1",), cost=1000.0, cross
                 "crossed": crossed or {"sharing/received": 3.0}}
     return {"configuration": configuration, "seed": seed, "flags": [], "shared": ["--minibatches", "2"],
             "commits": list(commits), "start_fingerprints": {"p": f"p-s{seed}", "q": f"q-s{seed}"}, "iterations": 100,
-            "policies": {"p": policy(auc_points), "q": policy(auc_points / 2)}}
+            "iteration_s": cost, "policies": {"p": policy(auc_points), "q": policy(auc_points / 2)}}
 
 
 def write_summaries(folder, summaries):
@@ -384,9 +384,14 @@ def test_the_curators_admissions_are_shown_per_receiver_over_seeds():
         return {"fidelity/offered": 100.0, "fidelity/could_matter": 0.5, "fidelity/admitted_prp": prp,
                 "fidelity/admitted_xgrpo": 0.2, "fidelity/admitted_sgt": 0.1, "fidelity/rejected": 0.7 - prp,
                 "fidelity/d_mean": 0.3}
-    runs = [summary("cross-fidelity", s, 40.0, crossed=curated(prp)) for s, prp in ((1001, 0.1), (1002, 0.3))]
+    runs = [summary("cross-fidelity", s, 40.0, crossed=curated(prp), cost=cost)
+            for s, prp, cost in ((1001, 0.1, 900.0), (1002, 0.3, 1100.0))]
     runs += [summary("sgt", s, 40.0) for s in (1001, 1002)]
     result = analysis.analyze(runs)
+    # each run's training seconds, mean and SD over its seeds: 900 and 1100
+    assert result["training_s"]["cross-fidelity"] == pytest.approx((1000.0, math.sqrt(20_000)))
+    assert "| cross-fidelity | p | 2 | 40.00 ± 0.00 |" in analysis.markdown(result)
+    assert analysis.markdown(result).count("| 1000 ± 141 |") == 2                 # the run's, beside each policy
     got = result["configurations"]["cross-fidelity"]["p"]["admission"]
     assert got["fidelity/admitted_prp"] == pytest.approx((0.2, math.sqrt(0.02)))   # 0.1 and 0.3
     assert got["fidelity/rejected"] == pytest.approx((0.5, math.sqrt(0.02)))
