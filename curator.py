@@ -55,7 +55,7 @@ def degradation(terms: torch.Tensor, weights: torch.Tensor) -> float:
 
 def rescue_candidate(offer: Offer, own_rewards: torch.Tensor, success: float) -> bool:
     """A verified success on a prompt where the receiver's whole group (own_rewards [B, G]) failed (SGT)."""
-    return offer.reward >= success and bool((own_rewards[offer.prompt_index] < success).all())
+    return offer.reward >= success and bool(sharing.failed_groups(own_rewards, success)[offer.prompt_index])
 
 
 def crosses_tokens(band: int, offer: Offer, own_rewards: torch.Tensor, success: float) -> bool:

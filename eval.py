@@ -267,7 +267,7 @@ def evaluate_run(run_dir: Path, task_name: str, eval_size: int, data_dir: str | 
     setup = policies.PolicySetup.of(config)
     pols = policies.build_policies(setup, policies.policy_devices(config["devices"], len(
         presets.PRESETS[setup.scale][setup.pair])), task_cfg)   # exactly as train.py built them
-    checkpoint.load_checkpoint(Path(run_dir), pols, None)  # the curator's state, if any, is not needed here
+    checkpoint.load_checkpoint(Path(run_dir), pols)  # the curator's state, if any, is not needed here
     task = tasks.load_task(task_name, setup.seed, 0, eval_size, task_cfg, data_dir)
     return {p.name: heldout_accuracy(p, task.heldout, max_new_tokens or config["max_new_tokens"], task) for p in pols}
 

@@ -1,4 +1,5 @@
-"""Exact per-step gradient norms of a causal LM: what CCM's reachability R_k is read from (reachability.py).
+"""Exact per-step gradient norms of a causal LM (proposal §1.2): what CCM's reachability R_k is read from
+(reachability.py).
 
 For step k of a trajectory, L_k is the mean teacher-forced NLL of its tokens given the whole prefix, and its norm
 sqrt(|k|) * ||grad L_k||_2 is taken over a scope of parameters (`ccm_scope`: every trainable one, or the head and

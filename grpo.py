@@ -1,4 +1,5 @@
-"""GRPO: group-normalized advantages and the clipped surrogate with per-token advantages and weights.
+"""GRPO (proposal §2.2, the loss the repaired credit enters): group-normalized advantages and the clipped
+surrogate with per-token advantages and weights.
 
 Group advantages (GRPO, Shao et al. 2024):   A_i = (r_i - mean(r_group)) / (std(r_group) + eps)
   or, as Dr. GRPO (Liu et al. 2025), without the division by the std.

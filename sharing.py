@@ -1,5 +1,5 @@
-"""Mutual RL's three sharing levels between heterogeneous policies, PRP, XGRPO and SGT, and the crossing the
-baselines build on.
+"""Mutual RL's three sharing levels between heterogeneous policies (proposal §2.1), PRP, XGRPO and SGT, and the
+crossing the baselines build on.
 
 DESIGN.md §1 (the three levels, the baselines the proposal compares against and the levels its curator admits
 trajectories to) and §4.5 (their definitions, since the Mutual RL paper body is not public):
@@ -135,12 +135,18 @@ def xgrpo_advantages(own: torch.Tensor, peers: list[torch.Tensor], scale_by_std:
     return pooled_advantages(own, peers, scale_by_std)[:, :own.shape[1]]
 
 
+def failed_groups(own: torch.Tensor, success: float) -> torch.Tensor:
+    """[B] bool: the prompts where every rollout of the receiver's group own [B, G] failed (SGT's and GRAFT's
+    ground)."""
+    return (own < success).all(dim=1)
+
+
 def sgt_rescues(own: torch.Tensor, peer: torch.Tensor, success: float = 1.0) -> list[tuple[int, int]]:
     """(prompt b, peer rollout j) for every peer success on a prompt where the receiver's group has none.
 
     own [B, G], peer [B, G_peer] rewards.
     """
-    failed = (own < success).all(dim=1)                                          # [B]
+    failed = failed_groups(own, success)                                         # [B]
     rescued = (peer >= success) & failed.unsqueeze(1)                            # [B, G_peer]
     return [tuple(pair) for pair in rescued.nonzero().tolist()]
 

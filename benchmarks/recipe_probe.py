@@ -60,7 +60,7 @@ def main() -> None:
         probe(pols, task, run, "start")
         if args.iterations:
             run_dir = train.main(run)
-            checkpoint.load_checkpoint(run_dir, pols, None)
+            checkpoint.load_checkpoint(run_dir, pols)
             probe(pols, task, run, f"after {args.iterations} iterations")
 
 

@@ -223,11 +223,11 @@ def load_policy(folder: Path, policy: policies.Policy, optimizer: torch.optim.Op
         optimizer.load_state_dict(state["optimizer"])
 
 
-def load_checkpoint(run_dir: Path, pols: list[policies.Policy], optimizers: list[torch.optim.Optimizer] | None
-                    ) -> tuple[int, object]:
-    """Restore the last checkpoint (the optimizers too, unless None); returns how many iterations it had done and
-    the run's other state saved with it (None if none was)."""
+def load_checkpoint(run_dir: Path, pols: list[policies.Policy]) -> tuple[int, object]:
+    """Restore the policies of the last checkpoint, for evaluation (a resume restores each policy's optimizer too,
+    learner.py); returns how many iterations it had done and the run's other state saved with it (None if none
+    was)."""
     iteration, folder, other = latest_checkpoint(run_dir)
-    for i, policy in enumerate(pols):
-        load_policy(folder, policy, optimizers[i] if optimizers is not None else None)
+    for policy in pols:
+        load_policy(folder, policy, None)
     return iteration, other
