@@ -128,8 +128,9 @@ def metric_lines(path: Path) -> list[tuple[str, dict]]:
     for number, line in enumerate(lines, 1):
         try:
             record = json.loads(line)
-            record["iteration"]
-        except (json.JSONDecodeError, KeyError, TypeError):
+        except json.JSONDecodeError:
+            record = None
+        if not isinstance(record, dict) or "iteration" not in record:
             if number == len(lines):
                 break
             raise ValueError(f"{path}: line {number} is not a metrics record ({line[:60]!r}); only the last line "
