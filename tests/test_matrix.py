@@ -18,6 +18,7 @@ from analysis import sets  # noqa: E402
 from analysis import matrix as analysis  # noqa: E402
 from analysis import pairing, stats  # noqa: E402
 import power  # noqa: E402
+from testbed import checkpoint  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -210,6 +211,15 @@ def test_a_run_that_logged_an_evaluation_twice_is_refused(tmp_path):
     with pytest.raises(ValueError, match="twice"):
         matrix.summarize(tmp_path / "r", "a", 1, [], [], ["c"])
 
+
+
+def test_a_summary_records_the_weights_its_run_started_from_not_those_a_resume_loaded(tmp_path):
+    write_metrics(tmp_path / "r", 0, 20)
+    built = {"p": "bp", "q": "bq"}
+    checkpoint.record_sitting(tmp_path / "r", 0, built, built)
+    checkpoint.record_sitting(tmp_path / "r", 10, built, {"p": "p@10", "q": "q@10"})    # resumed at iteration 10
+    summary = matrix.summarize(tmp_path / "r", "a", 1, [], [], ["c"])
+    assert summary["start_fingerprints"] == {"p": "bp", "q": "bq"}
 
 def test_the_pilot_holds_the_preregistered_configurations_and_seeds():
     pilot = matrix.SETS["pilot"]
