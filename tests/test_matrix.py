@@ -213,13 +213,23 @@ def test_a_run_that_logged_an_evaluation_twice_is_refused(tmp_path):
 
 
 
-def test_a_summary_records_the_weights_its_run_started_from_not_those_a_resume_loaded(tmp_path):
+def test_a_summary_records_its_runs_first_start_and_each_directions_terms(tmp_path):
     write_metrics(tmp_path / "r", 0, 20)
     built = {"p": "bp", "q": "bq"}
     checkpoint.record_sitting(tmp_path / "r", 0, built, built)
     checkpoint.record_sitting(tmp_path / "r", 10, built, {"p": "p@10", "q": "q@10"})    # resumed at iteration 10
+    # two scored offers q -> p, both dominated by CCM, and one left inert (no D): the direction's mean raw terms
+    records = [{"source": "q", "receiver": "p", "D": 0.3, "terms": {"tbd": 0.2, "ccm": 0.4, "rsd": None},
+                "dominant": "ccm"},
+               {"source": "q", "receiver": "p", "D": 0.2, "terms": {"tbd": 0.0, "ccm": 0.6, "rsd": 0.1},
+                "dominant": "ccm"},
+               {"source": "q", "receiver": "p", "level": "reject"}]
+    (tmp_path / "r" / "fidelity.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     summary = matrix.summarize(tmp_path / "r", "a", 1, [], [], ["c"])
     assert summary["start_fingerprints"] == {"p": "bp", "q": "bq"}
+    assert summary["directions"] == {"q->p": {"diagnosed": 2, "terms": pytest.approx({"tbd": 0.1, "ccm": 0.5,
+                                                                                      "rsd": 0.1}),
+                                              "dominant": {"tbd": 0.0, "ccm": 1.0, "rsd": 0.0}}}
 
 def test_the_pilot_holds_the_preregistered_configurations_and_seeds():
     pilot = matrix.SETS["pilot"]
