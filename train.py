@@ -113,7 +113,7 @@ def workload(args: Args, prompt_len: int, policy_count: int) -> costs.Workload:
     whole_groups = (received == 0 and micro_batch % args.group_size == 0
                     and args.prompts_per_iteration % args.minibatches == 0)
     rows_per_prompt = (args.group_size if whole_groups
-                       else max(1, micro_batch // min(micro_batch, args.prompts_per_iteration)))
+                       else micro_batch // min(micro_batch, args.prompts_per_iteration))
     return costs.Workload(rollouts, prompt_len, args.max_new_tokens, micro_batch, rollouts + received,
                           args.gradient_checkpointing, reference_copy=args.beta > 0 and not args.lora_rank,
                           group_size=rows_per_prompt)

@@ -147,7 +147,7 @@ def _sandbox_uids_held(n: int):
         uids = []
         while len(uids) < n:
             uid = block[next(_uids) % len(block)]
-            if uid not in _uids_held and uid not in uids:
+            if uid not in _uids_held:   # one pass over the block finds n, since n are free
                 uids.append(uid)
         _uids_held.update(uids)
     try:
