@@ -22,8 +22,8 @@ class Args:
     """which policies train together: cross-family, same family at two sizes, or three families; qwen-mistral and
     llama-mistral (tiny scale only) are the trio's other two pairs, each policy starting as in the trio"""
     scale: Literal["tiny", "small", "paper"] | None = None
-    """model sizes (policies.py): tiny offline models; ~1B real models; the proposal's 3B-8B. Default: small on
-    CUDA, tiny otherwise"""
+    """model sizes (policies.py): tiny offline models; ~1B real models; the proposal's 3B-8B. Default: small where
+    the policies run on CUDA (--devices), tiny otherwise"""
     model_paths: tuple[str, ...] = ()
     """NAME=PATH per policy to load a model id or a local directory instead of the preset's, e.g. qwen=/models/q"""
     model_dir: str | None = None

@@ -219,8 +219,8 @@ class LocalTeam:
 
     def __init__(self, args: Args):
         self.args = args
-        self.scale = args.scale or policies.default_scale()
-        self.devices = policies.policy_devices(args.devices, len(presets.preset(args.pair, self.scale)))
+        self.devices = policies.policy_devices(args.devices, len(presets.preset(args.pair, "tiny")))  # as at any scale
+        self.scale = args.scale or policies.default_scale(self.devices)
         self.placement = f"devices={','.join(map(str, self.devices))}"
         self.workers: list[learner.PolicyWorker] = []
 

@@ -147,10 +147,9 @@ def fill_warm_up_cache(set_name: str, seed: int) -> None:
     from train import Args
     torch.set_num_threads(1)
     args = tyro.cli(Args, args=[*SETS[set_name].shared, "--seed", str(seed)])
-    scale = args.scale or policies.default_scale()
-    if scale == "tiny":
-        devices = [torch.device("cpu")] * len(presets.preset(args.pair, scale))
-        policies.build_policies(args.policy_setup(scale), devices, args.task_config)
+    devices = policies.policy_devices(args.devices, len(presets.preset(args.pair, "tiny")))
+    if (args.scale or policies.default_scale(devices)) == "tiny":
+        policies.build_policies(args.policy_setup("tiny"), [torch.device("cpu")] * len(devices), args.task_config)
 
 
 def schedule(configurations: list[str], seeds: list[int]) -> list[tuple[str | None, int]]:

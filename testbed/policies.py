@@ -133,8 +133,11 @@ class Policy:
 # Loading
 # ---------------------------------------------------------------------------------------------------------------
 
-def default_scale() -> str:
-    return "small" if torch.cuda.is_available() else "tiny"
+def default_scale(devices: list[torch.device]) -> str:
+    """The scale a run takes unless it names one: small where a policy runs on a CUDA device, tiny where every one
+    runs on the CPU (so `--devices cpu` on a GPU machine runs tiny policies, as train_ray.py's actors without a
+    GPU do)."""
+    return "small" if any(d.type == "cuda" for d in devices) else "tiny"
 
 
 def default_dtype(device: torch.device) -> torch.dtype:

@@ -6,6 +6,8 @@ import pytest
 import torch
 from tokenizers import Tokenizer
 
+import train
+from args import Args
 from testbed import arith, checkpoint, policies, presets, sequences, tiny, token_bytes
 
 FAMILIES = ["qwen2", "llama", "mistral"]
@@ -334,3 +336,12 @@ def test_devices_are_placed_round_robin_and_bad_ones_refused():
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="CUDA devices"):
             policies.policy_devices("cuda:0,cuda:1", 2)
+
+
+def test_a_run_without_a_scale_takes_small_only_where_a_policy_runs_on_cuda(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)       # a GPU machine, as far as the run can tell
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert train.LocalTeam(Args(pair="trio", devices="cpu")).scale == "tiny"
+    assert train.LocalTeam(Args(pair="trio")).scale == "small"
+    assert train.LocalTeam(Args(pair="trio", devices="cpu", scale="small")).scale == "small"
+    assert policies.default_scale([torch.device("cpu"), torch.device("cuda:0")]) == "small"
