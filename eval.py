@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 
 import fidelity_record
+from args import Args
 from analysis.curves import reward_variance
 from testbed import arith, checkpoint, policies, presets, tasks
 
@@ -288,7 +289,7 @@ if __name__ == "__main__":
     parser.add_argument("--task", choices=tasks.TASK_NAMES, default=None,
                         help="evaluate each run's last checkpoint on this task's held-out split instead of reporting")
     parser.add_argument("--data-dir", default=None, help="local copy of the --task data set")
-    parser.add_argument("--eval-size", type=int, default=500, help="held-out examples for --task")
+    parser.add_argument("--eval-size", type=int, default=Args.eval_size, help="held-out examples for --task")
     parser.add_argument("--max-new-tokens", type=int, default=None, help="for --task; default: the run's")
     parser.add_argument("--budget", default=None, help=f"COST=VALUE, COST one of {', '.join(COSTS)}: each run's "
                         "held-out accuracy at its last evaluation within that budget")

@@ -27,7 +27,12 @@ from testbed.sequences import (PromptGroups, cache_keyword, completion_logprobs,
                        token_logprobs_and_entropy)
 
 
-def group_advantages(rewards: torch.Tensor, scale_by_std: bool = True, eps: float = 1e-4) -> torch.Tensor:
+STD_EPS = 1e-4
+"""added to a group's reward std before it divides the centred rewards, so that a near-uniform group's advantages
+stay finite"""
+
+
+def group_advantages(rewards: torch.Tensor, scale_by_std: bool = True, eps: float = STD_EPS) -> torch.Tensor:
     """rewards [B, G] (B groups of G completions) -> advantages [B, G].
 
     A group whose rewards are all equal carries no signal: its advantages are exactly 0, never NaN.

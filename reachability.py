@@ -36,9 +36,9 @@ class Calibration(NamedTuple):
     alpha: float
 
 
-def calibrate(own_norms: torch.Tensor, quantile: float = 0.9, zero_quantile: float = 0.5) -> Calibration:
+def calibrate(own_norms: torch.Tensor, quantile: float, zero_quantile: float) -> Calibration:
     """The zero point at the `zero_quantile` of the target's own step norms, and alpha such that R = 1/2 at their
-    `quantile`. Where the two quantiles coincide (a handful of equal norms) the scale is 1/1000 of the norm."""
+    `quantile` (the curator's: diagnosis.CuratorConfig.reach_zero_quantile and reach_quantile). Where the two quantiles coincide (a handful of equal norms) the scale is 1/1000 of the norm."""
     if own_norms.numel() == 0 or not torch.isfinite(own_norms).all():
         raise ValueError("calibration needs finite step norms of the target's own rollouts")
     if not 0 <= zero_quantile < quantile <= 1:
@@ -66,7 +66,7 @@ def ccm_hotspots(phantom: torch.Tensor, threshold: float) -> list[int]:
     return (phantom > threshold).nonzero().flatten().tolist()
 
 
-def repair(advantages: torch.Tensor, reach: torch.Tensor, beta: float = 1.0) -> torch.Tensor:
+def repair(advantages: torch.Tensor, reach: torch.Tensor, beta: float) -> torch.Tensor:
     """The CCM repair A_k <- A_k R_k^beta."""
     return advantages * reach.pow(beta)
 

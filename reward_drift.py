@@ -80,7 +80,7 @@ def process_rewards(task: tasks.Task, example, completion: str) -> list[StepRewa
 class StepStats:
     """A policy's step successes and trials by type, over a window of its most recent iterations."""
 
-    def __init__(self, window: int = 20):
+    def __init__(self, window: int):
         self.iterations: deque[tuple[Counter, Counter]] = deque(maxlen=window)
 
     def add_iteration(self, steps: list[StepReward]) -> None:
@@ -130,8 +130,7 @@ def rsd_steps(source: StepStats, target: StepStats,
     return drift_bound(torch.tensor([math.nan if d is None else d for d in drifts], dtype=torch.float64))
 
 
-def verified_credit(advantage: float, steps: list[StepReward], target: StepStats, mix: float = 0.5
-                    ) -> list[float | None]:
+def verified_credit(advantage: float, steps: list[StepReward], target: StepStats, mix: float) -> list[float | None]:
     """Per-step recalibrated credit (1 - mix) A + mix (r_k - p_tgt(type_k)); None where a step is not checkable."""
     return [None if s.reward is None or s.type is None
             else (1 - mix) * advantage + mix * (s.reward - target.success_rate(s.type)) for s in steps]

@@ -141,7 +141,7 @@ def failed_groups(own: torch.Tensor, success: float) -> torch.Tensor:
     return (own < success).all(dim=1)
 
 
-def sgt_rescues(own: torch.Tensor, peer: torch.Tensor, success: float = 1.0) -> list[tuple[int, int]]:
+def sgt_rescues(own: torch.Tensor, peer: torch.Tensor, success: float) -> list[tuple[int, int]]:
     """(prompt b, peer rollout j) for every peer success on a prompt where the receiver's group has none.
 
     own [B, G], peer [B, G_peer] rewards.

@@ -36,7 +36,7 @@ import sharing
 from baselines import hacpo
 
 
-def replaced_prompts(own: torch.Tensor, peer: torch.Tensor, success: float = 1.0) -> torch.Tensor:
+def replaced_prompts(own: torch.Tensor, peer: torch.Tensor, success: float) -> torch.Tensor:
     """[B] bool: prompts where the receiver's group own [B, G] all failed and the peer's peer [B, G'] is mixed."""
     failed = sharing.failed_groups(own, success)                                                # [B]
     mixed = (peer >= success).any(dim=1) & (peer < success).any(dim=1)                         # [B]

@@ -45,8 +45,8 @@ CAPABILITY_FLOOR = 1e-8   # a policy that never succeeded in the window still ha
 VARIANTS = ("ours", "official")
 """--hacpo-variant: this codebase's HACPO, as every registered hacpo run trained, or the authors' recipe's
 (module docstring)"""
-GROUP_STD = {"ours": {"eps": 1e-4, "unbiased": False}, "official": {"eps": 1e-6, "unbiased": True}}
-"""each variant's group std in the advantage: grpo.group_advantages' population std + 1e-4, or the recipe's
+GROUP_STD = {"ours": {"eps": grpo.STD_EPS, "unbiased": False}, "official": {"eps": 1e-6, "unbiased": True}}
+"""each variant's group std in the advantage: grpo.group_advantages' population std + its eps, or the recipe's
 sample std + 1e-6 (compute_hacpo_advantages, hacpo_trainer.yaml)"""
 
 
@@ -96,7 +96,8 @@ def capability_ratios(capability: torch.Tensor, bound: float) -> torch.Tensor:
 
 
 def capability_advantages(rewards: torch.Tensor, reweight: torch.Tensor, own: torch.Tensor,
-                          scale_by_std: bool = True, eps: float = 1e-4, unbiased: bool = False) -> torch.Tensor:
+                          scale_by_std: bool = True, eps: float = grpo.STD_EPS, unbiased: bool = False
+                          ) -> torch.Tensor:
     """[B, M] the advantage of every response of the joint groups for one receiver (eq. 6-7).
 
     rewards [B, M]: per prompt, the M responses of all policies; reweight [M]: w(receiver, source) of each column;

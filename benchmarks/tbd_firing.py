@@ -39,7 +39,7 @@ from testbed import tasks  # noqa: E402
 def offers_by_measure(experiences: list[sharing.Experience], task: tasks.Task, problems: list
                       ) -> dict[tuple[str, str], list[dict]]:
     """Per (source, receiver): each offer's TBD term by every measure, and its text and hotspots."""
-    stats = {e.policy.name: reward_drift.StepStats() for e in experiences}
+    stats = {e.policy.name: reward_drift.StepStats(diagnosis.CuratorConfig.step_window) for e in experiences}
     experiences = [sharing.with_hidden_states(e) for e in experiences]
     out = {}
     for receiver in experiences:

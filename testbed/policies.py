@@ -145,7 +145,7 @@ def default_dtype(device: torch.device) -> torch.dtype:
 
 
 def load_tiny_policy(spec: PolicySpec, task_cfg: arith.TaskConfig, seed: int, cache_dir: str | None,
-                     warmup_scale: float = 1.0) -> Policy:
+                     warmup_scale: float) -> Policy:
     """Build a tiny policy and warm it up, or load its warm-up from the on-disk cache (tiny.py)."""
     tokenizer = tiny.tiny_tokenizer(spec.family, task_cfg.step_format, cache_dir)
     policy = Policy(spec.name, tiny.tiny_model(spec.family, spec.tiny, len(tokenizer), seed), tokenizer,
@@ -193,7 +193,7 @@ def supervised_warmup(policy: Policy, steps: int, task_cfg: arith.TaskConfig, se
 
 
 def warm_up_cached(policy: Policy, spec: PolicySpec, task_cfg: arith.TaskConfig, seed: int, cache_dir: str | None,
-                   warmup_scale: float = 1.0) -> None:
+                   warmup_scale: float) -> None:
     """Warm up a freshly built tiny policy (policies.Policy) in place, or load its warm-up from the on-disk cache,
     keyed by everything the warm-up depends on (`warmup_key`)."""
     steps = round(spec.tiny.warmup_steps * warmup_scale)

@@ -11,7 +11,7 @@ import reward_drift
 
 
 def test_step_credit_applies_rsd_then_ccm_by_hand():
-    target = reward_drift.StepStats()
+    target = reward_drift.StepStats(window=20)
     target.add_iteration([reward_drift.StepReward((0, 1), "+1", 1.0)] * 2
                          + [reward_drift.StepReward((0, 1), "+1", 0.0)] * 2)
     process = [reward_drift.StepReward((0, 5), "+1", 1.0), reward_drift.StepReward((6, 9), None, None)]

@@ -27,14 +27,14 @@ def test_only_a_wholly_failed_group_meets_a_mixed_one():
     own = torch.tensor([[0.0, 0.0], [1.0, 0.0], [0.0, 0.0], [0.0, 0.0]])
     peer = torch.tensor([[1.0, 0.0], [1.0, 0.0], [1.0, 1.0], [0.0, 0.0]])
     # prompt 0: failed and mixed; 1: the receiver succeeded once; 2: the peer's group is all success, 3: all failure
-    assert graft.replaced_prompts(own, peer).tolist() == [True, False, False, False]
+    assert graft.replaced_prompts(own, peer, 1.0).tolist() == [True, False, False, False]
 
 
 @settings(max_examples=200, deadline=None)
 @given(st.integers(1, 5), st.integers(1, 4), st.integers(1, 4), st.integers(0, 2**31 - 1))
 def test_replaced_prompts_equal_a_naive_loop(groups, g_own, g_peer, seed):
     own, peer = random_binary_rewards(seed, (groups, g_own), (groups, g_peer))
-    assert graft.replaced_prompts(own, peer).tolist() == naive_replaced(own, peer)
+    assert graft.replaced_prompts(own, peer, 1.0).tolist() == naive_replaced(own, peer)
 
 
 def test_compatibility_weights_by_hand():

@@ -21,11 +21,11 @@ def test_calibration_puts_the_zero_at_the_median_and_a_half_at_the_quantile_by_h
     own = torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0])
     calibration = reachability.calibrate(own, quantile=0.75, zero_quantile=0.5)   # zero at 3, R = 1/2 at 4
     assert calibration.zero == pytest.approx(HAND.zero) and calibration.alpha == pytest.approx(HAND.alpha)
-    equal = reachability.calibrate(torch.full((4,), 2.0))                          # no spread: a scale of 2/1000
+    equal = reachability.calibrate(torch.full((4,), 2.0), 0.9, 0.5)                # no spread: a scale of 2/1000
     assert equal.zero == pytest.approx(2.0) and equal.alpha == pytest.approx(math.log(2) / 2e-3)
     for bad in (torch.tensor([]), torch.tensor([float("nan")]), torch.zeros(3)):
         with pytest.raises(ValueError):
-            reachability.calibrate(bad)
+            reachability.calibrate(bad, 0.9, 0.5)
     with pytest.raises(ValueError, match="zero_quantile"):
         reachability.calibrate(own, quantile=0.5, zero_quantile=0.5)
 
@@ -75,7 +75,7 @@ def test_own_steps_are_more_reachable_than_those_of_a_policy_that_never_saw_the_
     foreign_norms = grad_norms.step_grad_norms(trained.model, *reachability.batch_inputs(foreign, pad), params)
     count = min(len(own_norms), len(foreign_norms))
     assert count >= 10
-    calibration = reachability.calibrate(own_norms)
+    calibration = reachability.calibrate(own_norms, 0.9, 0.5)
     own_reach = reachability.reachability(own_norms[:count], calibration).mean()
     foreign_reach = reachability.reachability(foreign_norms[:count], calibration).mean()
     assert own_reach > foreign_reach + 0.1

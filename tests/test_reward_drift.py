@@ -70,7 +70,7 @@ def test_bernoulli_kl_by_hand_and_zero_for_identical():
 
 def stats_from(counts: dict[str, tuple[int, int]]) -> reward_drift.StepStats:
     """Stats holding `successes` correct and `trials - successes` wrong steps of each type."""
-    stats = reward_drift.StepStats()
+    stats = reward_drift.StepStats(window=20)
     stats.add_iteration([reward_drift.StepReward((0, 0), k, float(i < s)) for k, (s, n) in counts.items()
                          for i in range(n)])
     return stats

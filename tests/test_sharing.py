@@ -46,7 +46,7 @@ def naive_rescues(own, peer):
 def test_sgt_fires_on_all_failed_groups_with_a_peer_success_only():
     own = torch.tensor([[0.0, 0.0], [1.0, 0.0], [0.0, 0.0], [1.0, 1.0]])
     peer = torch.tensor([[0.0, 1.0], [1.0, 1.0], [0.0, 0.0], [1.0, 0.0]])
-    assert sharing.sgt_rescues(own, peer) == [(0, 1)]
+    assert sharing.sgt_rescues(own, peer, 1.0) == [(0, 1)]
 
 
 def random_binary_rewards(seed, *shapes):
@@ -59,7 +59,7 @@ def random_binary_rewards(seed, *shapes):
 @given(st.integers(1, 5), st.integers(1, 4), st.integers(1, 4), st.integers(0, 2**31 - 1))
 def test_sgt_rescues_equal_a_naive_loop(groups, g_own, g_peer, seed):
     own, peer = random_binary_rewards(seed, (groups, g_own), (groups, g_peer))
-    assert sharing.sgt_rescues(own, peer) == naive_rescues(own, peer)
+    assert sharing.sgt_rescues(own, peer, 1.0) == naive_rescues(own, peer)
 
 
 def test_rescue_advantages_by_hand():
