@@ -10,6 +10,7 @@ import random
 import sys
 from functools import partial
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -18,6 +19,7 @@ from scipy import stats as scipy_stats
 
 import grpo
 import sharing
+from args import Args
 from testbed import arith, policies, tasks, tiny
 from test_sharing import PROMPTS, experience, naive_groups, naive_logprobs, untrained  # noqa: F401
 
@@ -72,20 +74,25 @@ def test_the_receivers_own_success_is_useful_and_its_negation_harmful_as_the_loo
         assert math.copysign(1, (premise.after_step(policy, g, 0.05, measure) - before).item()) == advantage
 
 
+def sgd_step_of(policy, prompt_ids, completion_ids, credit, weights, temperature) -> torch.Tensor:
+    """[P] how far one grpo.grpo_step of SGD at lr 1 moves the policy's weights on one trajectory (then undone)."""
+    params = premise.trained(policy.model)
+    saved = torch.nn.utils.parameters_to_vector(params).detach().clone()
+    batch = grpo.build_batch([prompt_ids], [completion_ids], [credit], policy.tokenizer.pad_token_id, [weights])
+    grpo.grpo_step(policy.model, torch.optim.SGD(params, lr=1.0), batch, grpo.LossConfig(), max_grad_norm=math.inf,
+                   temperature=temperature)
+    moved = torch.nn.utils.parameters_to_vector(params).detach() - saved
+    torch.nn.utils.vector_to_parameters(saved, params)
+    return moved
+
+
 def test_the_offer_gradient_is_the_step_grpo_takes_on_the_offer_alone(untrained):
     policy = untrained["llama"]
     prompt, completion = policy.encode_prompt(PROMPTS[0]), policy.encode_completion("3 + 4 = 7\nAnswer: 7", eos=True)
     gen = torch.Generator().manual_seed(0)
     credit, weights = torch.randn(len(completion), generator=gen), torch.rand(len(completion), generator=gen) * 2
     g = premise.offer_gradient(policy, prompt, completion, credit, weights, 0.7)
-    params = premise.trained(policy.model)
-    saved = torch.nn.utils.parameters_to_vector(params).detach().clone()
-    batch = grpo.build_batch([prompt], [completion], [credit], policy.tokenizer.pad_token_id, [weights])
-    grpo.grpo_step(policy.model, torch.optim.SGD(params, lr=1.0), batch, grpo.LossConfig(), max_grad_norm=math.inf,
-                   temperature=0.7)
-    moved = torch.nn.utils.parameters_to_vector(params).detach() - saved
-    torch.nn.utils.vector_to_parameters(saved, params)
-    torch.testing.assert_close(moved, g, rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(sgd_step_of(policy, prompt, completion, credit, weights, 0.7), g, rtol=1e-4, atol=1e-6)
 
 
 def test_reinforce_scale_is_the_leave_one_out_baseline_by_hand():
@@ -159,6 +166,28 @@ def test_each_admission_signal_equals_a_naive_computation(crossed, untrained):
         assert got["ftis_kl"] == pytest.approx(sum(math.exp(v) - v - 1 for v in x) / len(x), rel=1e-4)
         assert got["reward"] == peer.rewards.flatten()[c.index].item()
         assert got["advantage"] == peer.advantages.flatten()[c.index].item()
+
+
+def test_an_offers_row_holds_u_of_prp_credit_per_half_and_u_of_the_repaired_credit(crossed, untrained):
+    peer, crossings, _ = crossed
+    llama, c = untrained["llama"], crossings[0]
+    repaired = torch.linspace(-1.0, 2.0, len(c.completion_ids))     # credit PRP does not give: U_repaired must move
+    record = {"D": 0.25, "terms": {"tbd": 0.5}, "scaled": {"tbd": 0.3}, "level": "xgrpo"}
+    candidate = premise.Candidate(SimpleNamespace(policy=llama), SimpleNamespace(source=peer), c, repaired, record)
+    n = sum(w.numel() for w in premise.trained(llama.model))
+    gen = torch.Generator().manual_seed(3)
+    halves = [torch.randn(n, generator=gen), torch.randn(n, generator=gen)]
+    row = premise_measure.offer_row(candidate, halves, seed=7, stage=50, args=Args(temperature=0.7))
+    step = sgd_step_of(llama, c.prompt_ids, c.completion_ids, c.advantages, c.weights, 0.7)
+    step_repaired = sgd_step_of(llama, c.prompt_ids, c.completion_ids, repaired, c.weights, 0.7)
+    want = [float(step.double() @ h.double()) for h in halves]
+    assert row["U_halves"] == pytest.approx(want, rel=1e-3, abs=1e-9)
+    assert row["U_repaired"] == pytest.approx(sum(float(step_repaired.double() @ h.double()) for h in halves) / 2,
+                                              rel=1e-3, abs=1e-9)
+    assert abs(row["U_repaired"] - sum(want) / 2) > 1e-3 * abs(row["U_repaired"])
+    assert (row["source"], row["receiver"], row["seed"], row["stage"]) == ("qwen2", "llama", 7, 50)
+    assert (row["D"], row["terms"], row["scaled"], row["band"]) == (0.25, {"tbd": 0.5}, {"tbd": 0.3}, "xgrpo")
+    assert row["advantage"] == peer.advantages.flatten()[c.index].item() and row["reward"] == c.reward
 
 
 # ---------------------------------------------------------------------------------------------------------------
