@@ -161,6 +161,7 @@ def main() -> None:
     parser.add_argument("--warmup-scale", type=float, default=1.0, help="of the tiny policies' warm-up budget")
     parser.add_argument("--cache-dir", default=None, help="warm-up cache (default ~/.cache/cross-fidelity)")
     parser.add_argument("--skip-trl", action="store_true", help="only the phases (no TRL needed)")
+    parser.add_argument("--repeats", type=int, default=None, help="timings of each phase (default: max(3, steps / 2))")
     cli = parser.parse_args()
     torch.manual_seed(0)
     task = tasks.load_task("arith", 1, 5000, 500, arith.TaskConfig())
@@ -169,7 +170,7 @@ def main() -> None:
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
     if not cli.skip_trl:
         trl_side_by_side(pols[1], task, cli.steps)
-    phase_bounds(pols, task, max(3, cli.steps // 2), costs.matmul_flops_per_s(torch.device("cpu"), torch.float32,
+    phase_bounds(pols, task, cli.repeats or max(3, cli.steps // 2), costs.matmul_flops_per_s(torch.device("cpu"), torch.float32,
                                                                                   n=512))
 
 
