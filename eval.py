@@ -30,8 +30,8 @@ from pathlib import Path
 import torch
 
 import fidelity_record
-from args import Args
 from analysis.curves import reward_variance
+from args import Args
 from testbed import arith, checkpoint, policies, presets, tasks
 
 

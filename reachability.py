@@ -38,7 +38,8 @@ class Calibration(NamedTuple):
 
 def calibrate(own_norms: torch.Tensor, quantile: float, zero_quantile: float) -> Calibration:
     """The zero point at the `zero_quantile` of the target's own step norms, and alpha such that R = 1/2 at their
-    `quantile` (the curator's: diagnosis.CuratorConfig.reach_zero_quantile and reach_quantile). Where the two quantiles coincide (a handful of equal norms) the scale is 1/1000 of the norm."""
+    `quantile` (the curator's: diagnosis.CuratorConfig's reach_zero_quantile and reach_quantile). Where the two
+    quantiles coincide (a handful of equal norms) the scale is 1/1000 of the norm."""
     if own_norms.numel() == 0 or not torch.isfinite(own_norms).all():
         raise ValueError("calibration needs finite step norms of the target's own rollouts")
     if not 0 <= zero_quantile < quantile <= 1:
@@ -153,6 +154,7 @@ if __name__ == "__main__":
     # A stronger tiny policy's solutions scored step by step under a weaker one: g_k, R_k and P_k.
     import argparse
 
+    import diagnosis       # here, not above: diagnosis imports this file
     from testbed import policies
 
     cli = argparse.ArgumentParser(description="CCM demo on the tiny qwen-llama pair")
@@ -174,10 +176,11 @@ if __name__ == "__main__":
     scope = ccm_scope(weak.model, args.ccm_estimate)
     own = solution_steps(weak, weak, arith.generate_problems(32, "train", 5, cfg))
     own_norms = step_grad_norms(weak.model, *batch_inputs(own, weak.tokenizer.pad_token_id), *scope)
-    calibration = calibrate(own_norms)
-    print(f"calibration on {len(own_norms)} of {weak.name}'s own steps: zero point (median) g = "
-          f"{calibration.zero:.2f}, 90% quantile = {torch.quantile(own_norms, 0.9):.2f}, "
-          f"alpha = {calibration.alpha:.4f}")
+    curator_cfg = diagnosis.CuratorConfig()
+    calibration = calibrate(own_norms, curator_cfg.reach_quantile, curator_cfg.reach_zero_quantile)
+    print(f"calibration on {len(own_norms)} of {weak.name}'s own steps: zero point (quantile "
+          f"{curator_cfg.reach_zero_quantile}) g = {calibration.zero:.2f}, quantile {curator_cfg.reach_quantile} = "
+          f"{torch.quantile(own_norms, curator_cfg.reach_quantile):.2f}, alpha = {calibration.alpha:.4f}")
     solutions = strong.rollout([arith.prompt_text(q) for q in heldout[:4]], 1, 40, greedy=True).texts
     for q, text, (prompt_ids, ids, ranges) in zip(heldout[:4], solutions, solution_steps(weak, strong, heldout[:4])):
         norms = step_grad_norms(weak.model, *batch_inputs([(prompt_ids, ids, ranges)], weak.tokenizer.pad_token_id),

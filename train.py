@@ -48,7 +48,7 @@ import learner
 import sharing
 from args import Args
 from baselines import hacpo
-from testbed import checkpoint, costs, data, metrics_log, policies, presets, tasks
+from testbed import checkpoint, costs, data, metrics_log, policies, tasks
 
 
 def prompt_sampler(seed: int, iteration: int) -> random.Random:
@@ -219,8 +219,7 @@ class LocalTeam:
 
     def __init__(self, args: Args):
         self.args = args
-        self.devices = policies.policy_devices(args.devices, len(presets.preset(args.pair, "tiny")))  # as at any scale
-        self.scale = args.scale or policies.default_scale(self.devices)
+        self.devices, self.scale = policies.devices_and_scale(args.pair, args.devices, args.scale)
         self.placement = f"devices={','.join(map(str, self.devices))}"
         self.workers: list[learner.PolicyWorker] = []
 

@@ -161,8 +161,10 @@ def main() -> None:
     parser.add_argument("--warmup-scale", type=float, default=1.0, help="of the tiny policies' warm-up budget")
     parser.add_argument("--cache-dir", default=None, help="warm-up cache (default ~/.cache/cross-fidelity)")
     parser.add_argument("--skip-trl", action="store_true", help="only the phases (no TRL needed)")
-    parser.add_argument("--repeats", type=int, default=None, help="timings of each phase (default: max(3, steps / 2))")
+    parser.add_argument("--repeats", type=int, default=None, help="timings of each phase (default: max(3, steps // 2))")
     cli = parser.parse_args()
+    if cli.repeats is not None and cli.repeats < 1:
+        parser.error(f"--repeats must be at least 1, got {cli.repeats}")
     torch.manual_seed(0)
     task = tasks.load_task("arith", 1, 5000, 500, arith.TaskConfig())
     pols = policies.load_policies("qwen-llama", "tiny", torch.device("cpu"), arith.TaskConfig(), 1, cli.cache_dir,
@@ -170,8 +172,8 @@ def main() -> None:
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
     if not cli.skip_trl:
         trl_side_by_side(pols[1], task, cli.steps)
-    phase_bounds(pols, task, cli.repeats or max(3, cli.steps // 2), costs.matmul_flops_per_s(torch.device("cpu"), torch.float32,
-                                                                                  n=512))
+    repeats = max(3, cli.steps // 2) if cli.repeats is None else cli.repeats
+    phase_bounds(pols, task, repeats, costs.matmul_flops_per_s(torch.device("cpu"), torch.float32, n=512))
 
 
 if __name__ == "__main__":

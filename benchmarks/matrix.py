@@ -143,13 +143,13 @@ def fill_warm_up_cache(set_name: str, seed: int) -> None:
     import torch
     import tyro
 
-    from testbed import policies, presets
+    from testbed import policies
     from train import Args
     torch.set_num_threads(1)
     args = tyro.cli(Args, args=[*SETS[set_name].shared, "--seed", str(seed)])
-    devices = policies.policy_devices(args.devices, len(presets.preset(args.pair, "tiny")))
-    if (args.scale or policies.default_scale(devices)) == "tiny":
-        policies.build_policies(args.policy_setup("tiny"), [torch.device("cpu")] * len(devices), args.task_config)
+    devices, scale = policies.devices_and_scale(args.pair, args.devices, args.scale)
+    if scale == "tiny":
+        policies.build_policies(args.policy_setup(scale), [torch.device("cpu")] * len(devices), args.task_config)
 
 
 def schedule(configurations: list[str], seeds: list[int]) -> list[tuple[str | None, int]]:

@@ -135,8 +135,8 @@ def main() -> None:
     foreign = grad_norms.step_grad_norms(model, *packed(reachability.solution_steps(policy, untrained, problems)),
                                            params)
     count = min(len(own), len(foreign))
-    curator = diagnosis.CuratorConfig()
-    calibration = reachability.calibrate(own, curator.reach_quantile, curator.reach_zero_quantile)
+    cfg = diagnosis.CuratorConfig()
+    calibration = reachability.calibrate(own, cfg.reach_quantile, cfg.reach_zero_quantile)
     own_r, foreign_r = (reachability.reachability(x[:count], calibration) for x in (own, foreign))
     print(f"\n{count} steps each; zero point g = {calibration.zero:.2f}, alpha = {calibration.alpha:.4f}")
     print(f"own greedy steps:      mean g = {own[:count].mean():.2f}, mean R = {own_r.mean():.3f}")

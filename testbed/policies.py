@@ -133,11 +133,15 @@ class Policy:
 # Loading
 # ---------------------------------------------------------------------------------------------------------------
 
-def default_scale(devices: list[torch.device]) -> str:
-    """The scale a run takes unless it names one: small where a policy runs on a CUDA device, tiny where every one
-    runs on the CPU (so `--devices cpu` on a GPU machine runs tiny policies, as train_ray.py's actors without a
-    GPU do)."""
-    return "small" if any(d.type == "cuda" for d in devices) else "tiny"
+def devices_and_scale(pair: str, devices: str | None, scale: str | None) -> tuple[list[torch.device], str]:
+    """A run's policy devices (`policy_devices`) and its scale: the one it names, else small where a policy runs on a
+    CUDA device and tiny where every one runs on the CPU (so `--devices cpu` on a GPU machine runs tiny policies, as
+    train_ray.py's actors without a GPU do). A pair without a preset at that scale is refused here, before the run
+    writes anything."""
+    placed = policy_devices(devices, len(preset(pair, "tiny")))    # every pair is tiny; its count is the same at all
+    chosen = scale or ("small" if any(d.type == "cuda" for d in placed) else "tiny")
+    preset(pair, chosen)
+    return placed, chosen
 
 
 def default_dtype(device: torch.device) -> torch.dtype:

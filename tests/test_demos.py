@@ -18,7 +18,7 @@ def short_warm_up(monkeypatch, cache_dir):
     """Every tiny warm-up at a twentieth of its budget, in the test session's cache."""
     full = policies.warm_up_cached
 
-    def short(policy, spec, task_cfg, seed, cache_dir_=None, warmup_scale=1.0):
+    def short(policy, spec, task_cfg, seed, cache_dir_, warmup_scale):
         full(policy, spec, task_cfg, seed, cache_dir, warmup_scale * 0.05)
     monkeypatch.setattr(policies, "warm_up_cached", short)
 

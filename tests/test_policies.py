@@ -6,8 +6,6 @@ import pytest
 import torch
 from tokenizers import Tokenizer
 
-import train
-from args import Args
 from testbed import arith, checkpoint, policies, presets, sequences, tiny, token_bytes
 
 FAMILIES = ["qwen2", "llama", "mistral"]
@@ -338,10 +336,15 @@ def test_devices_are_placed_round_robin_and_bad_ones_refused():
             policies.policy_devices("cuda:0,cuda:1", 2)
 
 
+
 def test_a_run_without_a_scale_takes_small_only_where_a_policy_runs_on_cuda(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)       # a GPU machine, as far as the run can tell
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
-    assert train.LocalTeam(Args(pair="trio", devices="cpu")).scale == "tiny"
-    assert train.LocalTeam(Args(pair="trio")).scale == "small"
-    assert train.LocalTeam(Args(pair="trio", devices="cpu", scale="small")).scale == "small"
-    assert policies.default_scale([torch.device("cpu"), torch.device("cuda:0")]) == "small"
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert policies.devices_and_scale("trio", "cpu", None) == ([cpu] * 3, "tiny")
+    assert policies.devices_and_scale("trio", None, None) == ([cuda] * 3, "small")
+    assert policies.devices_and_scale("trio", "cpu,cuda:0", None)[1] == "small"
+    assert policies.devices_and_scale("trio", "cpu", "small") == ([cpu] * 3, "small")
+    assert policies.devices_and_scale("qwen-mistral", "cpu", None)[1] == "tiny"
+    with pytest.raises(ValueError, match="unknown pair 'qwen-mistral' at scale small"):
+        policies.devices_and_scale("qwen-mistral", None, None)

@@ -40,6 +40,14 @@ def records(run_dir):
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
+def test_a_pair_with_no_preset_at_its_scale_is_refused_before_the_run_writes_anything(tmp_path, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)       # small by default, which has no qwen-mistral
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(ValueError, match="unknown pair 'qwen-mistral' at scale small"):
+        train.run(Args(pair="qwen-mistral", runs_dir=str(tmp_path)))
+    assert list(tmp_path.iterdir()) == []
+    assert train.LocalTeam(Args(pair="qwen-mistral", devices="cpu")).scale == "tiny"
+
 @pytest.mark.parametrize("pair", ["qwen-llama", "trio", "qwen-mistral", "llama-mistral"])
 def test_two_iterations_change_every_policy_and_log_the_documented_metrics(tmp_path, cache_dir, pair):
     args = tiny_args(tmp_path, cache_dir, pair=pair, beta=0.1, epochs=2)
@@ -66,8 +74,8 @@ def test_two_iterations_change_every_policy_and_log_the_documented_metrics(tmp_p
 @pytest.mark.parametrize("setting", [{}, dict(share="prp", lora_rank=4, beta=0.1),
                                      dict(share="cross-fidelity", thresholds="adaptive"), dict(share="hacpo")],
                          ids=["full", "prp-lora-kl", "cross-fidelity-adaptive", "hacpo"])
-def test_a_killed_run_resumes_and_a_shorter_one_extends_to_where_an_uninterrupted_one_ends(tmp_path, cache_dir, monkeypatch, setting,
-                                                                                         capsys):
+def test_a_killed_run_resumes_and_a_shorter_one_extends_to_where_an_uninterrupted_one_ends(tmp_path, cache_dir,
+                                                                                         monkeypatch, setting, capsys):
     overrides = dict(iterations=4, checkpoint_every=2, eval_every=2, **setting)
     whole = train.main(tiny_args(tmp_path, cache_dir, name="whole", **overrides))
 
