@@ -177,9 +177,10 @@ def test_an_offers_row_holds_u_of_prp_credit_per_half_and_u_of_the_repaired_cred
     n = sum(w.numel() for w in premise.trained(llama.model))
     gen = torch.Generator().manual_seed(3)
     halves = [torch.randn(n, generator=gen), torch.randn(n, generator=gen)]
-    row = premise_measure.offer_row(candidate, halves, seed=7, stage=50, args=Args(temperature=0.7))
-    step = sgd_step_of(llama, c.prompt_ids, c.completion_ids, c.advantages, c.weights, 0.7)
-    step_repaired = sgd_step_of(llama, c.prompt_ids, c.completion_ids, repaired, c.weights, 0.7)
+    args = Args(temperature=0.9, graft_delta=0.05)      # neither the default: a row must read them from the run's
+    row = premise_measure.offer_row(candidate, halves, seed=7, stage=50, args=args)
+    step = sgd_step_of(llama, c.prompt_ids, c.completion_ids, c.advantages, c.weights, 0.9)
+    step_repaired = sgd_step_of(llama, c.prompt_ids, c.completion_ids, repaired, c.weights, 0.9)
     want = [float(step.double() @ h.double()) for h in halves]
     assert row["U_halves"] == pytest.approx(want, rel=1e-3, abs=1e-9)
     assert row["U_repaired"] == pytest.approx(sum(float(step_repaired.double() @ h.double()) for h in halves) / 2,
@@ -187,7 +188,7 @@ def test_an_offers_row_holds_u_of_prp_credit_per_half_and_u_of_the_repaired_cred
     assert abs(row["U_repaired"] - sum(want) / 2) > 1e-3 * abs(row["U_repaired"])
     assert (row["source"], row["receiver"], row["seed"], row["stage"]) == ("qwen2", "llama", 7, 50)
     assert (row["D"], row["terms"], row["scaled"], row["band"]) == (0.25, {"tbd": 0.5}, {"tbd": 0.3}, "xgrpo")
-    assert row["advantage"] == peer.advantages.flatten()[c.index].item() and row["reward"] == c.reward
+    assert {k: row[k] for k in premise.signals(peer, c, 0.05)} == premise.signals(peer, c, 0.05)
 
 
 # ---------------------------------------------------------------------------------------------------------------
