@@ -273,7 +273,9 @@ def evaluate_run(run_dir: Path, task_name: str, eval_size: int, data_dir: str | 
     return {p.name: heldout_accuracy(p, task.heldout, max_new_tokens or config["max_new_tokens"], task) for p in pols}
 
 
-if __name__ == "__main__":
+def main(argv: list[str] | None = None) -> None:
+    """The command line (module docstring): a run's report, a comparison, a budget, a --task evaluation, or the
+    analysis of the matrix's summaries."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("runs", nargs="*", type=Path, help="run directories (runs/NAME)")
     parser.add_argument("--matrix", type=Path, nargs="+", default=None, help="folders of run summaries "
@@ -293,11 +295,11 @@ if __name__ == "__main__":
     parser.add_argument("--max-new-tokens", type=int, default=None, help="for --task; default: the run's")
     parser.add_argument("--budget", default=None, help=f"COST=VALUE, COST one of {', '.join(COSTS)}: each run's "
                         "held-out accuracy at its last evaluation within that budget")
-    cli = parser.parse_args()
+    cli = parser.parse_args(argv)
     if cli.matrix or cli.blocks:   # the analysis of summaries: runs' evaluation and reports do not need it
         from analysis import blocks, matrix, review
         print(matrix.report(cli.matrix) if cli.matrix else blocks.report(cli.blocks) + "\n" + review.report(cli.blocks))
-        raise SystemExit
+        return
     if not cli.runs:
         parser.error("give run directories, --matrix FOLDER or --blocks FOLDER")
     if cli.budget:
@@ -309,12 +311,12 @@ if __name__ == "__main__":
             records = load_metrics(run)
             for policy in dict.fromkeys(r["policy"] for r in records):
                 print(f"{run} {policy}: {budget_line(records, policy, cost, budget)}")
-        raise SystemExit
+        return
     if cli.task:
         for run in cli.runs:
             accuracy = evaluate_run(run, cli.task, cli.eval_size, cli.data_dir, cli.max_new_tokens)
             print(f"{run}: {cli.task} greedy pass@1 " + ", ".join(f"{n} {a:.3f}" for n, a in accuracy.items()))
-        raise SystemExit
+        return
     if len(cli.runs) == 1:
         print(write_report(cli.runs[0], cli.target))
         print(f"wrote {cli.runs[0] / 'report.md'} and {cli.runs[0] / 'curves.png'}")
@@ -322,3 +324,7 @@ if __name__ == "__main__":
         out = cli.out or cli.runs[0].parent / "compare"
         print(compare(cli.runs, out, cli.target))
         print(f"wrote {out / 'comparison.md'} and {out / 'comparison.png'}")
+
+
+if __name__ == "__main__":
+    main()

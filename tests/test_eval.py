@@ -132,6 +132,24 @@ def test_a_budget_says_when_a_run_ended_before_spending_it_or_had_no_evaluation_
             evaluation.parse_budget(bad)
 
 
+def test_the_command_line_writes_a_report_a_comparison_and_a_budget_line(tmp_path, capsys):
+    # the README's eval.py commands: one run, several with --out, --budget; and no run at all
+    a = write_run(tmp_path / "a", [(0, 0.2), (2, 0.5)], [0.1, 0.3])
+    b = write_run(tmp_path / "b", [(0, 0.3), (2, 0.9)], [0.2, 0.6])
+    with (a / "metrics.jsonl").open("a") as f:
+        for it in (1, 2):
+            f.write(json.dumps({"iteration": it, "policy": "p", "perf/update_tokens": 100.0}) + "\n")
+    evaluation.main([str(a)])
+    assert "| a | p | 0.200 | 0.500 |" in capsys.readouterr().out and (a / "report.md").exists()
+    evaluation.main([str(a), str(b), "--out", str(tmp_path / "cmp")])
+    assert "| b | p | 0.300 | 0.900 |" in capsys.readouterr().out and (tmp_path / "cmp" / "comparison.md").exists()
+    evaluation.main([str(a), "--budget", "update_tokens=150"])
+    assert capsys.readouterr().out == f"{a} p: no evaluation within the budget\n"
+    for argv, error in (([], "give run directories"), ([str(a), "--budget", "tokens=5"], "COST=VALUE")):
+        with pytest.raises(SystemExit):
+            evaluation.main(argv)
+        assert error in capsys.readouterr().err
+
 def test_a_comparison_warns_of_runs_of_unequal_length_and_keys_one_legend_entry_per_run(tmp_path, monkeypatch):
     runs = []
     for name, iterations in (("a", 10), ("b", 10), ("c", 20)):
