@@ -51,7 +51,7 @@ def extra_flags(a: argparse.Namespace) -> tuple[str, ...]:
     return ("--warmup-scale", str(a.warmup_scale), *shlex.split(a.train_flags))
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     cli = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = cli.add_subparsers(dest="command", required=True)
     check = sub.add_parser("validate", help="the gate: U against real one-step lookaheads")
@@ -70,11 +70,11 @@ def main() -> None:
     run_options(rows)
     tables = sub.add_parser("report", help="P1-P4 and the figure from the rows")
     tables.add_argument("folder", type=Path)
-    a = cli.parse_args()
-    torch.set_num_threads(1)
+    a = cli.parse_args(argv)
     if a.command == "report":
         report.report(a.folder)
         return
+    torch.set_num_threads(1)
     if a.command == "validate":
         sizes = registered.Sizes(a.heldout_prompts, a.heldout_samples, a.lookahead_prompts, a.lookahead_samples)
         gate.gate(usefulness.run_args(a.preset, a.seed, a.iterations, a.runs_dir, extra_flags(a)), a.offers, sizes,

@@ -25,6 +25,7 @@ from test_sharing import PROMPTS, experience, naive_groups, naive_logprobs, untr
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
+import premise as premise_cli  # noqa: E402
 import premise_measure  # noqa: E402
 import premise_report  # noqa: E402
 import premise_stats as stats  # noqa: E402
@@ -294,7 +295,7 @@ def test_a_rho_whose_interval_lies_above_the_trivial_bound_is_refuted():
 
 def test_report_writes_its_tables_and_figure_from_the_rows_alone(tmp_path):
     write_hand_rows(tmp_path)
-    premise_report.report(tmp_path)
+    premise_cli.main(["report", str(tmp_path)])           # the documented command
     assert (tmp_path / "premise.png").stat().st_size > 0
     text = (tmp_path / "report.md").read_text()
     for title in ("P1", "P2: rho(tbd", "P3", "P4: |rho| with U (descriptive)", "P4: |rho| with U / |A|"):
