@@ -29,7 +29,9 @@ def test_settings_that_cannot_run_are_refused_as_the_arguments_are_parsed(tmp_pa
     assert not any(tmp_path.iterdir())
 
 
-def test_every_train_command_of_the_readme_and_docs_parses(monkeypatch):
+def documented_commands() -> list[tuple[str, list[str]]]:
+    """(script, its flags) of every train.py and train_ray.py command in a bash block of the README and docs/, each
+    once, in the order they appear (--help aside)."""
     root = Path(__file__).resolve().parents[1]
     readme = "\n".join(p.read_text() for p in [root / "README.md", *sorted((root / "docs").glob("*.md"))])
     readme = readme.replace('$(python -c "from testbed import policies; print(policies.packaged_gguf())")',
@@ -37,7 +39,12 @@ def test_every_train_command_of_the_readme_and_docs_parses(monkeypatch):
     blocks = "\n".join(re.findall(r"```bash\n(.*?)```", readme, re.S))
     commands = [(script, line.split("#")[0].split(f"python {script}", 1)[1]) for line in blocks.splitlines()
                 for script in ("train.py", "train_ray.py") if f"python {script}" in line and "--help" not in line]
+    return [(script, list(flags)) for script, flags in dict.fromkeys((s, tuple(shlex.split(c))) for s, c in commands)]
+
+
+def test_every_train_command_of_the_readme_and_docs_parses():
+    commands = documented_commands()
     assert len(commands) > 10 and sum(script == "train_ray.py" for script, _ in commands) == 3
-    for script, command in commands:
-        args = tyro.cli(train_ray.RayArgs if script == "train_ray.py" else Args, args=shlex.split(command))
+    for script, flags in commands:
+        args = tyro.cli(train_ray.RayArgs if script == "train_ray.py" else Args, args=flags)
         assert args.share_config and args.curator_config
