@@ -6,13 +6,14 @@
 `run` trains every (level, seed) of a testbed as runs/power-TESTBED-LEVEL-sSEED, JOBS at a time on one thread each,
 and is resumable: a finished run is skipped, a killed one resumes from its checkpoint, and asking for more
 iterations extends the runs already there (the runs are the ones that would have gone that far from the start).
+train.py flags after `--` go to every run, after the testbed's (a smoke run's smaller settings).
 Every run evaluates greedy pass@1 on 2,000 held-out problems every 10 iterations.
 
 `analyze` reads each policy's held-out curve and reports, per metric (the final accuracy at iteration I, and the
 area under the curve up to I as the mean accuracy over its evaluations, trapezoid rule), the paired difference
 between each level and the first one seed by seed: its mean, its standard deviation across seeds, the 95% half-width of the mean
 (Student t) and the number of seeds that would bring that half-width to 2 points. It also reports each run's cost:
-wall time and rollout and update tokens. The result goes to results/power-TESTBED.json and .md.
+wall time and rollout and update tokens. The result goes to results/power-TESTBED.json and .md (or --out).
 """
 
 from __future__ import annotations
@@ -176,7 +177,7 @@ def markdown(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("command", choices=["run", "analyze"])
     parser.add_argument("--testbed", choices=sorted(TESTBEDS), default="default")
@@ -190,19 +191,24 @@ def main() -> None:
     parser.add_argument("--at", type=int, nargs="+", default=[100], help="analyze: iterations to read")
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--runs-dir", default=str(ROOT / "runs"))
-    parser.add_argument("extra", nargs="*", help="run: more train.py flags, after --")
-    args = parser.parse_args()
+    parser.add_argument("--out", type=Path, default=None,
+                        help="analyze: the result's path without its suffix (default: results/power-TESTBED)")
+    argv = sys.argv[1:] if argv is None else argv
+    # run: more train.py flags after --; split off by hand, since argparse gives a positional list after options
+    # nothing (it matches `extra` empty beside the command)
+    ours, extra = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
+    args = parser.parse_args(ours)
     runs_dir = Path(args.runs_dir)
     if args.command == "run":
         runs_dir.mkdir(parents=True, exist_ok=True)
         jobs = ([(args.testbed, level, seed) for level in args.levels for seed in args.seeds] if args.order == "level"
                 else [(args.testbed, level, seed) for seed in args.seeds for level in args.levels])
         with ThreadPoolExecutor(args.jobs) as pool:
-            for line in pool.map(lambda job: train_one(*job, args.iterations, runs_dir, args.extra), jobs):
+            for line in pool.map(lambda job: train_one(*job, args.iterations, runs_dir, extra), jobs):
                 print(line, flush=True)
         return
     result = analyze(args.testbed, args.levels, args.seeds, args.at, runs_dir)
-    out = ROOT / "results" / f"power-{args.testbed}"
+    out = args.out or ROOT / "results" / f"power-{args.testbed}"
     out.with_suffix(".json").write_text(json.dumps(result, indent=1))
     out.with_suffix(".md").write_text(markdown(result))
     print(markdown(result))

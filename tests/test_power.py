@@ -79,3 +79,29 @@ def test_the_power_analysis_of_two_levels_by_hand(tmp_path):
     p = (0.2 + 0.4 + 0.3 + 0.7) / 4
     assert result["binomial_se@10/p"] == pytest.approx((p * (1 - p) / 2000) ** 0.5)
     assert result["cost"]["none"] == {"iteration_s": 10.0, "rollout_tokens": 100.0, "update_tokens": 100.0}
+
+
+@pytest.mark.slow
+def test_the_documented_commands_train_every_level_and_seed_then_analyze_them(tmp_path, cache_dir, capsys):
+    # docs/testbed.md's run and analyze at a smoke size: two levels, two seeds, two iterations evaluated each
+    smoke = ["--", "--warmup-scale", "0.15", "--prompts-per-iteration", "8", "--group-size", "6",
+             "--max-new-tokens", "16", "--eval-size", "8", "--eval-every", "1", "--train-size", "200",
+             "--cache-dir", cache_dir]
+    grid = ["--levels", "none", "prp", "--seeds", "1", "2", "--runs-dir", str(tmp_path)]
+    power.main(["run", *grid, "--iterations", "2", "--order", "seed", *smoke])
+    assert capsys.readouterr().out.count(": finished") == 4
+    assert all(power.curve_end(tmp_path / power.run_name("default", level, seed)) == 2
+               for level in ("none", "prp") for seed in (1, 2))
+    power.main(["run", *grid, "--iterations", "2", *smoke])           # resumable: what is done is not rerun
+    assert capsys.readouterr().out.count("done (2 iterations)") == 4
+    power.main(["analyze", *grid, "--at", "2", "--out", str(tmp_path / "power")])
+    result = json.loads((tmp_path / "power.json").read_text())
+    def final_accuracy(level, seed, policy):    # the run's own log, read plainly
+        lines = map(json.loads, (tmp_path / power.run_name("default", level, seed) / "metrics.jsonl").open())
+        return [r["eval/heldout_accuracy"] for r in lines
+                if r["policy"] == policy and r["iteration"] == 2 and "eval/heldout_accuracy" in r][-1]
+    for policy in ("qwen", "llama"):
+        differences = result["metrics"][f"prp - none/final@2/{policy}"]["differences"]
+        assert differences == pytest.approx([final_accuracy("prp", s, policy) - final_accuracy("none", s, policy)
+                                             for s in (1, 2)])
+    assert "prp - none" in (tmp_path / "power.md").read_text()
