@@ -21,6 +21,8 @@ pytestmark = pytest.mark.slow   # each trains or times a tiny policy in a proces
      "| line | qwen -> llama |"),
     (["grpo_step_vs_trl.py", "--skip-trl", "--steps", "1", "--repeats", "1", "--warmup-scale", "0.02"],
      "evaluation (500 greedy)"),
+    (["code_reward.py", "--sequential", "2", "--batch", "4", "--workers", "4"],
+     "HumanEval canonical solutions scoring 1, 4 workers: 164 of 164"),
 ], ids=lambda v: v[0] if isinstance(v, list) else None)
 def test_a_documented_benchmark_command_runs_to_its_end(command, printed, tmp_path):
     if command[0] == "tbd_firing.py":           # its files go beside the test's, not over results/
