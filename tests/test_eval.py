@@ -150,6 +150,7 @@ def test_the_command_line_writes_a_report_a_comparison_and_a_budget_line(tmp_pat
             evaluation.main(argv)
         assert error in capsys.readouterr().err
 
+
 def test_a_comparison_warns_of_runs_of_unequal_length_and_keys_one_legend_entry_per_run(tmp_path, monkeypatch):
     runs = []
     for name, iterations in (("a", 10), ("b", 10), ("c", 20)):

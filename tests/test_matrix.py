@@ -70,7 +70,6 @@ def test_the_code_commit_skips_results_and_a_dirty_tree_is_refused(repo):
         matrix.code_commit(repo)
 
 
-
 def test_same_metrics_names_the_later_side_and_says_when_it_was_no_commit(repo):
     import same_metrics
     head = subprocess.run(["git", "-C", str(repo), "rev-parse", "--short", "HEAD"], check=True, capture_output=True,
@@ -79,6 +78,7 @@ def test_same_metrics_names_the_later_side_and_says_when_it_was_no_commit(repo):
     assert same_metrics.after_side(repo) == head
     (repo / "code.py").write_text("x = 2\n")
     assert same_metrics.after_side(repo).startswith(f"{head} with uncommitted changes")
+
 
 def test_train_run_starts_resumes_or_skips(tmp_path, monkeypatch):
     commands = []
@@ -212,7 +212,6 @@ def test_a_run_that_logged_an_evaluation_twice_is_refused(tmp_path):
         matrix.summarize(tmp_path / "r", "a", 1, [], [], ["c"])
 
 
-
 def test_a_summary_records_its_runs_first_start_and_each_directions_terms(tmp_path):
     write_metrics(tmp_path / "r", 0, 20)
     built = {"p": "bp", "q": "bq"}
@@ -230,6 +229,7 @@ def test_a_summary_records_its_runs_first_start_and_each_directions_terms(tmp_pa
     assert summary["directions"] == {"q->p": {"diagnosed": 2, "terms": pytest.approx({"tbd": 0.1, "ccm": 0.5,
                                                                                       "rsd": 0.1}),
                                               "dominant": {"tbd": 0.0, "ccm": 1.0, "rsd": 0.0}}}
+
 
 def test_the_pilot_holds_the_preregistered_configurations_and_seeds():
     pilot = matrix.SETS["pilot"]
@@ -450,7 +450,6 @@ def test_a_run_with_a_nan_accuracy_or_another_evaluation_schedule_is_refused(tmp
         analysis.load(tmp_path / "short")
 
 
-
 @pytest.mark.parametrize("drop", ["commits", "policies.q.reward_variance"])
 def test_a_summary_without_a_field_is_refused_naming_its_file_and_the_field(tmp_path, drop):
     lacking = summary("sgt", 1002, 40.0)
@@ -459,6 +458,7 @@ def test_a_summary_without_a_field_is_refused_naming_its_file_and_the_field(tmp_
     write_summaries(tmp_path, [summary("sgt", 1001, 40.0), lacking])
     with pytest.raises(ValueError, match=rf"sgt-s1002.json: a run summary without {drop}; remove it"):
         analysis.load(tmp_path)
+
 
 def test_a_p_value_below_the_bootstraps_resolution_is_printed_as_a_bound():
     runs = [summary(name, s, auc) for s in (1001, 1002, 1003) for name, auc in (("cross-fidelity", 43.0),

@@ -336,7 +336,6 @@ def test_devices_are_placed_round_robin_and_bad_ones_refused():
             policies.policy_devices("cuda:0,cuda:1", 2)
 
 
-
 def test_a_run_without_a_scale_takes_small_only_where_a_policy_runs_on_cuda(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)       # a GPU machine, as far as the run can tell
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)

@@ -48,6 +48,7 @@ def test_a_pair_with_no_preset_at_its_scale_is_refused_before_the_run_writes_any
     assert list(tmp_path.iterdir()) == []
     assert train.LocalTeam(Args(pair="qwen-mistral", devices="cpu")).scale == "tiny"
 
+
 @pytest.mark.parametrize("pair", ["qwen-llama", "trio", "qwen-mistral", "llama-mistral"])
 def test_two_iterations_change_every_policy_and_log_the_documented_metrics(tmp_path, cache_dir, pair):
     args = tiny_args(tmp_path, cache_dir, pair=pair, beta=0.1, epochs=2)
@@ -150,7 +151,6 @@ def test_a_resume_keeps_the_lines_up_to_its_checkpoint_drops_a_torn_last_line_an
     assert not (tmp_path / "absent.jsonl").exists()
 
 
-
 def test_a_resume_may_reach_its_run_by_another_spelling_of_its_folder_but_change_nothing_it_trains(tmp_path):
     saved = tmp_path / "config.json"
     saved.write_text(json.dumps({"runs_dir": "runs", "iterations": 100, "lr": 1e-4, "seed": 1}))
@@ -158,6 +158,7 @@ def test_a_resume_may_reach_its_run_by_another_spelling_of_its_folder_but_change
                                                "seed": 1}) == []
     assert checkpoint.changed_settings(saved, {"runs_dir": "runs", "iterations": 100, "lr": 5e-5, "seed": 2}) == [
         "lr", "seed"]
+
 
 def test_record_sitting_by_hand(tmp_path):
     first = checkpoint.record_sitting(tmp_path, 0, {"a": "1", "b": "2"}, {"a": "1", "b": "2"})
