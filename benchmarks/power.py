@@ -193,18 +193,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--runs-dir", default=str(ROOT / "runs"))
     parser.add_argument("--out", type=Path, default=None,
                         help="analyze: the result's path without its suffix (default: results/power-TESTBED)")
-    argv = sys.argv[1:] if argv is None else argv
-    # run: more train.py flags after --; split off by hand, since argparse gives a positional list after options
-    # nothing (it matches `extra` empty beside the command)
-    ours, extra = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
-    args = parser.parse_args(ours)
+    parser.add_argument("extra", nargs="*", help="run: train.py flags after --, added to every run's")
+    # intermixed: options may come between the command and the flags after --
+    args = parser.parse_intermixed_args(argv)
     runs_dir = Path(args.runs_dir)
     if args.command == "run":
         runs_dir.mkdir(parents=True, exist_ok=True)
         jobs = ([(args.testbed, level, seed) for level in args.levels for seed in args.seeds] if args.order == "level"
                 else [(args.testbed, level, seed) for seed in args.seeds for level in args.levels])
         with ThreadPoolExecutor(args.jobs) as pool:
-            for line in pool.map(lambda job: train_one(*job, args.iterations, runs_dir, extra), jobs):
+            for line in pool.map(lambda job: train_one(*job, args.iterations, runs_dir, args.extra), jobs):
                 print(line, flush=True)
         return
     result = analyze(args.testbed, args.levels, args.seeds, args.at, runs_dir)

@@ -1,6 +1,7 @@
 """CCM's cheaper estimates against the exact one, on real offers: agreement and cost (issue 41).
 
     python benchmarks/reach_estimate.py --seeds 2001 2002 --iterations 4 --estimates exact last:0 last:1 last:2
+    python benchmarks/reach_estimate.py --seeds 2001 -- --warmup-scale 0.1      # train.py flags after -- (--cache-dir ...)
 
 For `--iterations` sampled iterations of the tiny pair per seed (its warmed-up policies, no update; seeds from
 2001 are used by no comparison), each receiver's offers that could matter are measured under each CCM estimate
@@ -26,6 +27,7 @@ import time
 from pathlib import Path
 
 import torch
+import tyro
 from torch.utils.flop_counter import FlopCounterMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -87,6 +89,8 @@ def agreement(measured: list[dict], weights: torch.Tensor) -> dict[tuple[str, st
     table: dict[tuple[str, str], dict] = {}
     for out in measured:
         for (name, estimate), rows in out["rows"].items():
+            if not rows:   # no offer of this seed could matter to the receiver: nothing to compare
+                continue
             reference = out["rows"][(name, "exact")]
             same = sum(a == b for a, b in zip(bands_under(rows, rows, weights),
                                               bands_under(reference, reference, weights)))
@@ -100,6 +104,10 @@ def agreement(measured: list[dict], weights: torch.Tensor) -> dict[tuple[str, st
             entry["reach_exact"] += out["reach"][(name, "exact")]
             entry["ccm"] += [r[1] for r in rows]
             entry["ccm_exact"] += [r[1] for r in reference]
+    unmeasured = sorted({name for out in measured for name, _ in out["rows"]} - {name for name, _ in table})
+    if unmeasured:
+        raise ValueError(f"no offer could matter to {', '.join(unmeasured)} in any sampled iteration: sample more "
+                         "(--iterations, --seeds)")
     return {key: {"offers": e["offers"], "seconds": e["seconds"], "gflop": e["gflop"],
                   "spearman_reach": spearman(e["reach"], e["reach_exact"]),
                   "spearman_ccm": spearman(e["ccm"], e["ccm_exact"]),
@@ -125,15 +133,16 @@ def main() -> None:
     cli.add_argument("--iterations", type=int, default=4)
     cli.add_argument("--estimates", nargs="+", default=["exact", "last:0", "last:1", "last:2"])
     cli.add_argument("--repeats", type=int, default=3)
-    cli.add_argument("--cache-dir", default=None, help="the warm-up cache (default: train.py's)")
     cli.add_argument("--json", type=Path, default=None, help="also write the measurements here")
+    cli.add_argument("flags", nargs="*", help="train.py flags after --, the pair's settings (default: a run's)")
     args = cli.parse_args()
     if "exact" not in args.estimates:
         raise SystemExit("--estimates must include 'exact', the reference")
     torch.set_num_threads(1)
-    measured = [measure(Args(seed=seed, cache_dir=args.cache_dir), args.iterations, args.estimates, args.repeats)
+    run_args = tyro.cli(Args, args=args.flags)
+    measured = [measure(replace(run_args, seed=seed), args.iterations, args.estimates, args.repeats)
                 for seed in args.seeds]
-    table = agreement(measured, Args().curator_config.weights)
+    table = agreement(measured, run_args.curator_config.weights)
     print(f"seeds {args.seeds}, {args.iterations} sampled iterations each\n\n| receiver | estimate | offers "
           "| norms' seconds | against exact | GFLOP | Spearman of R_k | Spearman of CCM | same band |\n"
           "|---|---|---|---|---|---|---|---|---|")

@@ -115,7 +115,7 @@ def main() -> None:
     cli.add_argument("--code-tokens", type=int, default=256, help="HumanEval completion length")
     cli.add_argument("--runs-dir", default="runs")
     cli.add_argument("flags", nargs="*", help="speed: train.py flags after --, added to RUN's")
-    cli = cli.parse_args()
+    cli = cli.parse_intermixed_args()   # options may come between `what` and the flags after --
     torch.set_num_threads(1)
     started = time.perf_counter()
     if cli.what == "accuracy":

@@ -2,12 +2,15 @@
 and prints what its page reports. benchmarks/gpu_check.py's CPU smoke run (about 6 minutes here) and
 benchmarks/recipe_probe.py (a full warm-up) are left to be run by hand."""
 
+import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
+from test_documented_runs import TINY
 from test_matrix import ROOT
 
 pytestmark = pytest.mark.slow   # each trains or times a tiny policy in a process of its own
@@ -23,12 +26,78 @@ pytestmark = pytest.mark.slow   # each trains or times a tiny policy in a proces
      "evaluation (500 greedy)"),
     (["code_reward.py", "--sequential", "2", "--batch", "4", "--workers", "4"],
      "HumanEval canonical solutions scoring 1, 4 workers: 164 of 164"),
-], ids=lambda v: v[0] if isinstance(v, list) else None)
+    (["curation_cost.py", "--prompts", "2", "--group-size", "2"], "| paper | Llama-3.1-8B | LoRA r16 |"),
+    (["memory_estimate.py", "--training", "lora", "--rollouts", "4", "--micro-batch", "2", "--group-size", "2",
+      "--prompt-len", "8", "--max-new-tokens", "4"], "pair peak (GiB): LoRA r=16, checkpointing off: "),
+    (["smollm2.py", "memory"], "LoRA r=16, 4 sequences of "),
+    (["smollm2.py", "accuracy", "--eval-size", "4", "--humaneval", "1", "--max-new-tokens", "8", "--code-tokens", "16"],
+     "humaneval: greedy pass@1 "),
+    # an option between `speed` and the flags after -- (argparse refused it before they were parsed intermixed)
+    (["smollm2.py", "speed", "--runs-dir", "{tmp}/runs", "--", *TINY], "s per iteration "),
+], ids=lambda v: " ".join(v[:2]) if isinstance(v, list) else None)
 def test_a_documented_benchmark_command_runs_to_its_end(command, printed, tmp_path):
     if command[0] == "tbd_firing.py":           # its files go beside the test's, not over results/
-        command = [*command, "--out", str(tmp_path / "tbd-firing")]
-    # a home of its own: the warm-ups cache under ~/.cache, and a test must not read another run's
-    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / command[0]), *command[1:]], cwd=ROOT,
-                          capture_output=True, text=True, env={**os.environ, "HOME": str(tmp_path)})
+        command = [*command, "--out", "{tmp}/tbd-firing"]
+    done = run_benchmark([arg.format(tmp=tmp_path) for arg in command], tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
     assert printed in done.stdout
+
+
+def run_benchmark(command: list[str], home: Path) -> subprocess.CompletedProcess:
+    """benchmarks/COMMAND[0] with its arguments, in a home of its own: the warm-ups cache under ~/.cache, and a test
+    must not read another run's."""
+    return subprocess.run([sys.executable, str(ROOT / "benchmarks" / command[0]), *command[1:]], cwd=ROOT,
+                          capture_output=True, text=True, env={**os.environ, "HOME": str(home)})
+
+
+def test_reach_estimate_measures_the_same_offers_under_each_estimate_or_says_to_sample_more(tmp_path):
+    done = run_benchmark(["reach_estimate.py", "--seeds", "2001", "--iterations", "1", "--repeats", "1",
+                          "--estimates", "exact", "last:2", "--json", str(tmp_path / "reach.json"), "--",
+                          "--prompts-per-iteration", "8", "--group-size", "6", "--max-new-tokens", "16",
+                          "--warmup-scale", "0.15", "--cache-dir", str(tmp_path / "cache")], tmp_path)
+    if done.returncode:   # a warm-up that leaves every offer inert has nothing to compare
+        assert "sample more (--iterations, --seeds)" in done.stderr, done.stderr[-2000:]
+        return
+    assert "chosen by the rule: last:2" in done.stdout    # the only cheaper estimate measured
+    rows = json.loads((tmp_path / "reach.json").read_text())["table"]
+    assert sorted((r["receiver"], r["estimate"]) for r in rows) == [(n, e) for n in ("llama", "qwen")
+                                                                    for e in ("exact", "last:2")]
+    offers = {r["receiver"]: r["offers"] for r in rows if r["estimate"] == "exact"}
+    assert all(r["offers"] == offers[r["receiver"]] > 0 for r in rows)
+    assert all(r["band_agreement"] == 1 for r in rows if r["estimate"] == "exact")
+
+
+@pytest.fixture
+def tree_commit(tmp_path) -> str:
+    """A commit of this repository's working tree as it is (files git does not ignore), written through an index
+    of its own: a command that checks out `--before` beside the tree then compares the tree with itself. HEAD, the
+    index and the files are untouched; the commit is referenced by nothing."""
+    env = {**os.environ, "GIT_INDEX_FILE": str(tmp_path / "index"), "GIT_AUTHOR_NAME": "test",
+           "GIT_AUTHOR_EMAIL": "test@test", "GIT_COMMITTER_NAME": "test", "GIT_COMMITTER_EMAIL": "test@test"}
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(ROOT), *args], env=env, check=True, capture_output=True,
+                              text=True).stdout.strip()
+    git("add", "-A")
+    return git("commit-tree", git("write-tree"), "-p", "HEAD", "-m", "the working tree under test")
+
+
+def test_same_metrics_finds_the_tree_bit_identical_to_itself_checked_out_beside_it(tree_commit, tmp_path):
+    done = run_benchmark(["same_metrics.py", "--before", tree_commit, "--", *TINY], tmp_path)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert f"{tree_commit} against " in done.stdout and done.stdout.rstrip().endswith("bit-identical")
+
+
+def test_wall_time_times_each_configuration_at_both_commits_side_by_side(tree_commit, tmp_path):
+    done = run_benchmark(["wall_time.py", "--seed", "900", "--iterations", "1", "--configurations", "none",
+                          "cross-fidelity", "--before", tree_commit, "--train-args", " ".join(TINY),
+                          "--out", str(tmp_path)], tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    written = json.loads((tmp_path / "wall-time-s900-1it.json").read_text())
+    assert written["before"] == tree_commit and list(written["runs"]) == ["none", "cross-fidelity"]
+    for sides in written["runs"].values():
+        assert list(sides) == ["before", "after"]
+        assert all(side["total"] > side["rollouts"] > 0 and side["updates"] > 0 for side in sides.values())
+    assert all(sides["curation"] > 0 for sides in written["runs"]["cross-fidelity"].values())
+    assert all(sides["curation"] == 0 for sides in written["runs"]["none"].values())
+    assert done.stdout.count("| after / before |") == 2
