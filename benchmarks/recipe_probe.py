@@ -5,6 +5,7 @@ many GRPO iterations of train.py.
 
     python benchmarks/recipe_probe.py --premature-share 0.7 --iterations 100 --lr 1e-4
     python benchmarks/recipe_probe.py --premature-share 0.0              # the old warm-up, probed only
+    python benchmarks/recipe_probe.py -- --warmup-scale 0.1 --eval-size 100   # train.py flags after --
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import torch
+import tyro
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from testbed import checkpoint  # noqa: E402
@@ -47,14 +49,15 @@ def main() -> None:
     cli.add_argument("--lr", type=float, default=1e-4)
     cli.add_argument("--seed", type=int, default=1)
     cli.add_argument("--threads", type=int, default=2)
+    cli.add_argument("flags", nargs="*", help="train.py flags after --, the probed run's other settings")
     args = cli.parse_args()
     torch.set_num_threads(args.threads)
     preset = presets.PRESETS["tiny"]["qwen-llama"]
     presets.PRESETS["tiny"]["qwen-llama"] = [
         replace(s, tiny=replace(s.tiny, premature_share=args.premature_share)) for s in preset]
     with tempfile.TemporaryDirectory() as tmp:
-        run = Args(pair="qwen-llama", iterations=args.iterations, lr=args.lr, seed=args.seed, name="probe",
-                         runs_dir=tmp, cache_dir=tmp, eval_every=max(args.iterations, 1))
+        run = replace(tyro.cli(Args, args=args.flags), pair="qwen-llama", iterations=args.iterations, lr=args.lr,
+                      seed=args.seed, name="probe", runs_dir=tmp, cache_dir=tmp, eval_every=max(args.iterations, 1))
         task = tasks.load_task("arith", run.seed, run.train_size, run.eval_size, run.task_config)
         pols = policies.build_policies(run.policy_setup("tiny"), [torch.device("cpu")] * len(preset), run.task_config)
         probe(pols, task, run, "start")

@@ -1,6 +1,6 @@
 """The benchmark commands docs/ shows that no other test runs, each at its shortest settings: it runs to its end
-and prints what its page reports. benchmarks/gpu_check.py's CPU smoke run (about 6 minutes here) and
-benchmarks/recipe_probe.py (a full warm-up) are left to be run by hand."""
+and prints what its page reports. benchmarks/gpu_check.py's CPU smoke run (about 6 minutes here) is left to be run
+by hand."""
 
 import json
 import os
@@ -29,6 +29,7 @@ pytestmark = pytest.mark.slow   # each trains or times a tiny policy in a proces
     (["curation_cost.py", "--prompts", "2", "--group-size", "2"], "| paper | Llama-3.1-8B | LoRA r16 |"),
     (["memory_estimate.py", "--training", "lora", "--rollouts", "4", "--micro-batch", "2", "--group-size", "2",
       "--prompt-len", "8", "--max-new-tokens", "4"], "pair peak (GiB): LoRA r=16, checkpointing off: "),
+    (["recipe_probe.py", "--iterations", "1", "--threads", "1", "--", *TINY], "after 1 iterations llama: greedy "),
     (["smollm2.py", "memory"], "LoRA r=16, 4 sequences of "),
     (["smollm2.py", "accuracy", "--eval-size", "4", "--humaneval", "1", "--max-new-tokens", "8", "--code-tokens", "16"],
      "humaneval: greedy pass@1 "),
