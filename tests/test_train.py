@@ -11,6 +11,7 @@ import pytest
 import torch
 import tyro
 
+import eval as evaluation
 import grpo
 import train
 from args import Args
@@ -211,11 +212,18 @@ def test_a_run_on_a_local_benchmark_copy_evaluates_transfer_to_another_task(tmp_
     write_jsonl(tmp_path / "gsm8k" / "test.jsonl", GSM8K_TEST)
     args = tiny_args(tmp_path, cache_dir, task="gsm8k", data_dir=str(tmp_path / "gsm8k"), eval_task="humaneval",
                      iterations=1, prompts_per_iteration=2, eval_size=2, max_new_tokens=8)
-    logged = records(train.main(args))
+    run_dir = train.main(args)
+    logged = records(run_dir)
     assert "arithmetic task only; on gsm8k they score 0" in capsys.readouterr().err
     evals = [r for r in logged if "eval/heldout_accuracy" in r]
     assert len(evals) == 4 and all(0 <= r["eval/transfer_accuracy"] <= 1 for r in evals)
     assert all(0 <= r["charts/reward_mean"] <= 1 for r in logged if "charts/reward_mean" in r)
+    # docs/real.md's `eval.py RUN --task gsm8k --data-dir DIR`: the last checkpoint scores what the run's last
+    # evaluation logged on the same held-out problems
+    evaluation.main([str(run_dir), "--task", "gsm8k", "--data-dir", str(tmp_path / "gsm8k"), "--eval-size", "2"])
+    printed = capsys.readouterr().out.strip().removeprefix(f"{run_dir}: gsm8k greedy pass@1 ")
+    assert dict(item.split() for item in printed.split(", ")) == {
+        r["policy"]: f"{r['eval/heldout_accuracy']:.3f}" for r in evals if r["iteration"] == 1}
     write_jsonl(tmp_path / "proofnet" / "valid.jsonl", PROOFNET)
     write_jsonl(tmp_path / "proofnet" / "test.jsonl", PROOFNET)
     with pytest.raises(ValueError, match="no automatic checker"):
