@@ -7,8 +7,10 @@ written once and a flag is documented once, here.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Literal
+
+import tyro
 
 import diagnosis
 import grpo
@@ -250,3 +252,13 @@ class Args:
                                      self.calibration_window, self.admission, self.ccm_beta, self.ablate,
                                      tbd_measure=self.tbd_measure,
                                      process_signal=self.process_signal, ccm_estimate=self.ccm_estimate)
+
+
+def script_args(script: str, flags: list[str], **fixed) -> Args:
+    """A run's Args from train.py `flags` given to a benchmark `script` after --, with the fields the script sets
+    itself; a flag naming one of those is refused, where it would be overwritten without a word."""
+    named = {f.split("=")[0].removeprefix("--").replace("-", "_") for f in flags if f.startswith("--")}
+    clash = ", ".join(f"--{name.replace('_', '-')}" for name in sorted(named & set(fixed)))
+    if clash:
+        raise ValueError(f"{script} sets {clash} itself: drop it after -- (its own options: {script} --help)")
+    return replace(tyro.cli(Args, args=flags), **fixed)

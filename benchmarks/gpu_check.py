@@ -14,7 +14,7 @@ On a CPU, part 1 runs the tiny preset and parts 2-3 are skipped: a smoke test. D
 10 minutes on one H200 (docs/speed.md, GPU check).
 
     python benchmarks/gpu_check.py [--pair qwen-llama] [--model-dir DIR] [--lora-rank 16] [--iterations 4] [--out F]
-                                   [-- TRAIN.PY FLAGS, added to every run: --cache-dir DIR, --warmup-scale 0.1]
+                                   [--cache-dir DIR] [-- TRAIN.PY FLAGS for every run, e.g. --warmup-scale 0.1]
 """
 
 import argparse
@@ -24,18 +24,16 @@ import subprocess
 import sys
 import tempfile
 import typing
-from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
-import tyro  # noqa: E402
 
 import shaped_models  # noqa: E402
 import train  # noqa: E402
 
-from args import Args  # noqa: E402
+from args import Args, script_args  # noqa: E402
 from testbed import policies  # noqa: E402
 
 SMALL_MODES = ("none", "prp", "xgrpo", "sgt")
@@ -44,10 +42,10 @@ ALL_MODES = typing.get_args(typing.get_type_hints(Args)["share"])
 
 def run_mode(share: str, scale: str, iterations: int, cli: argparse.Namespace, runs_dir: str,
              model_dir: str | None = None) -> list[dict]:
-    args = replace(tyro.cli(Args, args=cli.flags), pair=cli.pair, scale=scale, share=share, model_dir=model_dir,
-                   iterations=iterations, eval_size=cli.eval_size, eval_every=iterations,
-                   checkpoint_every=iterations, lora_rank=cli.lora_rank, devices=cli.devices, runs_dir=runs_dir,
-                   name=f"{scale}-{share}", max_new_tokens=cli.max_new_tokens)
+    args = script_args("gpu_check.py", cli.flags, pair=cli.pair, scale=scale, share=share, model_dir=model_dir,
+                       iterations=iterations, eval_size=cli.eval_size, eval_every=iterations,
+                       checkpoint_every=iterations, lora_rank=cli.lora_rank, devices=cli.devices, runs_dir=runs_dir,
+                       name=f"{scale}-{share}", max_new_tokens=cli.max_new_tokens, cache_dir=cli.cache_dir)
     run_dir = train.main(args)
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
@@ -106,8 +104,9 @@ def main() -> None:
     cli.add_argument("--tiny-iterations", type=int, default=3, help="part 2's iterations per sharing level")
     cli.add_argument("--eval-size", type=int, default=64)
     cli.add_argument("--max-new-tokens", type=int, default=64)
+    cli.add_argument("--cache-dir", default=None, help="the tiny warm-ups' cache (default: train.py's)")
     cli.add_argument("--out", type=Path, default=None, help="also write every row here as JSON")
-    cli.add_argument("flags", nargs="*", help="train.py flags after --, added to every run")
+    cli.add_argument("flags", nargs="*", help="train.py flags after --, for every run (not those set above)")
     cli = cli.parse_args()
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no CUDA device (CPU smoke test)"
     print(f"device: {gpu}; torch {torch.__version__}")

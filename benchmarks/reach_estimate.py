@@ -27,7 +27,6 @@ import time
 from pathlib import Path
 
 import torch
-import tyro
 from torch.utils.flop_counter import FlopCounterMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -38,7 +37,7 @@ from premise_stats import spearman  # noqa: E402
 
 import grad_norms  # noqa: E402
 import reachability  # noqa: E402
-from args import Args  # noqa: E402
+from args import Args, script_args  # noqa: E402
 
 AGREEMENT = 0.85
 """the share of diagnosed offers whose band a cheap estimate must keep, for every receiver (the choice rule)"""
@@ -107,7 +106,7 @@ def agreement(measured: list[dict], weights: torch.Tensor) -> dict[tuple[str, st
     unmeasured = sorted({name for out in measured for name, _ in out["rows"]} - {name for name, _ in table})
     if unmeasured:
         raise ValueError(f"no offer could matter to {', '.join(unmeasured)} in any sampled iteration: sample more "
-                         "(--iterations, --seeds)")
+                         "(--iterations, --seeds) or warm the policies up further (-- --warmup-scale)")
     return {key: {"offers": e["offers"], "seconds": e["seconds"], "gflop": e["gflop"],
                   "spearman_reach": spearman(e["reach"], e["reach_exact"]),
                   "spearman_ccm": spearman(e["ccm"], e["ccm_exact"]),
@@ -139,10 +138,9 @@ def main() -> None:
     if "exact" not in args.estimates:
         raise SystemExit("--estimates must include 'exact', the reference")
     torch.set_num_threads(1)
-    run_args = tyro.cli(Args, args=args.flags)
-    measured = [measure(replace(run_args, seed=seed), args.iterations, args.estimates, args.repeats)
-                for seed in args.seeds]
-    table = agreement(measured, run_args.curator_config.weights)
+    runs = [script_args("reach_estimate.py", args.flags, seed=seed) for seed in args.seeds]
+    measured = [measure(run, args.iterations, args.estimates, args.repeats) for run in runs]
+    table = agreement(measured, runs[0].curator_config.weights)
     print(f"seeds {args.seeds}, {args.iterations} sampled iterations each\n\n| receiver | estimate | offers "
           "| norms' seconds | against exact | GFLOP | Spearman of R_k | Spearman of CCM | same band |\n"
           "|---|---|---|---|---|---|---|---|---|")

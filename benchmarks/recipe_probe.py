@@ -17,7 +17,6 @@ from dataclasses import replace
 from pathlib import Path
 
 import torch
-import tyro
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from testbed import checkpoint  # noqa: E402
@@ -27,7 +26,7 @@ from testbed import policies  # noqa: E402
 from testbed import presets  # noqa: E402
 from testbed import tasks  # noqa: E402
 import train  # noqa: E402
-from args import Args  # noqa: E402
+from args import Args, script_args  # noqa: E402
 
 
 def probe(pols: list[policies.Policy], task: tasks.Task, run: Args, tag: str) -> None:
@@ -56,8 +55,8 @@ def main() -> None:
     presets.PRESETS["tiny"]["qwen-llama"] = [
         replace(s, tiny=replace(s.tiny, premature_share=args.premature_share)) for s in preset]
     with tempfile.TemporaryDirectory() as tmp:
-        run = replace(tyro.cli(Args, args=args.flags), pair="qwen-llama", iterations=args.iterations, lr=args.lr,
-                      seed=args.seed, name="probe", runs_dir=tmp, cache_dir=tmp, eval_every=max(args.iterations, 1))
+        run = script_args("recipe_probe.py", args.flags, pair="qwen-llama", iterations=args.iterations, lr=args.lr,
+                          seed=args.seed, name="probe", runs_dir=tmp, cache_dir=tmp, eval_every=max(args.iterations, 1))
         task = tasks.load_task("arith", run.seed, run.train_size, run.eval_size, run.task_config)
         pols = policies.build_policies(run.policy_setup("tiny"), [torch.device("cpu")] * len(preset), run.task_config)
         probe(pols, task, run, "start")

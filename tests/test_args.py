@@ -9,7 +9,7 @@ import pytest
 import tyro
 
 import train_ray
-from args import Args
+from args import Args, script_args
 from testbed import policies
 
 
@@ -27,6 +27,16 @@ def test_settings_that_cannot_run_are_refused_as_the_arguments_are_parsed(tmp_pa
     with pytest.raises(ValueError, match=flag):
         Args(runs_dir=str(tmp_path), **flags)
     assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("clash", [["--lora-rank", "4"], ["--lora-rank=4"], ["--lora_rank", "4"]])
+def test_a_benchmarks_flags_after_the_double_dash_keep_their_values_unless_the_benchmark_sets_that_field(clash):
+    args = script_args("bench.py", ["--temperature", "0.7", "--warmup-scale=0.1"], lora_rank=8, seed=5)
+    assert (args.temperature, args.warmup_scale, args.lora_rank, args.seed) == (0.7, 0.1, 8, 5)
+    assert args.share == Args.share                             # every other field its default
+    with pytest.raises(ValueError, match=r"bench.py sets --lora-rank itself: drop it after -- \(its own options: "
+                                         r"bench.py --help\)"):
+        script_args("bench.py", ["--temperature", "0.7", *clash], lora_rank=8, seed=5)
 
 
 def documented_commands() -> list[tuple[str, list[str]]]:

@@ -28,7 +28,8 @@ pytestmark = pytest.mark.slow   # each trains or times a tiny policy in a proces
     (["curation_cost.py", "--prompts", "2", "--group-size", "2"], "| paper | Llama-3.1-8B | LoRA r16 |"),
     (["memory_estimate.py", "--training", "lora", "--rollouts", "4", "--micro-batch", "2", "--group-size", "2",
       "--prompt-len", "8", "--max-new-tokens", "4"], "pair peak (GiB): LoRA r=16, checkpointing off: "),
-    (["recipe_probe.py", "--iterations", "1", "--threads", "1", "--", *TINY], "after 1 iterations llama: greedy "),
+    (["recipe_probe.py", "--iterations", "1", "--threads", "1", "--", *TINY[2:]],      # its own --iterations
+     "after 1 iterations llama: greedy "),
     (["smollm2.py", "memory"], "LoRA r=16, 4 sequences of "),
     (["smollm2.py", "accuracy", "--eval-size", "4", "--humaneval", "1", "--max-new-tokens", "8", "--code-tokens", "16"],
      "humaneval: greedy pass@1 "),
@@ -51,14 +52,16 @@ def run_benchmark(command: list[str], home: Path) -> subprocess.CompletedProcess
 
 
 def test_gpu_checks_cpu_smoke_run_times_each_small_level_for_each_policy(tmp_path):
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import gpu_check
     done = run_benchmark(["gpu_check.py", "--iterations", "2", "--eval-size", "8", "--max-new-tokens", "24",
-                          "--out", str(tmp_path / "check.json"), "--", "--warmup-scale", "0.02",
-                          "--cache-dir", str(tmp_path / "cache")], tmp_path)
+                          "--out", str(tmp_path / "check.json"), "--cache-dir", str(tmp_path / "cache"), "--",
+                          "--warmup-scale", "0.02"], tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
     written = json.loads((tmp_path / "check.json").read_text())
     assert written["device"] == "no CUDA device (CPU smoke test)"
     assert [(r["scale"], r["mode"], r["policy"]) for r in written["rows"]] == [
-        ("tiny", mode, policy) for mode in ("none", "prp", "xgrpo", "sgt") for policy in ("qwen", "llama")]
+        ("tiny", mode, policy) for mode in gpu_check.SMALL_MODES for policy in ("qwen", "llama")]
     assert all(r["rollout tok/s"] > 0 and r["update tok/s"] > 0 and r["iteration s"] > 0 for r in written["rows"])
     assert all(r["received / it"] == 0 for r in written["rows"] if r["mode"] == "none")
 
@@ -95,10 +98,14 @@ def tree_commit(tmp_path) -> str:
     return git("commit-tree", git("write-tree"), "-p", "HEAD", "-m", "the working tree under test")
 
 
-def test_same_metrics_finds_the_tree_bit_identical_to_itself_checked_out_beside_it(tree_commit, tmp_path):
+def test_same_metrics_finds_the_tree_bit_identical_to_itself_and_names_what_this_sides_flags_move(tree_commit,
+                                                                                                  tmp_path):
     done = run_benchmark(["same_metrics.py", "--before", tree_commit, "--", *TINY], tmp_path)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert f"{tree_commit} against " in done.stdout and done.stdout.rstrip().endswith("bit-identical")
+    done = run_benchmark(["same_metrics.py", "--before", tree_commit, "--after-flags=--temperature 1.3", "--", *TINY],
+                         tmp_path)
+    assert done.returncode == 1 and "different:\n  metrics.jsonl line " in done.stdout, done.stderr[-2000:]
 
 
 def test_wall_time_times_each_configuration_at_both_commits_side_by_side(tree_commit, tmp_path):

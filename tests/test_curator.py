@@ -445,6 +445,30 @@ def test_reach_estimate_measures_each_estimate_against_exact(tmp_path, cache_dir
         assert len(out["reach"][(name, "exact")]) == len(out["reach"][(name, "last:0")]) >= len(full)
 
 
+def test_reach_estimate_pools_the_seeds_that_offered_a_receiver_something_and_refuses_a_receiver_never_offered():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import reach_estimate
+    gen = torch.Generator().manual_seed(0)
+
+    def seed(offers: dict[str, int]) -> dict:
+        out = {"rows": {}, "reach": {}, "seconds": {}, "flops": {}}
+        for name, n in offers.items():
+            rows = [tuple(torch.rand(3, generator=gen).tolist()) for _ in range(n)]
+            reach = torch.rand(2 * n, generator=gen).tolist()
+            for estimate in ("exact", "last:0"):     # the same terms under both: every band agrees
+                key = (name, estimate)
+                out["rows"][key], out["reach"][key], out["seconds"][key], out["flops"][key] = rows, reach, 1.0, 2e9
+        return out
+    weights = torch.ones(3) / 3
+    table = reach_estimate.agreement([seed({"qwen": 6, "llama": 5}), seed({"qwen": 0, "llama": 4})], weights)
+    assert {k: (v["offers"], v["seconds"]) for k, v in table.items()} == {
+        ("qwen", "exact"): (6, 1.0), ("qwen", "last:0"): (6, 1.0), ("llama", "exact"): (9, 2.0),
+        ("llama", "last:0"): (9, 2.0)}
+    assert all(v["band_agreement"] == 1 and v["spearman_reach"] == pytest.approx(1) for v in table.values())
+    with pytest.raises(ValueError, match="no offer could matter to qwen in any sampled iteration: sample more"):
+        reach_estimate.agreement([seed({"qwen": 0, "llama": 3})], weights)
+
+
 def test_reach_estimate_rule_takes_the_cheapest_that_agrees_for_every_receiver():
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import reach_estimate

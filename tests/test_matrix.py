@@ -605,18 +605,6 @@ def test_same_metrics_ignores_the_clock_and_names_any_other_difference(tmp_path)
 
 
 @pytest.mark.slow
-def test_same_metrics_finds_a_commit_bit_identical_to_itself(tmp_path):
-    # the README's command on a clone of this repository, the same commit on both sides, a tiny seeded run
-    import same_metrics
-    clone = tmp_path / "clone"
-    subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True)
-    flags = ["--share", "prp", "--iterations", "1", "--seed", "3", "--eval-size", "8", "--warmup-scale", "0.02",
-             "--prompts-per-iteration", "2", "--group-size", "2", "--max-new-tokens", "8", "--train-size", "50"]
-    assert same_metrics.compare("HEAD", flags, clone) == []
-    assert same_metrics.compare("HEAD", flags, clone, after_flags=("--temperature", "1.3")) != []   # this side's flags alone
-
-
-@pytest.mark.slow
 def test_ray_overhead_weighs_every_actor_call_of_an_iteration(cache_dir):
     # the README's command at a short length: three runs (train.py, train_ray.py, train_ray.py weighed) of prp
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "ray_overhead.py"), "--shares", "prp",

@@ -218,8 +218,8 @@ def test_a_run_on_a_local_benchmark_copy_evaluates_transfer_to_another_task(tmp_
     evals = [r for r in logged if "eval/heldout_accuracy" in r]
     assert len(evals) == 4 and all(0 <= r["eval/transfer_accuracy"] <= 1 for r in evals)
     assert all(0 <= r["charts/reward_mean"] <= 1 for r in logged if "charts/reward_mean" in r)
-    # docs/real.md's `eval.py RUN --task gsm8k --data-dir DIR`: the last checkpoint scores what the run's last
-    # evaluation logged on the same held-out problems
+    # docs/real.md's `eval.py RUN --task gsm8k --data-dir DIR` runs and scores each policy as the run's last
+    # evaluation did (0 here: a tiny policy never writes GSM8K's `####`; test_costs checks the scores on arith)
     evaluation.main([str(run_dir), "--task", "gsm8k", "--data-dir", str(tmp_path / "gsm8k"), "--eval-size", "2"])
     printed = capsys.readouterr().out.strip().removeprefix(f"{run_dir}: gsm8k greedy pass@1 ")
     assert dict(item.split() for item in printed.split(", ")) == {
