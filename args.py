@@ -206,8 +206,16 @@ class Args:
                                   ("top-p", 0 < self.top_p <= 1, "lie in (0, 1]"),
                                   ("max-new-tokens", self.max_new_tokens >= 1, "be positive"),
                                   ("lr", self.lr > 0, "be positive"),
-                                  ("eval-samples", self.eval_samples >= 0, "be 0 or more")):
-            if not holds:   # NaN included: a sampler at temperature 0 or below, or no tokens, cannot roll out
+                                  ("eval-samples", self.eval_samples >= 0, "be 0 or more"),
+                                  ("max-grad-norm", self.max_grad_norm > 0, "be positive"),
+                                  ("ratio-cap", self.ratio_cap > 0, "be positive"),
+                                  ("clip-eps-low", 0 <= self.clip_eps_low < 1, "lie in [0, 1)"),
+                                  ("clip-eps-high", self.clip_eps_high >= 0, "be 0 or more"),
+                                  ("beta", self.beta >= 0, "be 0 or more"),
+                                  ("ccm-beta", self.ccm_beta >= 0, "be 0 or more")):
+            # NaN included: a sampler at temperature 0 or below, or no tokens, cannot roll out; a negative clipping
+            # norm turns every gradient round and a negative beta rewards drifting from the reference
+            if not holds:
                 raise ValueError(f"--{flag} must {rule}, got {getattr(self, flag.replace('-', '_'))}")
         if self.prompts_per_iteration < 1 or self.group_size < 2:
             raise ValueError(f"need at least one prompt and two completions per prompt (a group), got "

@@ -124,7 +124,8 @@ def evaluate(expression: str) -> Fraction | None:
 
 
 def _number(text: str) -> Fraction | None:
-    if len(text) > MAX_EXPRESSION_CHARS:
+    # an exponent would have Fraction build 10**exponent exactly: a result of "1e999999999" takes hours
+    if len(text) > MAX_EXPRESSION_CHARS or "e" in text.lower():
         return None
     try:
         return Fraction(text.replace(",", "").strip())

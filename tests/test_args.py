@@ -22,7 +22,14 @@ from testbed import policies
                                          (dict(temperature=float("nan")), "--temperature"),
                                          (dict(top_p=0.0), "--top-p"), (dict(top_p=1.5), "--top-p"),
                                          (dict(max_new_tokens=0), "--max-new-tokens"), (dict(lr=-1e-4), "--lr"),
-                                         (dict(eval_samples=-1), "--eval-samples")])
+                                         (dict(eval_samples=-1), "--eval-samples"),
+                                         (dict(max_grad_norm=-1.0), "--max-grad-norm"),
+                                         (dict(max_grad_norm=0.0), "--max-grad-norm"),
+                                         (dict(max_grad_norm=float("nan")), "--max-grad-norm"),
+                                         (dict(ratio_cap=float("nan")), "--ratio-cap"),
+                                         (dict(clip_eps_low=1.0), "--clip-eps-low"),
+                                         (dict(clip_eps_high=float("nan")), "--clip-eps-high"),
+                                         (dict(beta=float("nan")), "--beta"), (dict(ccm_beta=-1.0), "--ccm-beta")])
 def test_settings_that_cannot_run_are_refused_as_the_arguments_are_parsed(tmp_path, flags, flag):
     with pytest.raises(ValueError, match=flag):
         Args(runs_dir=str(tmp_path), **flags)

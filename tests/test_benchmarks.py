@@ -240,6 +240,7 @@ def test_gsm8k_step_verifier_catches_every_altered_annotation(data):
     ("1,000*2", "2,000", "2,000", True), ("-3+1", "-2", None, True), ("5/0", "1", None, None),
     ("5%2", "1", None, None), ("2^3", "8", None, None), ("x*2", "4", None, None), ("2*3", "six", None, None),
     ("(9**64)**64**64", "1", None, None), ("9" * 300, "1", None, None),
+    ("2", "1e999999999", None, None), ("2000", "2E3", None, None),    # an exponent, not plain arithmetic (nor work)
 ])
 def test_annotation_verdicts_by_hand(expression, result, shown, verdict):
     assert verifiers.annotation_verdict(expression, result, shown) == verdict
