@@ -47,7 +47,8 @@ def unavailable(source: HubSource, why: str) -> DataUnavailable:
     return DataUnavailable(
         f"{source.title} is not available: {why}. Download it where the hub is reachable (`hf download {source.repo} "
         f"--repo-type dataset --local-dir DIR` or `git clone https://huggingface.co/datasets/{source.repo} DIR`) and "
-        f"pass data_dir=DIR (--data-dir DIR). DIR may also hold plain {source.train_split}.jsonl and "
+        f"pass data_dir=DIR (train.py --data-dir DIR for --task, --eval-data-dir DIR for --eval-task; eval.py "
+        f"--data-dir DIR). DIR may also hold plain {source.train_split}.jsonl and "
         f"{source.heldout_split}.jsonl (or .parquet) files with the data set's columns: {source.columns}.")
 
 

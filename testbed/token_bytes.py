@@ -38,6 +38,10 @@ def _byte_decoder() -> dict[str, int]:
 
 def is_byte_level(tokenizer) -> bool:
     """Byte-level BPE (Qwen, Llama-3); else a metaspace vocabulary with byte fallback (Mistral, SentencePiece)."""
+    if not getattr(tokenizer, "is_fast", False):   # a Python tokenizer has no backend whose decoder says which
+        raise ValueError(f"{type(tokenizer).__name__} is not a fast tokenizer, whose vocabulary and decoder the "
+                         "byte alignment reads: give the policy a model folder with a tokenizer.json (transformers "
+                         "builds a fast tokenizer from it)")
     return isinstance(tokenizer.backend_tokenizer.decoder, decoders.ByteLevel)
 
 

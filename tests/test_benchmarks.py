@@ -12,6 +12,7 @@ import pyarrow
 import pyarrow.parquet
 import pytest
 
+from args import Args
 from testbed import data as data_sources  # the module; `data` is the fixture of local copies below
 from testbed import arith, tasks, verifiers
 
@@ -490,6 +491,9 @@ def test_an_unreachable_hub_fails_fast_with_directions(name, title, tmp_path, mo
     message = str(error.value)
     assert message.startswith(f"{title} is not available") and "unreachable" in message
     assert f"hf download {tasks.BENCHMARKS[name].source.repo}" in message and "data_dir=DIR" in message
+    # each flag the directions name is one of train.py's or eval.py's, for the task it loads
+    assert "--data-dir DIR for --task, --eval-data-dir DIR for --eval-task; eval.py --data-dir DIR" in message
+    assert {"data_dir", "eval_data_dir", "task", "eval_task"} <= set(Args.__dataclass_fields__)
 
 
 def test_offline_mode_fails_at_once(tmp_path, monkeypatch):

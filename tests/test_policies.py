@@ -42,6 +42,12 @@ def test_digit_segmentation_differs_by_family():
     assert pieces["llama"] == ["123", "45"]                     # Llama-3: groups of up to three
 
 
+def test_a_tokenizer_without_a_fast_backend_is_refused_with_what_to_give_instead():
+    from transformers import ByT5Tokenizer     # a Python tokenizer that needs no files
+    with pytest.raises(ValueError, match="ByT5Tokenizer is not a fast tokenizer.*with a tokenizer.json"):
+        token_bytes.token_bytes_table(ByT5Tokenizer())
+
+
 @pytest.mark.parametrize("text", ["7 + 5 = 12\n12 - 3 = 9\nAnswer: 9", " leading space", "héllo wörld", "数学 😀",
                                   "e\u0301", "tabs\tand\r\nnewlines\n\n"])
 def test_token_bytes_reproduce_the_text(family, text):
