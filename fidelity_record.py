@@ -23,6 +23,7 @@ import term_scales
 import tokalign
 from diagnosis import TERMS, Diagnosis, Offer
 from sharing import LEVELS
+from testbed import checkpoint
 
 OUTCOMES = (*LEVELS, "rejected", "inert")   # where an offered trajectory can go; inert: no level could use it
 SATURATED = 1 - 1e-3                        # a step value at or above it is at its cap
@@ -186,12 +187,18 @@ def marked_text(record: dict) -> str:
     return "\n".join(lines)
 
 
+def read_records(run_dir: Path) -> list[dict]:
+    """Every record of a run's fidelity.jsonl, a torn last line (a run stopped mid-write) left out as in its
+    metrics.jsonl."""
+    return [record for _, record in checkpoint.metric_lines(Path(run_dir) / "fidelity.jsonl")]
+
+
 def curation_summary(run_dir: Path) -> str:
     """A few lines of what the curator did over a run, per source -> receiver: its offers, how many were admitted
     at each level, rejected and inert, how many crossed as verified rescues, and the mean of each raw term over the
     diagnosed ones; then where the fidelity report, with its hotspots, and the record are."""
     run_dir = Path(run_dir)
-    records = [json.loads(line) for line in (run_dir / "fidelity.jsonl").read_text().splitlines() if line]
+    records = read_records(run_dir)
     lines = [f"curation over {max((r['iteration'] for r in records), default=0)} iterations, per source -> receiver:"]
     for src, rcv in sorted({(r["source"], r["receiver"]) for r in records}):
         mine = [r for r in records if (r["source"], r["receiver"]) == (src, rcv)]
@@ -213,7 +220,7 @@ def fidelity_report(run_dir: Path, worst: int = 5, windows: int = 4) -> str:
     """The curator's record of a cross-fidelity run (fidelity.jsonl): D and its terms per source -> receiver
     pair, which term dominates, how the decision depends on each term, admission shares over time, the
     predictor, and the worst trajectories marked."""
-    records = [json.loads(line) for line in (Path(run_dir) / "fidelity.jsonl").read_text().splitlines() if line]
+    records = read_records(run_dir)
     scored = [r for r in records if "D" in r]
     pairs = sorted({(r["source"], r["receiver"]) for r in records})
     path = Path(run_dir) / "config.json"

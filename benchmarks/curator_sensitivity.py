@@ -55,8 +55,7 @@ from args import Args  # noqa: E402
 
 
 def read(run: Path) -> tuple[list[dict], dict]:
-    records = [json.loads(line) for line in (run / "fidelity.jsonl").read_text().splitlines() if line]
-    return records, json.loads((run / "config.json").read_text())
+    return fidelity_record.read_records(run), json.loads((run / "config.json").read_text())
 
 
 def runs_table(runs: list[Path]) -> None:

@@ -105,8 +105,7 @@ def summarize(run_dir: Path, configuration: str, seed: int, flags: list[str], sh
                           "crossed": crossed}
     last = max(r["iteration"] for r in records)
     fidelity = run_dir / "fidelity.jsonl"
-    directions = (fidelity_record.direction_terms([json.loads(line) for line in fidelity.read_text().splitlines()
-                                                   if line]) if fidelity.exists() else {})
+    directions = fidelity_record.direction_terms(fidelity_record.read_records(run_dir)) if fidelity.exists() else {}
     start = run_dir / checkpoint.START
     fingerprints = json.loads(start.read_text())["fingerprints"] if start.exists() else None
     return {"configuration": configuration, "seed": seed, "flags": flags, "shared": shared, "commits": commits,

@@ -77,3 +77,13 @@ def test_tbd_bytes_takes_a_receiver_hotspot_token_back_to_the_source_bytes():
                             alignment=tokalign.align(source, target))
     assert fidelity_record.tbd_bytes(offer) == [(1, 4), (1, 5)]
 
+
+
+def test_a_records_torn_last_line_is_left_out_and_a_torn_line_before_it_refused(tmp_path):
+    lines = ['{"iteration": 1, "receiver": "qwen", "D": 0.5}', '{"iteration": 2, "receiver": "llama", "D": 0.25}']
+    (tmp_path / "fidelity.jsonl").write_text("\n".join(lines) + '\n{"iteration": 3, "rec')   # stopped mid-write
+    assert fidelity_record.read_records(tmp_path) == [{"iteration": 1, "receiver": "qwen", "D": 0.5},
+                                                      {"iteration": 2, "receiver": "llama", "D": 0.25}]
+    (tmp_path / "fidelity.jsonl").write_text(f'{lines[0]}\n{{"iter\n{lines[1]}\n')
+    with pytest.raises(ValueError, match="line 2 is not a metrics record"):
+        fidelity_record.read_records(tmp_path)

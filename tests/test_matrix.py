@@ -218,11 +218,11 @@ def test_a_summary_records_its_runs_first_start_and_each_directions_terms(tmp_pa
     checkpoint.record_sitting(tmp_path / "r", 0, built, built)
     checkpoint.record_sitting(tmp_path / "r", 10, built, {"p": "p@10", "q": "q@10"})    # resumed at iteration 10
     # two scored offers q -> p, both dominated by CCM, and one left inert (no D): the direction's mean raw terms
-    records = [{"source": "q", "receiver": "p", "D": 0.3, "terms": {"tbd": 0.2, "ccm": 0.4, "rsd": None},
-                "dominant": "ccm"},
-               {"source": "q", "receiver": "p", "D": 0.2, "terms": {"tbd": 0.0, "ccm": 0.6, "rsd": 0.1},
-                "dominant": "ccm"},
-               {"source": "q", "receiver": "p", "level": "reject"}]
+    records = [{"iteration": 1, "source": "q", "receiver": "p", "D": 0.3,
+                "terms": {"tbd": 0.2, "ccm": 0.4, "rsd": None}, "dominant": "ccm"},
+               {"iteration": 2, "source": "q", "receiver": "p", "D": 0.2,
+                "terms": {"tbd": 0.0, "ccm": 0.6, "rsd": 0.1}, "dominant": "ccm"},
+               {"iteration": 2, "source": "q", "receiver": "p", "level": "reject"}]
     (tmp_path / "r" / "fidelity.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     summary = matrix.summarize(tmp_path / "r", "a", 1, [], [], ["c"])
     assert summary["start_fingerprints"] == {"p": "bp", "q": "bq"}
