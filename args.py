@@ -1,4 +1,5 @@
-"""The command line of a run (train.py, train_ray.py): every flag, its default and what it means, in one place.
+"""The command line of a run (train.py; train_ray.py adds its Ray flags): every flag, its default and what it
+means, in one place.
 
 Each concept file keeps its own config (arith.TaskConfig, grpo.LossConfig, sharing.ShareConfig,
 diagnosis.CuratorConfig); `Args` takes its defaults from them and builds them from the flags, so a default is
@@ -186,7 +187,8 @@ class Args:
     (`tensorboard --logdir runs`); metrics.jsonl stays the record eval.py reads"""
     devices: str | None = None
     """comma-separated torch devices, policy i on device i (round robin), e.g. cuda:0,cuda:1; train.py runs the
-    policies one after another (train_ray.py runs them side by side). Default: cuda if available, else cpu"""
+    policies one after another (train_ray.py runs them side by side, placed by --gpus-per-policy instead).
+    Default: cuda if available, else cpu"""
     lora_rank: int = 0
     """train LoRA adapters of this rank on every linear layer of the blocks instead of all parameters (peft);
     the KL reference is then the model with its adapters off. 0 trains every parameter"""

@@ -1,6 +1,6 @@
 """How close each phase of a run comes to this machine's matrix-multiply ceiling: what bounds a speed-up (#29).
 
-    python benchmarks/flop_rate.py --seed 900 --iterations 3 --share cross-fidelity
+    python benchmarks/flop_rate.py --seed 900 --iterations 3 --train-args "--share cross-fidelity"
 
 The run (train.py with the pilot's evaluation protocol and minibatches, the flags given, one thread) is made twice
 on one seed: once with its phases timed (wall_time.py's phases), once with the floating-point operations of each

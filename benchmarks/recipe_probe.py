@@ -1,7 +1,7 @@
 """Probe a warm-up recipe for the default pair, the tool the default recipe was chosen with (docs/results.md,
 "Independent GRPO, default run"): held-out greedy pass@1, accuracy sampled at the training temperature, and the
 share of greedy completions that work every step, right after the warm-up and, with --iterations, after that
-many GRPO iterations of train.py.
+many iterations of train.py with independent GRPO (--share none, as the recipe was chosen).
 
     python benchmarks/recipe_probe.py --premature-share 0.7 --iterations 100 --lr 1e-4
     python benchmarks/recipe_probe.py --premature-share 0.0              # the old warm-up, probed only
@@ -55,8 +55,9 @@ def main() -> None:
     presets.PRESETS["tiny"]["qwen-llama"] = [
         replace(s, tiny=replace(s.tiny, premature_share=args.premature_share)) for s in preset]
     with tempfile.TemporaryDirectory() as tmp:
-        run = script_args("recipe_probe.py", args.flags, pair="qwen-llama", iterations=args.iterations, lr=args.lr,
-                          seed=args.seed, name="probe", runs_dir=tmp, cache_dir=tmp, eval_every=max(args.iterations, 1))
+        run = script_args("recipe_probe.py", args.flags, pair="qwen-llama", share="none", iterations=args.iterations,
+                          lr=args.lr, seed=args.seed, name="probe", runs_dir=tmp, cache_dir=tmp,
+                          eval_every=max(args.iterations, 1))
         task = tasks.load_task("arith", run.seed, run.train_size, run.eval_size, run.task_config)
         pols = policies.build_policies(run.policy_setup("tiny"), [torch.device("cpu")] * len(preset), run.task_config)
         probe(pols, task, run, "start")
