@@ -56,9 +56,13 @@ def rewards_stats(rewards: torch.Tensor) -> dict[str, float]:
             "charts/zero_std_groups": (rewards.amax(dim=1) == rewards.amin(dim=1)).float().mean().item()}
 
 
-def check_finite(name: str, value: torch.Tensor) -> None:
+def check_finite(name: str, value: torch.Tensor, step: int, steps: int) -> None:
+    """Refuses a non-finite loss or gradient norm before optimizer step `step` of an update's `steps`."""
     if not torch.isfinite(value).all():
-        raise FloatingPointError(f"{name} is not finite; the update is skipped and the parameters are untouched")
+        taken = "" if step == 1 else f", its first {step - 1} taken"
+        raise FloatingPointError(f"{name} is not finite before optimizer step {step} of {steps} of this update{taken}: "
+                                 "the run stops with its last checkpoint untouched, which --resume would repeat as "
+                                 "seeded; change what diverged (a lower --lr or --max-grad-norm) in a new run, --name")
 
 
 @dataclass(frozen=True)
@@ -207,8 +211,8 @@ def grpo_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: T
 
     measure_kl: one more forward after the update gives losses/update_kl, the k3 estimate of KL(pi_old || pi_new)
     per completion token of the batch, how far the update moved the policy (the KL penalty's losses/kl is 0
-    whenever beta is). Raises FloatingPointError, before touching the parameters, if a loss or gradient is not
-    finite.
+    whenever beta is). Raises FloatingPointError before an optimizer step whose loss or gradient is not finite (with
+    several steps, --minibatches or --epochs, those before it are taken).
     """
     device = next(model.parameters()).device
     # the per-token values on the device; the token ids reach it inside each micro-batch's PromptGroups
@@ -253,7 +257,7 @@ def grpo_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: T
                                              weights, mask)
                 loss, sums = clipped_loss(logp, old, cut("advantages", groups), mask, cfg, weights, ref_logp[j],
                                           totals=size)
-                check_finite("GRPO loss", loss)
+                check_finite("GRPO loss", loss, epoch * minibatches + m + 1, updates)
                 loss.backward()
                 totals["loss"] += loss.item() / updates
                 totals["clipped_tokens"] += sums["clipped_tokens"].item()
@@ -263,7 +267,7 @@ def grpo_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: T
             # the trained weights only: a frozen one may hold a stale gradient (a base weight under LoRA)
             grad_norm = torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad],
                                                        max_grad_norm)
-            check_finite("gradient norm", grad_norm)
+            check_finite("gradient norm", grad_norm, epoch * minibatches + m + 1, updates)
             optimizer.step()
             totals["grad_norm"] += grad_norm.item() / updates
     seen = num_tokens * epochs

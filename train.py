@@ -348,7 +348,7 @@ def main(args: Args) -> Path:
         raise
 
 
-ERRORS = (ValueError, OSError, data.DataUnavailable, policies.WeightsUnavailable)
+ERRORS = (ValueError, OSError, FloatingPointError, data.DataUnavailable, policies.WeightsUnavailable)
 """what a run reports in one line: each error's message says what to fix, and a traceback would bury it"""
 
 

@@ -206,13 +206,20 @@ def test_micro_batches_give_the_gradient_of_the_whole_batch():
         torch.testing.assert_close(grad, torch.autograd.grad(loss, table)[0])
 
 
-def test_non_finite_loss_raises_and_leaves_parameters_untouched():
+def test_a_non_finite_loss_stops_the_update_before_its_step_and_says_which_steps_were_taken():
     model = Bigram()
     batch = grpo.build_batch([[0], [0]], [[1], [2]], [torch.tensor([float("nan")]), torch.tensor([1.0])], pad_id=0)
     before = model.table.detach().clone()
-    with pytest.raises(FloatingPointError, match="untouched"):
+    with pytest.raises(FloatingPointError, match="GRPO loss is not finite before optimizer step 1 of 1 of this "
+                                                 "update: the run stops"):
         grpo.grpo_step(model, torch.optim.SGD(model.parameters(), lr=1.0), batch, grpo.LossConfig(), micro_batch=1)
     assert torch.equal(before, model.table.detach())
+    # two steps, the NaN in the second's row: the first step is taken, and the message says so
+    batch = grpo.build_batch([[0], [0]], [[1], [2]], [torch.tensor([1.0]), torch.tensor([float("nan")])], pad_id=0)
+    with pytest.raises(FloatingPointError, match="before optimizer step 2 of 2 of this update, its first 1 taken"):
+        grpo.grpo_step(model, torch.optim.SGD(model.parameters(), lr=1.0), batch, grpo.LossConfig(), micro_batch=1,
+                       minibatches=2)
+    assert not torch.equal(before, model.table.detach())
 
 
 def test_a_kl_penalty_without_reference_log_probs_is_refused():
