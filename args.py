@@ -221,7 +221,7 @@ class Args:
                 raise ValueError(f"--{flag} must {rule}, got {getattr(self, flag.replace('-', '_'))}")
         if self.prompts_per_iteration < 1 or self.group_size < 2:
             raise ValueError(f"need at least one prompt and two completions per prompt (a group), got "
-                             f"{self.prompts_per_iteration} and {self.group_size}")
+                             f"--prompts-per-iteration {self.prompts_per_iteration} and --group-size {self.group_size}")
         if self.minibatches > self.prompts_per_iteration * self.group_size:
             raise ValueError(f"--minibatches {self.minibatches} exceeds the {self.prompts_per_iteration} x "
                              f"{self.group_size} rollouts of an iteration")

@@ -259,10 +259,12 @@ def compare(run_dirs: list[Path], out: Path, target: float = CONVERGED) -> str:
     return text
 
 
-def evaluate_run(run_dir: Path, task_name: str, eval_size: int, data_dir: str | None, max_new_tokens: int | None
-                 ) -> dict[str, float]:
-    """Greedy pass@1 of a run's last checkpoint on a task's held-out split (transfer, proposal §3.3)."""
+def evaluate_run(run_dir: Path, task_name: str, eval_size: int, data_dir: str | None, max_new_tokens: int | None,
+                 devices: str | None = None) -> dict[str, float]:
+    """Greedy pass@1 of a run's last checkpoint on a task's held-out split (transfer, proposal §3.3), its policies on
+    `devices` (default: those it trained on)."""
     config = json.loads((Path(run_dir) / "config.json").read_text())
+    config["devices"] = devices or config["devices"]
     task_cfg = arith.TaskConfig(num_steps=config["num_steps"], max_operand=config["max_operand"], ops=config["ops"],
                                 step_format=config.get("step_format", arith.TaskConfig.step_format))
     setup = policies.PolicySetup.of(config)
@@ -293,6 +295,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--data-dir", default=None, help="local copy of the --task data set")
     parser.add_argument("--eval-size", type=int, default=Args.eval_size, help="held-out examples for --task")
     parser.add_argument("--max-new-tokens", type=int, default=None, help="for --task; default: the run's")
+    parser.add_argument("--devices", default=None, help="for --task: torch devices of the policies, as train.py's "
+                        "--devices; default: the run's")
     parser.add_argument("--budget", default=None, help=f"COST=VALUE, COST one of {', '.join(COSTS)}: each run's "
                         "held-out accuracy at its last evaluation within that budget")
     cli = parser.parse_args(argv)
@@ -314,7 +318,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     if cli.task:
         for run in cli.runs:
-            accuracy = evaluate_run(run, cli.task, cli.eval_size, cli.data_dir, cli.max_new_tokens)
+            accuracy = evaluate_run(run, cli.task, cli.eval_size, cli.data_dir, cli.max_new_tokens, cli.devices)
             print(f"{run}: {cli.task} greedy pass@1 " + ", ".join(f"{n} {a:.3f}" for n, a in accuracy.items()))
         return
     if len(cli.runs) == 1:

@@ -29,7 +29,9 @@ from testbed import policies
                                          (dict(ratio_cap=float("nan")), "--ratio-cap"),
                                          (dict(clip_eps_low=1.0), "--clip-eps-low"),
                                          (dict(clip_eps_high=float("nan")), "--clip-eps-high"),
-                                         (dict(beta=float("nan")), "--beta"), (dict(ccm_beta=-1.0), "--ccm-beta")])
+                                         (dict(beta=float("nan")), "--beta"), (dict(ccm_beta=-1.0), "--ccm-beta"),
+                                         (dict(group_size=1), "--group-size 1"),
+                                         (dict(prompts_per_iteration=0), "--prompts-per-iteration 0")])
 def test_settings_that_cannot_run_are_refused_as_the_arguments_are_parsed(tmp_path, flags, flag):
     with pytest.raises(ValueError, match=flag):
         Args(runs_dir=str(tmp_path), **flags)

@@ -220,7 +220,13 @@ def test_a_run_on_a_local_benchmark_copy_evaluates_transfer_to_another_task(tmp_
     assert all(0 <= r["charts/reward_mean"] <= 1 for r in logged if "charts/reward_mean" in r)
     # docs/real.md's `eval.py RUN --task gsm8k --data-dir DIR` runs and scores each policy as the run's last
     # evaluation did (0 here: a tiny policy never writes GSM8K's `####`; test_costs checks the scores on arith)
-    evaluation.main([str(run_dir), "--task", "gsm8k", "--data-dir", str(tmp_path / "gsm8k"), "--eval-size", "2"])
+    # ... on the devices it is given, where the run's own are not on this machine
+    config = json.loads((run_dir / "config.json").read_text())
+    (run_dir / "config.json").write_text(json.dumps({**config, "devices": "cuda:7"}))
+    flags = [str(run_dir), "--task", "gsm8k", "--data-dir", str(tmp_path / "gsm8k"), "--eval-size", "2"]
+    with pytest.raises(ValueError, match="--devices: cuda:7 requested"):
+        evaluation.main(flags)
+    evaluation.main([*flags, "--devices", "cpu"])
     printed = capsys.readouterr().out.strip().removeprefix(f"{run_dir}: gsm8k greedy pass@1 ")
     assert dict(item.split() for item in printed.split(", ")) == {
         r["policy"]: f"{r['eval/heldout_accuracy']:.3f}" for r in evals if r["iteration"] == 1}
