@@ -316,6 +316,15 @@ def test_an_exchange_between_untrained_policies_admits_repairs_and_logs_every_of
     assert llama.metrics["fidelity/admitted_prp"] == 1.0 and llama.metrics["sharing/received"] == 4
 
 
+def test_a_receiver_with_no_step_of_its_own_refuses_to_calibrate_reach_and_names_the_run_that_needs_none(
+        monkeypatch):
+    monkeypatch.setattr(reachability, "own_steps", lambda *args: [])     # every own completion without a step
+    with pytest.raises(ValueError, match="no step to calibrate reachability on yet .*--ablate ccm"):
+        hand_exchange(diagnosis.CuratorConfig(theta1=0.9, theta2=0.95))
+    _, received, _ = hand_exchange(diagnosis.CuratorConfig(theta1=0.9, theta2=0.95, ablate=("ccm",)))
+    assert received["llama"].crossings                                  # the advised run curates without it
+
+
 @pytest.mark.parametrize("theta, levels", [((1.0, 1.0), {"prp"}), ((0.0, 1.0), {"xgrpo"}),
                                            ((0.0, 0.0), {"sgt", "rejected"})])
 def test_thresholds_force_each_level_and_rescues_cross_at_all_of_them(theta, levels):
