@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from test_documented_runs import TINY
+from test_documented_runs import TINY, TINY_SHAPE
 from test_matrix import ROOT
 
 pytestmark = pytest.mark.slow   # each trains or times a tiny policy in a process of its own
@@ -28,7 +28,7 @@ pytestmark = pytest.mark.slow   # each trains or times a tiny policy in a proces
     (["curation_cost.py", "--prompts", "2", "--group-size", "2"], "| paper | Llama-3.1-8B | LoRA r16 |"),
     (["memory_estimate.py", "--training", "lora", "--rollouts", "4", "--micro-batch", "2", "--group-size", "2",
       "--prompt-len", "8", "--max-new-tokens", "4"], "pair peak (GiB): LoRA r=16, checkpointing off: "),
-    (["recipe_probe.py", "--iterations", "1", "--threads", "1", "--", *TINY[2:]],      # its own --iterations
+    (["recipe_probe.py", "--iterations", "1", "--threads", "1", "--", *TINY_SHAPE],
      "after 1 iterations llama: greedy "),
     (["smollm2.py", "memory"], "LoRA r=16, 4 sequences of "),
     (["smollm2.py", "accuracy", "--eval-size", "4", "--humaneval", "1", "--max-new-tokens", "8", "--code-tokens", "16"],

@@ -22,10 +22,12 @@ ROOT = Path(__file__).resolve().parents[1]
 NEEDS_MORE = ("--scale", "--task", "--model-dir", "--model-paths", "--devices", "--resume")
 OFFLINE = [flags for script, flags in documented_commands()
            if script == "train.py" and not any(f in NEEDS_MORE for f in flags)]
-TINY = ["--iterations", "1", "--prompts-per-iteration", "8", "--group-size", "6", "--max-new-tokens", "16",
-        "--eval-size", "8", "--train-size", "200", "--num-steps", "1", "--max-operand", "9", "--warmup-scale", "0.02",
-        "--no-tensorboard"]
-"""one iteration of a small task after a short warm-up (seven seeds and pairs warm up: the full one took minutes)"""
+TINY_SHAPE = ["--prompts-per-iteration", "8", "--group-size", "6", "--max-new-tokens", "16", "--eval-size", "8",
+              "--train-size", "200", "--num-steps", "1", "--max-operand", "9", "--warmup-scale", "0.02",
+              "--no-tensorboard"]
+"""a small task after a short warm-up (seven seeds and pairs warm up: the full one took minutes)"""
+TINY = ["--iterations", "1", *TINY_SHAPE]
+"""one iteration of it"""
 
 
 def test_train_py_help_prints_every_flag_with_its_documentation():
