@@ -323,9 +323,9 @@ class ReceiverSide:
         own = torch.cat(reachability.step_norms(q, own_items, params, modules)) if own_items else torch.zeros(0)
         sample = torch.cat([*window, own])
         if sample.numel() == 0:
-            raise ValueError(f"{q.name}'s rollouts have no step to calibrate reachability on yet (none of its "
-                             "completions of this iteration or of the window holds a step the task can split out, "
-                             "the reach of a peer's steps is measured against): a run without the CCM term "
+            raise ValueError(f"{q.name}'s rollouts have no step to calibrate reachability on yet (no completion of "
+                             "its own, this iteration's or the window's, holds a step the task can split out, and a "
+                             "peer's steps are measured against its own): a run without the CCM term "
                              "(--ablate ccm) does not calibrate it")
         calibration = reachability.calibrate(sample, cfg.reach_quantile, cfg.reach_zero_quantile)
         measured = [replace(o.diagnosis, norms=g, reach=reachability.reachability(g, calibration))

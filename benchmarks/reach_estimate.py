@@ -1,7 +1,7 @@
 """CCM's cheaper estimates against the exact one, on real offers: agreement and cost (issue 41).
 
     python benchmarks/reach_estimate.py --seeds 2001 2002 --iterations 4 --estimates exact last:0 last:1 last:2
-    python benchmarks/reach_estimate.py --seeds 2001 -- --warmup-scale 0.1      # train.py flags after -- (--cache-dir ...)
+    python benchmarks/reach_estimate.py --seeds 2001 -- --warmup-scale 0.1 --cache-dir DIR   # train.py flags after --
 
 For `--iterations` sampled iterations of the tiny pair per seed (its warmed-up policies, no update; seeds from
 2001 are used by no comparison), each receiver's offers that could matter are measured under each CCM estimate
