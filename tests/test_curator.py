@@ -284,15 +284,15 @@ def untrained_pair():
     return pols
 
 
-def hand_exchange(cfg: diagnosis.CuratorConfig, predictor=None, iterations: int = 1):
-    """A curated exchange between two untrained policies on hand-made rollouts; returns what llama received and
-    every record."""
+def hand_exchange(cfg: diagnosis.CuratorConfig, predictor=None, iterations: int = 1, peer_texts=None):
+    """A curated exchange between two untrained policies on hand-made rollouts (the peer's `peer_texts`, by default
+    the receiver's); returns what llama received and every record."""
     from test_sharing import PROMPTS, TEXTS, experience
     from test_train import TASK
     pols = untrained_pair()
     task = tasks.load_task("arith", 0, 0, 0, TASK)
     problems = arith.generate_problems(3, "train", seed=0, cfg=TASK)
-    peer = experience(pols["qwen2"], PROMPTS, TEXTS, [[1.0, 0.0], [1.0, 1.0], [0.0, 1.0]])
+    peer = experience(pols["qwen2"], PROMPTS, peer_texts or TEXTS, [[1.0, 0.0], [1.0, 1.0], [0.0, 1.0]])
     receiver = experience(pols["llama"], PROMPTS, TEXTS, [[0.0, 0.0], [1.0, 0.0], [0.0, 0.0]])
     cur = curator.Curator(cfg, ["qwen2", "llama"], 0, None, predictor)
     records = []
@@ -314,6 +314,17 @@ def test_an_exchange_between_untrained_policies_admits_repairs_and_logs_every_of
         assert ((c.advantages * sign) >= -1e-6).all()      # repairs rescale the credit, never flip its sign here
     assert {t for r in records for t in r["repairs"]} == {"ccm", "rsd"}
     assert llama.metrics["fidelity/admitted_prp"] == 1.0 and llama.metrics["sharing/received"] == 4
+
+
+def test_a_peer_completion_with_no_step_is_recorded_as_rejected_and_never_crosses():
+    from test_sharing import TEXTS
+    texts = [["", TEXTS[0][1]], *TEXTS[1:]]                          # the first completion is EOS alone
+    _, received, records = hand_exchange(diagnosis.CuratorConfig(theta1=0.9, theta2=0.95), peer_texts=texts)
+    empty = [r for r in records if r["receiver"] == "llama" and r["index"] == 0]
+    assert [(r["level"], r["crossed"], r["reason"]) for r in empty] == [
+        ("rejected", "none", "no step reaches the receiver's tokens (or its tokenizer cannot spell the text)")]
+    assert 0 not in {c.index for c in received["llama"].crossings}
+    assert len([r for r in records if r["receiver"] == "llama"]) == 6   # every other offer still decided
 
 
 def test_a_receiver_with_no_step_of_its_own_refuses_to_calibrate_reach_and_names_the_run_that_needs_none(
