@@ -481,15 +481,22 @@ def test_a_sharing_run_trains_every_policy_and_logs_what_crossed(tmp_path, cache
     names = [spec.name for spec in presets.PRESETS["tiny"][pair]]
     assert sorted({r["policy"] for r in updates}) == sorted(names) and len(updates) == 2 * len(names)
     assert all(math.isfinite(r["losses/policy_loss"]) and "sharing/received" in r for r in updates)
-    if share in ("prp", "hacpo"):  # both directions: every policy took in peer rollouts
-        received = {n: sum(r["sharing/received"] for r in updates if r["policy"] == n) for n in names}
-        assert all(v > 0 for v in received.values()), received
-        cap = 2.0 if share == "prp" else 1.0           # every weight within PRP's ratio cap; HACPO never upweights
-        assert all(0 < r["sharing/weight_mean"] <= cap for r in updates if r["sharing/received"])
+    mixed_groups = {(r["policy"], r["iteration"]): round(8 * (1 - r["charts/zero_std_groups"])) for r in updates}
+    if share == "prp":  # each peer rollout of a group whose rewards differ (A != 0) crosses or is counted dropped
+        for r in updates:
+            picked = sum(6 * mixed_groups[(p, r["iteration"])] for p in names if p != r["policy"])
+            assert r["sharing/received"] + r.get("sharing/dropped", 0.0) == picked
+    if share in ("prp", "hacpo"):
+        assert all(r["sharing/weight_mean"] > 0 for r in updates if r["sharing/received"])
     if share == "xgrpo":
         assert all(r["sharing/received"] == 2 * 8 * 6 for r in updates)  # two peers' rewards on 8 prompts x 6
-    if share == "hacpo":  # every policy's capability (its rolling mean reward) is logged
-        assert all(0 <= r["sharing/capability"] <= 1 for r in updates)
+    if share == "hacpo":  # capability (eq. 9): the policy's mean reward per iteration over its last window, by hand
+        window = tiny_args(tmp_path, cache_dir).hacpo_window
+        for r in updates:
+            means = [q["charts/reward_mean"] for q in updates
+                     if q["policy"] == r["policy"] and r["iteration"] - window < q["iteration"] <= r["iteration"]]
+            assert r["sharing/capability"] == pytest.approx(sum(means) / len(means))
+            assert r["sharing/received"] <= r["sharing/offered"]
 
 
 def test_hacpo_refuses_more_than_one_update_per_iteration(tmp_path, cache_dir):
