@@ -50,7 +50,9 @@ def test_offer_features_carry_the_ccm_proxies_by_hand():
                  source=Fake(rollouts=rollouts), index=0)
     features = diagnosis.offer_features(offer, diagnosis.CuratorConfig(theta1=0.1, theta2=0.2), recent=(0.12, 0.3),
                                         gap=0.25)
-    expected = [0.5, 0.25, 0.4, 1.0, 0.5, 0.1, 0.3, 0.12, 0.3, 0.25, -1.0]
+    # 25 receiver tokens / 50, 1 of 4 alignment groups not 1:1, 2 steps / 5, the reward, |A|, TBD mean(0.2, 0),
+    # RSD its measured step (0.3), the pair's recent D and CCM, the gap, the source's mean log-prob of -0.5, -1.5
+    expected = [25 / 50, 1 / 4, 2 / 5, 1.0, 0.5, 0.1, 0.3, 0.12, 0.3, 0.25, -1.0]
     assert len(expected) == len(diagnosis.FEATURES)
     torch.testing.assert_close(features, torch.tensor(expected, dtype=torch.float64))
 
