@@ -268,7 +268,7 @@ TEXTS = [["3 + 4 = 7\nAnswer: 7", "3 + 4 = 8\nAnswer: 8"],
          ["9 + 9 = 18\nAnswer: 18", "9 + 9 = 19\nAnswer: 19"]]
 
 
-def test_prp_carries_the_peer_advantage_onto_the_receiver_tokens_with_capped_weights(untrained):
+def test_prp_carries_the_peer_advantage_onto_the_receiver_tokens(untrained):   # its weights: a test below
     peer = experience(untrained["qwen2"], PROMPTS, TEXTS, [[1.0, 0.0], [0.0, 0.0], [1.0, 1.0]])
     receiver = experience(untrained["llama"], PROMPTS, TEXTS, [[0.0, 0.0], [1.0, 0.0], [0.0, 0.0]])
     cfg = sharing.ShareConfig("prp", ratio_cap=1.5, temperature=1.0)
@@ -281,7 +281,7 @@ def test_prp_carries_the_peer_advantage_onto_the_receiver_tokens_with_capped_wei
         assert c.completion_ids[-1] == llama.tokenizer.eos_token_id
         expected = peer.advantages.flatten()[c.index].item()
         torch.testing.assert_close(c.advantages, torch.full((len(c.completion_ids),), expected))
-        assert (c.weights <= 1.5).all() and c.prompt_ids == llama.encode_prompt(PROMPTS[0])
+        assert c.prompt_ids == llama.encode_prompt(PROMPTS[0])
     torch.testing.assert_close(received["llama"].advantages, receiver.advantages)
     assert [c.index for c in received["qwen2"].crossings] == [2, 3]
     assert received["qwen2"].metrics["sharing/received"] == 2
