@@ -245,6 +245,7 @@ def grpo_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: T
     for epoch in range(epochs):
         j = 0
         for m, (step, size) in enumerate(steps):
+            number = epoch * minibatches + m + 1                # this optimizer step's, of the update's `updates`
             optimizer.zero_grad(set_to_none=True)
             for groups in step:
                 logp, entropy = logprobs(model, groups)
@@ -257,7 +258,7 @@ def grpo_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: T
                                              weights, mask)
                 loss, sums = clipped_loss(logp, old, cut("advantages", groups), mask, cfg, weights, ref_logp[j],
                                           totals=size)
-                check_finite("GRPO loss", loss, epoch * minibatches + m + 1, updates)
+                check_finite("GRPO loss", loss, number, updates)
                 loss.backward()
                 totals["loss"] += loss.item() / updates
                 totals["clipped_tokens"] += sums["clipped_tokens"].item()
@@ -267,7 +268,7 @@ def grpo_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: T
             # the trained weights only: a frozen one may hold a stale gradient (a base weight under LoRA)
             grad_norm = torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad],
                                                        max_grad_norm)
-            check_finite("gradient norm", grad_norm, epoch * minibatches + m + 1, updates)
+            check_finite("gradient norm", grad_norm, number, updates)
             optimizer.step()
             totals["grad_norm"] += grad_norm.item() / updates
     seen = num_tokens * epochs

@@ -38,10 +38,6 @@ def _byte_decoder() -> dict[str, int]:
 
 def is_byte_level(tokenizer) -> bool:
     """Byte-level BPE (Qwen, Llama-3); else a metaspace vocabulary with byte fallback (Mistral, SentencePiece)."""
-    if not getattr(tokenizer, "is_fast", False):   # a Python tokenizer has no backend whose decoder says which
-        raise ValueError(f"{type(tokenizer).__name__} is not a fast tokenizer, whose vocabulary and decoder the "
-                         "byte alignment reads: give the policy a model folder with a tokenizer.json (transformers "
-                         "builds a fast tokenizer from it)")
     return isinstance(tokenizer.backend_tokenizer.decoder, decoders.ByteLevel)
 
 
@@ -50,6 +46,10 @@ def token_bytes_table(tokenizer) -> list[bytes]:
 
     In a metaspace vocabulary '\u2581' inside a piece is the tokenizer's own space marker and stands for b' ';
     a literal U+2581 of the text is spelled with byte-fallback tokens instead (`encode_text`)."""
+    if not getattr(tokenizer, "is_fast", False):   # a Python tokenizer has no backend whose decoder says which
+        raise ValueError(f"{type(tokenizer).__name__} is not a fast tokenizer, whose vocabulary and decoder the "
+                         "byte alignment reads: give the policy a model folder with a tokenizer.json (transformers "
+                         "builds a fast tokenizer from it)")
     special = set(tokenizer.all_special_ids) | {i for i, t in tokenizer.added_tokens_decoder.items() if t.special}
     byte_level = is_byte_level(tokenizer)
     table = []

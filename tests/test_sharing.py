@@ -481,8 +481,8 @@ def test_a_sharing_run_trains_every_policy_and_logs_what_crossed(tmp_path, cache
     names = [spec.name for spec in presets.PRESETS["tiny"][pair]]
     assert sorted({r["policy"] for r in updates}) == sorted(names) and len(updates) == 2 * len(names)
     assert all(math.isfinite(r["losses/policy_loss"]) and "sharing/received" in r for r in updates)
-    mixed_groups = {(r["policy"], r["iteration"]): round(8 * (1 - r["charts/zero_std_groups"])) for r in updates}
     if share == "prp":  # each peer rollout of a group whose rewards differ (A != 0) crosses or is counted dropped
+        mixed_groups = {(r["policy"], r["iteration"]): round(8 * (1 - r["charts/zero_std_groups"])) for r in updates}
         for r in updates:
             picked = sum(6 * mixed_groups[(p, r["iteration"])] for p in names if p != r["policy"])
             assert r["sharing/received"] + r.get("sharing/dropped", 0.0) == picked
