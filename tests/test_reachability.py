@@ -8,9 +8,8 @@ import torch
 
 import grad_norms
 import reachability
-from testbed import arith, policies, presets, tiny
+from testbed import policies, tiny
 
-TASK = arith.TaskConfig(num_steps=1, max_operand=9)  # the end-to-end tests' task: their warm-ups are shared
 HAND = reachability.Calibration(zero=3.0, alpha=math.log(2))
 """a calibration by hand: R = 1 up to a norm of 3, R = 1/2 at 4"""
 REACH = torch.tensor([1.0, 1.0, 0.5, 2 ** -10])
@@ -61,24 +60,49 @@ def test_step_token_ranges_and_bad_steps():
         grad_norms.step_losses(model, torch.zeros(1, 5, dtype=torch.long), torch.ones(1, 5), [[]])
 
 
-def test_own_steps_are_more_reachable_than_those_of_a_policy_that_never_saw_the_task(cache_dir):
-    spec = presets.PRESETS["tiny"]["qwen-llama"][0]
-    trained = policies.load_tiny_policy(spec, TASK, seed=1, cache_dir=cache_dir, warmup_scale=0.15)
-    untrained = policies.Policy("untrained", tiny.tiny_model(spec.family, spec.tiny, len(trained.tokenizer), 99),
-                                trained.tokenizer, use_chat_template=False)
-    problems = arith.generate_problems(24, "heldout", 3, TASK)
-    params = grad_norms.parameter_subset(trained.model, "all")
-    own = reachability.solution_steps(trained, trained, problems, 16)
-    foreign = reachability.solution_steps(trained, untrained, problems, 16)
-    pad = trained.tokenizer.pad_token_id
-    own_norms = grad_norms.step_grad_norms(trained.model, *reachability.batch_inputs(own, pad), params)
-    foreign_norms = grad_norms.step_grad_norms(trained.model, *reachability.batch_inputs(foreign, pad), params)
-    count = min(len(own_norms), len(foreign_norms))
-    assert count >= 10
+PEAK = 100.0
+"""the factor the final norm's weight is scaled by: every logit times 100, so the policy puts almost all its mass on
+its argmax token (a policy at temperature near 0; at 1000 its own steps' gradients vanish in float32)"""
+
+
+def greedy_completion(model: torch.nn.Module, prompt: list[int], length: int) -> list[int]:
+    """The argmax continuation by hand, one forward pass per token (no generate(), no cache)."""
+    ids = list(prompt)
+    with torch.no_grad():
+        for _ in range(length):
+            ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
+    return ids[len(prompt):]
+
+
+def token_probabilities(model: torch.nn.Module, prompt: list[int], completion: list[int]) -> torch.Tensor:
+    """[T] the model's probability of each completion token given what precedes it."""
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + completion])).logits[0, len(prompt) - 1:-1]   # [T, V]
+    return logits.softmax(-1).gather(-1, torch.tensor(completion)[:, None])[:, 0]
+
+
+def test_steps_a_confident_policy_would_take_are_reachable_and_steps_it_gives_no_mass_are_not():
+    tok = tiny.tiny_tokenizer("llama")
+    model = tiny.tiny_model("llama", tiny.TinyShape(32, 2, 4, 0), len(tok), seed=0)
+    with torch.no_grad():
+        model.model.norm.weight.mul_(PEAK)
+    policy = policies.Policy("llama", model, tok, use_chat_template=False)
+    gen = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(5, len(tok), (4 + i,), generator=gen).tolist() for i in range(6)]
+    steps = [(0, 3), (3, 6)]
+    own = [(p, greedy_completion(model, p, 6), steps) for p in prompts]
+    foreign = [(p, torch.randint(5, len(tok), (6,), generator=gen).tolist(), steps) for p in prompts]
+    # the condition the claim rests on, checked rather than hoped for: own tokens all but certain, foreign ones not
+    assert min(token_probabilities(model, p, c).min() for p, c, _ in own) > 0.99
+    assert max(token_probabilities(model, p, c).max() for p, c, _ in foreign) < 0.01
+    params = grad_norms.parameter_subset(model, "all")
+    own_norms, foreign_norms = (torch.cat(reachability.step_norms(policy, items, params)) for items in (own, foreign))
+    assert len(own_norms) == len(foreign_norms) == 12
     calibration = reachability.calibrate(own_norms, 0.9, 0.5)
-    own_reach = reachability.reachability(own_norms[:count], calibration).mean()
-    foreign_reach = reachability.reachability(foreign_norms[:count], calibration).mean()
-    assert own_reach > foreign_reach + 0.1
+    own_reach = reachability.reachability(own_norms, calibration)
+    foreign_reach = reachability.reachability(foreign_norms, calibration)
+    assert (own_reach > 0).all() and (own_reach == 1).sum() >= 6          # at or below the median: R = 1
+    assert foreign_norms.min() > own_norms.max() and (foreign_reach < 0.01).all()
 
 
 def test_repeated_samples_are_measured_once_and_get_the_norms_of_a_lone_measurement(monkeypatch):
