@@ -200,16 +200,35 @@ def load_pair(args: Args) -> list:
                                   args.cache_dir, warmup_scale=args.warmup_scale)
 
 
-def reach_stability(args: Args, redraws: int) -> list[float]:
-    """Per receiver, the mean share of its offers whose band a redraw changed (printed with the max)."""
+def redraw_changes(bands: Callable[[list[torch.Tensor]], list[int]], pool: list[torch.Tensor], redraws: int,
+                   rng: random.Random) -> list[float]:
+    """Per redraw, the share of offers whose band moved when half of the calibration window (the first half of
+    `pool`, 2W samples) was swapped for fresh samples from its second half."""
+    window = len(pool) // 2
+    base = bands(pool[:window])
+    changed = []
+    for _ in range(redraws):
+        kept = rng.sample(range(window), window // 2)
+        fresh = rng.sample(range(window, 2 * window), window - len(kept))
+        moved = bands([pool[i] for i in kept + fresh])
+        changed.append(sum(a != b for a, b in zip(base, moved)) / len(base))
+    return changed
+
+
+def reach_stability(args: Args, redraws: int) -> dict[str, float]:
+    """Per receiver offered anything that could matter, the mean share of its offers whose band a redraw changed
+    (printed with the max)."""
     cfg, seed = args.curator_config, args.seed
     it = sampled_iteration(args, load_pair(args), 0, torch.Generator().manual_seed(seed))
     task, prompts, experiences, sample = it.task, it.prompts, it.experiences, it.sample
-    rng, out = random.Random(seed), []
+    rng, out = random.Random(seed), {}
     for receiver in experiences:
         q = receiver.policy
         params, modules = grad_norms.ccm_scope(q.model, cfg.ccm_estimate)
         offers = live_offers(it, receiver)
+        if not offers:
+            print(f"into {q.name}: no offer that could matter, nothing to redraw")
+            continue
         norms = reachability.step_norms(q, [(q.encode_prompt(prompts[o.prompt_index]), o.receiver_encoding.ids, o.ranges)
                                             for o in offers], params, modules)
         pool = [torch.cat(reachability.step_norms(q, reachability.own_steps(
@@ -221,17 +240,11 @@ def reach_stability(args: Args, redraws: int) -> list[float]:
             terms = [tuple(replace(o.diagnosis, reach=reachability.reachability(g_k, calibration)).terms(cfg).tolist())
                      for o, g_k in zip(offers, norms)]
             return bands_under(terms, terms, cfg.weights)
-        base = bands(pool[:cfg.reach_window])
-        changed = []
-        for _ in range(redraws):
-            kept = rng.sample(range(cfg.reach_window), cfg.reach_window // 2)
-            fresh = rng.sample(range(cfg.reach_window, 2 * cfg.reach_window), cfg.reach_window - len(kept))
-            moved = bands([pool[i] for i in kept + fresh])
-            changed.append(sum(a != b for a, b in zip(base, moved)) / len(offers))
+        changed = redraw_changes(bands, pool, redraws, rng)
         print(f"into {q.name}: {len(offers)} offers that could matter; redrawing half of the calibration sample "
               f"({cfg.reach_window} x {cfg.calibration_rollouts} own rollouts) {redraws} times changed the band of "
               f"{sum(changed) / len(changed):.1%} of them on average (max {max(changed):.1%})")
-        out.append(sum(changed) / len(changed))
+        out[q.name] = sum(changed) / len(changed)
     return out
 
 

@@ -449,12 +449,31 @@ def test_the_window_redraw_and_the_levels_rebuild_what_the_curator_logged(tmp_pa
         curator_sensitivity.window_stability(tmp_path)
 
 
+def test_a_reach_redraw_swaps_half_the_window_for_fresh_samples_by_hand():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import curator_sensitivity
+    window = 4
+    pool = [torch.zeros(3)] * window + [torch.ones(3)] * window     # the window's samples 0, the fresh ones 1
+    cut_offs = [0.25, 0.75, 0.4, 0.6, 0.9]                          # an offer's band: 1 where the mean passes it
+
+    def bands(sample: list[torch.Tensor]) -> list[int]:
+        mean = torch.cat(sample).mean().item()
+        assert len(sample) == window
+        return [int(mean > c) for c in cut_offs]
+    # every redraw keeps 2 zeros and takes 2 ones, a mean of 1/2: the bands at 0.25 and 0.4 move, 2 of 5
+    changed = curator_sensitivity.redraw_changes(bands, pool, redraws=3, rng=random.Random(0))
+    assert changed == [2 / 5] * 3
+    assert curator_sensitivity.redraw_changes(bands, [torch.ones(3)] * 8, 2, random.Random(0)) == [0.0, 0.0]
+
+
 def test_the_reach_redraw_runs_on_the_tiny_pair(tmp_path, cache_dir, capsys):
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import curator_sensitivity
     changed = curator_sensitivity.reach_stability(tiny_args(tmp_path, cache_dir), redraws=2)
-    assert len(changed) == 2 and all(0 <= c <= 1 for c in changed)
-    assert capsys.readouterr().out.count("redrawing half of the calibration sample") == 2
+    out = capsys.readouterr().out
+    assert set(changed) <= {"qwen", "llama"} and all(0 <= c <= 1 for c in changed.values())
+    assert out.count("own rollouts) 2 times changed the band of") == len(changed)
+    assert out.count("no offer that could matter") == 2 - len(changed)
 
 
 def test_reach_estimate_measures_each_estimate_against_exact(tmp_path, cache_dir):
