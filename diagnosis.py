@@ -319,6 +319,12 @@ class ReceiverSide:
         prompt_ids = {b: q.encode_prompt(self.receiver.prompts[b]) for b in {o.prompt_index for o in offers}}
         items = [(prompt_ids[o.prompt_index], o.receiver_encoding.ids, o.ranges) for o in offers]
         norms = reachability.step_norms(q, items, params, modules)
+        for o, g in zip(offers, norms):
+            if not torch.isfinite(g).all():    # a NaN would read as R = 1, fully reachable
+                raise FloatingPointError(
+                    f"{q.name}'s gradient norm on a step {o.source.policy.name} offered is not finite: its weights or "
+                    "that step's loss overflowed. The run stops before this iteration's update, with its last "
+                    "checkpoint untouched")
         own_items = reachability.own_steps(q, self.receiver.rollouts, self.task.step_spans, cfg.calibration_rollouts)
         own = torch.cat(reachability.step_norms(q, own_items, params, modules)) if own_items else torch.zeros(0)
         sample = torch.cat([*window, own])

@@ -416,6 +416,22 @@ def test_reachability_is_calibrated_on_the_window_of_own_norms(monkeypatch):
     assert seen[::2] == [n, 2 * n, 3 * n, 4 * n, 4 * n]         # the same texts every iteration
 
 
+def test_a_non_finite_gradient_norm_on_an_offered_step_stops_the_exchange(monkeypatch):
+    # a NaN norm would read as fully reachable (R = 1, no CCM): it is refused before anything crosses
+    measure = reachability.step_norms
+    calls = []
+
+    def poisoned(policy, items, *rest):
+        norms = measure(policy, items, *rest)
+        calls.append(policy.name)
+        if len(calls) == 1:                                  # the first receiver's offers, before its own steps
+            norms[-1] = torch.full_like(norms[-1], math.nan)
+        return norms
+    monkeypatch.setattr(reachability, "step_norms", poisoned)
+    with pytest.raises(FloatingPointError, match="gradient norm on a step qwen2 offered is not finite"):
+        hand_exchange(diagnosis.CuratorConfig(theta1=0.9, theta2=0.95))
+
+
 def logged_run(path: Path, thresholds: str, levels: list[int]) -> None:
     """A run's fidelity.jsonl and config.json as a Curator with a window of 2 logs them, from hand-made terms over
     six iterations; the thresholds raised by levels[iteration - 1] steps of 0.02."""
