@@ -63,7 +63,32 @@ def token_bytes_table(tokenizer) -> list[bytes]:
             table.append(bytes([int(piece[3:5], 16)]))
         else:
             table.append(piece.replace(METASPACE, " ").encode())
+    check_round_trip(tokenizer, table)
     return table
+
+
+ROUND_TRIP_PROBE = "12 + 30 = 42\n42 - 5 = 37"
+"""text every task spells, no leading space: its encoding's bytes must be exactly its own"""
+
+
+def check_round_trip(tokenizer, table: list[bytes]) -> None:
+    """Refuses a tokenizer whose encodings do not stand for exactly their text's bytes, which the alignment reads
+    them as: one that adds a leading space (the hub's SentencePiece conversions: Mistral, Llama-2) would shift
+    offsets by a byte and pass for boundary drift."""
+    text = ROUND_TRIP_PROBE.encode()
+    data = b"".join(table[i] for i in encode_text(tokenizer, ROUND_TRIP_PROBE))
+    if data == text:
+        return
+    name = getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__
+    if len(data) > len(text) and data.replace(b" ", b"") == text.replace(b" ", b""):
+        why = ("it adds a leading space (to the text or to each of its pieces). Switch that off in the model "
+               "folder's tokenizer.json (a Metaspace pre_tokenizer's \"prepend_scheme\" to \"never\", a \"Prepend\" "
+               "normalizer removed, a ByteLevel \"add_prefix_space\" to false) and pass the folder with --model-paths "
+               "NAME=DIR")
+    else:
+        why = ("its vocabulary is read as neither byte-level BPE nor metaspace with byte fallback, the two kinds the "
+               "alignment supports")
+    raise ValueError(f"{name} encodes {ROUND_TRIP_PROBE!r} as {data!r}, not its bytes: {why}")
 
 
 def encode_text(tokenizer, text: str) -> list[int]:

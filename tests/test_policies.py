@@ -1,5 +1,6 @@
 """Trimmed tokenizers against the full packaged ones, token bytes, and rollouts of a tiny policy."""
 
+import copy
 import json
 
 import pytest
@@ -46,6 +47,58 @@ def test_a_tokenizer_without_a_fast_backend_is_refused_with_what_to_give_instead
     from transformers import ByT5Tokenizer     # a Python tokenizer that needs no files
     with pytest.raises(ValueError, match="ByT5Tokenizer is not a fast tokenizer.*with a tokenizer.json"):
         token_bytes.token_bytes_table(ByT5Tokenizer())
+
+
+def hub_style(family: str, edit) -> dict:
+    """The family's packaged tokenizer JSON with `edit` applied, as the hub ships some tokenizers."""
+    tokenizer_json = copy.deepcopy(tiny.full_tokenizer_json(family))
+    edit(tokenizer_json)
+    return tokenizer_json
+
+
+def metaspace(**settings):
+    return lambda j: j["pre_tokenizer"].update(settings)
+
+
+def byte_level(**settings):
+    return lambda j: j["pre_tokenizer"]["pretokenizers"][1].update(settings)
+
+
+def normalizer(value):
+    return lambda j: j.update(normalizer=value)
+
+
+PREFIX_SPACE = {   # a case: the family, how the hub ships its tokenizer, and the fix the refusal names
+    "metaspace prepend_scheme first (Mistral v0.3)": ("mistral", metaspace(prepend_scheme="first"),
+                                                      metaspace(prepend_scheme="never")),
+    "a Prepend normalizer (Llama-2, Mistral v0.1)": ("mistral", normalizer({"type": "Prepend", "prepend": "\u2581"}),
+                                                     normalizer(None)),
+    "byte-level add_prefix_space": ("llama", byte_level(add_prefix_space=True), byte_level(add_prefix_space=False)),
+}
+
+
+@pytest.mark.parametrize("case", PREFIX_SPACE)
+def test_a_tokenizer_that_adds_a_leading_space_is_refused_and_the_named_fix_is_accepted(case):
+    family, shipped_as, fix = PREFIX_SPACE[case]
+    eos = tiny.PACKAGED_TOKENIZERS[family][2]
+    shipped = tiny.wrap_tokenizer(hub_style(family, shipped_as), eos)
+    ids = token_bytes.encode_text(shipped, "12 + 3")
+    assert shipped.convert_ids_to_tokens(ids)[0][0] in ("\u2581", "\u0120")       # a space marker first, by hand
+    with pytest.raises(ValueError, match="adds a leading space.*--model-paths NAME=DIR"):
+        token_bytes.token_bytes_table(shipped)
+    fixed = tiny.wrap_tokenizer(hub_style(family, lambda j: (shipped_as(j), fix(j))), eos)
+    table = token_bytes.token_bytes_table(fixed)
+    assert b"".join(table[i] for i in token_bytes.encode_text(fixed, "12 + 3")) == b"12 + 3"
+
+
+def test_a_vocabulary_of_neither_supported_kind_is_refused():
+    from tokenizers import models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+    vocab = {"[UNK]": 0, "12": 1, "+": 2, "30": 3, "=": 4, "42": 5, "4": 6, "##2": 7, "-": 8, "5": 9, "37": 10}
+    wordpiece = Tokenizer(models.WordPiece(vocab, unk_token="[UNK]"))
+    wordpiece.pre_tokenizer = pre_tokenizers.Whitespace()             # BERT's: spaces dropped, not spelled
+    with pytest.raises(ValueError, match="neither byte-level BPE nor metaspace"):
+        token_bytes.token_bytes_table(PreTrainedTokenizerFast(tokenizer_object=wordpiece, unk_token="[UNK]"))
 
 
 @pytest.mark.parametrize("text", ["7 + 5 = 12\n12 - 3 = 9\nAnswer: 9", " leading space", "héllo wörld", "数学 😀",
