@@ -100,7 +100,7 @@ def test_smol_step_grad_norms_on_its_30_layers_equal_one_backward_per_step(smol,
     problems = arith.generate_problems(1, "heldout", 0, arith.TaskConfig(num_steps=2, max_operand=50))
     items = [solution_item(smol, q) for q in problems]
     inputs = reachability.batch_inputs(items, smol.tokenizer.pad_token_id)
-    # every block's weights (the tied 49k x 576 embedding left out for time: tests/test_reachability.py checks it)
+    # every block's weights (the tied 49k x 576 embedding left out for time: tests/test_grad_norms.py checks it)
     params = (grad_norms.parameter_subset(model, "lora") if lora_rank else
               [p for name, p in model.named_parameters() if ".layers." in name])
     batched = grad_norms.step_grad_norms(model, *inputs, params)
