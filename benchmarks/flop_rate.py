@@ -29,6 +29,7 @@ from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, 
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
+import fidelity_record  # noqa: E402
 import wall_time  # noqa: E402
 
 ATTENTION = {   # CPU attention, which FlopCounterMode leaves at 0: its shapes give the count
@@ -120,16 +121,20 @@ def main() -> None:
                  *(["--cache-dir", args.cache_dir] if args.cache_dir else [])]
         seconds = wall_time.run_one(ROOT, [*flags, "--name", "timed"], work / "seconds.json")
         flops = wall_time.run_one(ROOT, [*flags, "--name", "counted"], work / "flops.json", script=__file__)
+        record = work / "runs" / "counted" / "fidelity.jsonl"
+        # the offers whose step gradient norms were measured: none, and the norms cost nothing
+        diagnosed = sum("D" in r for r in fidelity_record.read_records(record.parent)) if record.exists() else 0
     seconds, flops = with_backward(seconds), with_backward(flops)
     rates = matmul_ceiling(width)
     ceiling = max(rates.values())
     print("one-thread float32 multiplies, GFLOP/s: " + ", ".join(f"{k} {v:.1f}" for k, v in rates.items()))
     print(f"\n{args.iterations} iterations, seed {args.seed}, {args.train_args or 'none'}; ceiling {ceiling:.1f} "
-          f"GFLOP/s\n{rates_table(seconds, flops, ceiling)}")
+          f"GFLOP/s; {diagnosed} offers diagnosed\n{rates_table(seconds, flops, ceiling)}")
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"flop-rate-s{args.seed}.json"
     path.write_text(json.dumps({"seed": args.seed, "iterations": args.iterations, "train_args": args.train_args,
-                                "seconds": seconds, "flops": flops, "matmul_gflops": rates}, indent=1) + "\n")
+                                "seconds": seconds, "flops": flops, "matmul_gflops": rates,
+                                "diagnosed_offers": diagnosed}, indent=1) + "\n")
     print(f"written to {path}")
 
 
