@@ -4,7 +4,8 @@ Sharing happens on text (DESIGN.md §4.2), and the alignment of two tokenization
 (§4.3), so every tokenizer is read as a table from token id to bytes. Byte-level BPE vocabularies (Qwen2,
 Llama-3) spell bytes with GPT-2's printable alphabet; metaspace vocabularies with byte fallback (Mistral,
 SentencePiece) spell a space as U+2581 and unknown bytes as `<0xAB>`. Special tokens stand for no bytes: they are
-mapped explicitly, never aligned as text.
+mapped explicitly, never aligned as text. A tokenizer whose encodings are not exactly their text's bytes (one that
+adds a prefix space) is refused where its table is built (`check_round_trip`).
 """
 
 from __future__ import annotations
