@@ -82,14 +82,27 @@ def check_round_trip(tokenizer, table: list[bytes]) -> None:
         return
     name = getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__
     if len(data) > len(text) and data.replace(b" ", b"") == text.replace(b" ", b""):
-        why = ("it adds a leading space (to the text or to each of its pieces). Switch that off in the model "
-               "folder's tokenizer.json (a Metaspace pre_tokenizer's \"prepend_scheme\" to \"never\", a \"Prepend\" "
-               "normalizer removed, a ByteLevel \"add_prefix_space\" to false) and pass the folder with --model-paths "
-               "NAME=DIR")
+        why = f"it adds a leading space (to the text or to each of its pieces). {prefix_space_fix(tokenizer)}"
     else:
         why = ("its vocabulary is read as neither byte-level BPE nor metaspace with byte fallback, the two kinds the "
                "alignment supports")
     raise ValueError(f"{name} encodes {ROUND_TRIP_PROBE!r} as {data!r}, not its bytes: {why}")
+
+
+GENERIC_TOKENIZERS = {"PreTrainedTokenizerFast", "TokenizersBackend"}
+"""transformers' classes that take tokenizer.json as written (the second is what the first is called since 5.0)"""
+
+
+def prefix_space_fix(tokenizer) -> str:
+    """Where to switch a prefix space off. transformers builds a model's own tokenizer class (LlamaTokenizer,
+    Qwen2Tokenizer) from tokenizer_config.json's settings, taking only the vocabulary from tokenizer.json; a generic
+    one is tokenizer.json as written."""
+    where = ("in the model folder's tokenizer.json: a Metaspace pre_tokenizer's \"prepend_scheme\" to \"never\", a "
+             "\"Prepend\" normalizer removed, a ByteLevel pre_tokenizer's \"add_prefix_space\" to false"
+             if type(tokenizer).__name__ in GENERIC_TOKENIZERS else
+             f"with \"add_prefix_space\": false in the model folder's tokenizer_config.json (transformers builds a "
+             f"{type(tokenizer).__name__} from that file's settings)")
+    return f"Switch it off {where}, and pass the folder with --model-paths NAME=DIR"
 
 
 def encode_text(tokenizer, text: str) -> list[int]:
