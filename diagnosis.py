@@ -320,7 +320,7 @@ class ReceiverSide:
         items = [(prompt_ids[o.prompt_index], o.receiver_encoding.ids, o.ranges) for o in offers]
         norms = reachability.step_norms(q, items, params, modules)
         for o, g in zip(offers, norms):
-            if not torch.isfinite(g).all():    # a NaN would read as R = 1, fully reachable
+            if not torch.isfinite(g).all():    # R would be NaN: D would read its CCM term as 0, the credit as NaN
                 raise FloatingPointError(
                     f"{q.name}'s gradient norm on a step {o.source.policy.name} offered is not finite: its weights or "
                     "that step's loss overflowed. The run stops before this iteration's update, with its last "
