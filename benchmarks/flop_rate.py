@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import math
 import sys
 import tempfile
 import time
@@ -122,19 +123,21 @@ def main() -> None:
         seconds = wall_time.run_one(ROOT, [*flags, "--name", "timed"], work / "seconds.json")
         flops = wall_time.run_one(ROOT, [*flags, "--name", "counted"], work / "flops.json", script=__file__)
         record = work / "runs" / "counted" / "fidelity.jsonl"
-        # the offers whose step gradient norms were measured: none, and the norms cost nothing
-        diagnosed = sum("D" in r for r in fidelity_record.read_records(record.parent)) if record.exists() else 0
+        # the offers whose step gradient norms were measured (a CCM term): none, and the norms cost nothing
+        ccm = [r.get("terms", {}).get("ccm") for r in fidelity_record.read_records(record.parent)] \
+            if record.exists() else []
+        measured = sum(c is not None and math.isfinite(c) for c in ccm)
     seconds, flops = with_backward(seconds), with_backward(flops)
     rates = matmul_ceiling(width)
     ceiling = max(rates.values())
     print("one-thread float32 multiplies, GFLOP/s: " + ", ".join(f"{k} {v:.1f}" for k, v in rates.items()))
     print(f"\n{args.iterations} iterations, seed {args.seed}, {args.train_args or 'none'}; ceiling {ceiling:.1f} "
-          f"GFLOP/s; {diagnosed} offers diagnosed\n{rates_table(seconds, flops, ceiling)}")
+          f"GFLOP/s; {measured} offers' step norms measured\n{rates_table(seconds, flops, ceiling)}")
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"flop-rate-s{args.seed}.json"
     path.write_text(json.dumps({"seed": args.seed, "iterations": args.iterations, "train_args": args.train_args,
                                 "seconds": seconds, "flops": flops, "matmul_gflops": rates,
-                                "diagnosed_offers": diagnosed}, indent=1) + "\n")
+                                "offers_measured": measured}, indent=1) + "\n")
     print(f"written to {path}")
 
 

@@ -57,7 +57,7 @@ def test_the_command_counts_and_times_the_training_phases(tmp_path, cache_dir):
         assert f"| {phase} |" in done.stdout
     assert result["flops"]["exchange"] == 0    # a curated run's exchange is its curation
     flops = result["flops"]
-    if result["diagnosed_offers"]:          # none where every offer happened to be inert: no norm is measured
+    if result["offers_measured"]:           # none where every offer happened to be inert: no norm is measured
         assert 0 < flops["gradient norms"] < flops["curation"]
         assert 0 < flops["norms: forward"] < flops["norms: backward and glue"]   # J backwards, each about a forward
         assert flops["norms: from factors"] > 0
