@@ -49,6 +49,7 @@ def test_a_tokenizer_without_a_fast_backend_is_refused_with_what_to_give_instead
         token_bytes.token_bytes_table(ByT5Tokenizer())
 
 
+# edits of a tokenizer.json: how the hub ships one, or what a fix changes
 def metaspace(**settings):
     return lambda j: j["pre_tokenizer"].update(settings)
 
