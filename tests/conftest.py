@@ -30,3 +30,20 @@ def real():
 def cache_dir(tmp_path_factory) -> str:
     """One warm-up cache for the whole session, so tiny policies are warmed up once."""
     return str(tmp_path_factory.mktemp("cache"))
+
+
+@pytest.fixture
+def scripted_rewards(monkeypatch):
+    """`scripted_rewards(rewards)`: every policy's rollouts of a run get the [B, G] rewards `rewards(policy,
+    problems)` gives, whatever was sampled, so that what the rewards decide does not hang on where sampling lands."""
+    import learner
+    from testbed import tasks
+    experience = learner.experience
+
+    def script(rewards):
+        def scripted_experience(one, args, task, problems, *rest):
+            with monkeypatch.context() as m:
+                m.setattr(tasks, "group_rewards", lambda *_: rewards(one.policy, problems))
+                return experience(one, args, task, problems, *rest)
+        monkeypatch.setattr(learner, "experience", scripted_experience)
+    return script

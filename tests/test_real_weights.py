@@ -10,7 +10,6 @@ import shutil
 import pytest
 import torch
 
-import learner
 import grad_norms
 import reachability
 import sharing
@@ -131,16 +130,10 @@ def smol_cut(smol) -> policies.Policy:
 
 
 @pytest.fixture
-def scripted(monkeypatch):
+def scripted(monkeypatch, scripted_rewards):
     """Runs reward by REWARDS; `scripted(policy)` makes them build SmolLM2 as a copy of `policy` (loading it again
     takes seconds)."""
-    experience = learner.experience
-
-    def scripted_experience(one, *args):
-        with monkeypatch.context() as m:
-            m.setattr(tasks, "group_rewards", lambda *a: torch.tensor(REWARDS[one.name]))
-            return experience(one, *args)
-    monkeypatch.setattr(learner, "experience", scripted_experience)
+    scripted_rewards(lambda policy, problems: torch.tensor(REWARDS[policy.name]))
     return lambda policy: monkeypatch.setattr(policies, "load_hub_policy", lambda *a: copy.deepcopy(policy))
 
 

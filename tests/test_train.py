@@ -13,10 +13,9 @@ import tyro
 
 import eval as evaluation
 import grpo
-import learner
 import train
 from args import Args
-from testbed import arith, checkpoint, metrics_log, policies, presets, tasks, tiny
+from testbed import arith, checkpoint, metrics_log, policies, presets, tiny
 
 TRAIN_KEYS = {"iteration", "policy", "time_s", "losses/policy_loss", "losses/clip_ratio", "losses/kl",
               "losses/entropy", "losses/grad_norm", "charts/completion_len", "charts/reward_mean",
@@ -56,14 +55,9 @@ MIXED = [1.0, 0.0, 0.0, 1.0, 0.0, 1.0]
 
 
 @pytest.mark.parametrize("pair", ["qwen-llama", "trio", "qwen-mistral", "llama-mistral"])
-def test_two_iterations_change_every_policy_and_log_the_documented_metrics(tmp_path, cache_dir, pair, monkeypatch):
-    experience = learner.experience
-
-    def scripted(one, a, task, problems, *rest):
-        with monkeypatch.context() as m:
-            m.setattr(tasks, "group_rewards", lambda *_: torch.tensor([MIXED] * len(problems)))
-            return experience(one, a, task, problems, *rest)
-    monkeypatch.setattr(learner, "experience", scripted)
+def test_two_iterations_change_every_policy_and_log_the_documented_metrics(tmp_path, cache_dir, pair,
+                                                                           scripted_rewards):
+    scripted_rewards(lambda policy, problems: torch.tensor([MIXED] * len(problems)))
     args = tiny_args(tmp_path, cache_dir, pair=pair, beta=0.1, epochs=2)
     run_dir = train.main(args)
     specs = presets.PRESETS["tiny"][pair]
