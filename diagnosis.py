@@ -234,7 +234,9 @@ def repair_credit(offer: Offer, advantage: float, target: reward_drift.StepStats
     steps, recalibrated = step_credit(advantage, offer.process, offer.diagnosis, target, cfg)
     tokens = tokalign.token_credit(offer.source_encoding, offer.receiver_encoding, offer.alignment, offer.steps, steps,
                                    "tbd" not in cfg.ablate)
-    acted = {"tbd": bool((offer.diagnosis.tbd > 0).any()), "ccm": offer.diagnosis.reach is not None,
+    reach = offer.diagnosis.reach
+    acted = {"tbd": bool((offer.diagnosis.tbd > 0).any()),
+             "ccm": reach is not None and cfg.ccm_beta > 0 and bool((reach < 1).any()),   # R = 1 leaves A_k as it is
              "rsd": bool(recalibrated.any())}
     repairs = [t for t in TERMS if t not in cfg.ablate and acted[t]]
     return tokens, credit_record(offer, advantage, steps, tokens, repairs)

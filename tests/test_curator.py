@@ -319,8 +319,17 @@ def test_an_exchange_between_untrained_policies_admits_repairs_and_logs_every_of
         assert len(c.advantages) == len(c.completion_ids) and torch.isfinite(c.advantages).all()
         sign = peer.advantages.flatten()[c.index].sign()
         assert ((c.advantages * sign) >= -1e-6).all()      # repairs rescale the credit, never flip its sign here
-    assert {t for r in records for t in r["repairs"]} == {"ccm", "rsd"}
+    assert {t for r in records for t in r["repairs"]} <= {"ccm", "rsd"}
+    for r in records:   # the CCM repair acted on a crossing exactly where one of its steps lay out of reach
+        assert ("ccm" in r["repairs"]) == ("step_credit" in r and any(s["ccm"] > 0 for s in r["steps"]))
     assert llama.metrics["fidelity/admitted_prp"] == 1.0 and llama.metrics["sharing/received"] == 4
+
+
+def test_a_crossing_whose_every_step_is_in_reach_lists_no_ccm_repair(monkeypatch):
+    monkeypatch.setattr(reachability, "reachability", lambda norms, calibration: torch.ones_like(norms))
+    _, received, records = hand_exchange(diagnosis.CuratorConfig(theta1=0.9, theta2=0.95))
+    assert received["llama"].crossings and all(r["terms"]["ccm"] == 0 for r in records if "terms" in r)
+    assert {t for r in records for t in r["repairs"]} == {"rsd"}
 
 
 def test_a_peer_completion_with_no_step_is_recorded_as_rejected_and_never_crosses():
