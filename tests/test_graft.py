@@ -12,10 +12,10 @@ import learner
 import sharing
 import train
 from baselines import graft, hacpo
-from testbed import policies
+from testbed import policies, presets
 from test_sharing import (EPS, PROMPTS, TEXTS, experience, naive_logprobs, random_binary_rewards,  # noqa: F401
                           untrained)
-from test_train import tiny_args
+from test_train import MIXED, tiny_args
 
 
 def naive_replaced(own, peer):
@@ -140,17 +140,32 @@ def test_hacpo_clips_each_peer_sample_at_the_bound_of_the_step_it_trains_in(untr
     assert hacpo.clip_lower(0.2, 100, 0.025) == 1.0
 
 
-@pytest.mark.parametrize("share", ["graft", "hacpo"])
-def test_a_run_with_two_optimizer_steps_per_iteration_logs_its_acceptance(tmp_path, cache_dir, monkeypatch, share):
+@pytest.mark.parametrize("share, s, every_one_trains", [("graft", 0.81, True), ("hacpo", 0.9, True),
+                                                      ("hacpo", 0.81, False)])
+def test_a_run_with_two_optimizer_steps_per_iteration_logs_its_acceptance(tmp_path, cache_dir, monkeypatch,
+                                                                          scripted_rewards, share, s,
+                                                                          every_one_trains):
+    """The first policy fails every group and the second's are mixed, so peer samples are offered into the first
+    under both methods, and every sample's s is set by hand: all of them cross (s is inside GRAFT's delta 0.8 and
+    HACPO's first clip bound 0.8), and at 0.81 HACPO's tighter bound of the last step (0.825), where the peer
+    samples train, weighs every one 0."""
+    args = tiny_args(tmp_path, cache_dir, share=share, minibatches=2)
+    first = presets.PRESETS["tiny"][args.pair][0].name
+    scripted_rewards(lambda policy, problems: torch.tensor([[0.0] * 6 if policy.name == first else MIXED]
+                                                           * len(problems)))
+    monkeypatch.setattr(hacpo, "sequence_log_ratios",
+                        lambda offered: torch.full((len(offered),), math.log(s), dtype=torch.float64))
     steps = []
     real = train.grpo.grpo_step
     monkeypatch.setattr(train.grpo, "grpo_step", lambda *a, **k: steps.append(a[-1]) or real(*a, **k))
-    run_dir = train.main(tiny_args(tmp_path, cache_dir, share=share, minibatches=2))
+    run_dir = train.main(args)
     updates = [r for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())
                if "losses/policy_loss" in r]
     assert len(updates) == 4 and steps == [2] * 4
     assert all(math.isfinite(r["losses/policy_loss"]) for r in updates)
-    for r in updates:   # accepted: the share of what was offered that trains; under GRAFT all of it crosses, under
-        # HACPO what lies in the clip range crosses and may weigh 0 at a later, tighter step
+    assert all(r["sharing/offered"] > 0 for r in updates if r["policy"] == first)
+    # 48 own rows and at most 48 peer rows in two steps: the peer rows, last, all train in the second
+    for r in updates:
         accepted = round(r["sharing/accepted"] * r["sharing/offered"])
-        assert accepted == r["sharing/received"] if share == "graft" else accepted <= r["sharing/received"]
+        assert r["sharing/received"] == r["sharing/offered"]
+        assert accepted == (r["sharing/received"] if every_one_trains else 0)
