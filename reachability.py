@@ -123,14 +123,19 @@ def own_steps(policy, rollouts, step_spans, count: int) -> list[Item]:
     return items
 
 
+def solution_item(target, writer, problem, completion_ids: torch.Tensor) -> Item | None:
+    """`writer`'s completion [T] of an arithmetic `problem` as `target` would score it (step_item), retokenized
+    through tokalign, each solution line a step."""
+    encoding = tokalign.Encoding.from_ids(completion_ids.tolist(), writer.token_bytes)
+    return step_item(target.encode_prompt(arith.prompt_text(problem)),
+                     tokalign.retokenize(encoding, target.tokenizer, target.token_bytes), tasks.line_spans)
+
+
 def solution_steps(target, writer, problems: list, max_new_tokens: int = 40) -> list[Item]:
-    """`writer`'s greedy solutions to `problems`, as `target` would score them, retokenized through tokalign, each
-    solution line a step. Solutions with no line are left out."""
+    """`writer`'s greedy solutions to `problems`, as `target` would score them (solution_item). Solutions with no
+    line are left out."""
     out = writer.rollout([arith.prompt_text(q) for q in problems], 1, max_new_tokens, greedy=True)
-    items = [step_item(target.encode_prompt(arith.prompt_text(q)),
-                       tokalign.retokenize(tokalign.Encoding.from_ids(ids.tolist(), writer.token_bytes),
-                                           target.tokenizer, target.token_bytes), tasks.line_spans)
-             for q, ids in zip(problems, out.completion_ids)]
+    items = [solution_item(target, writer, q, ids) for q, ids in zip(problems, out.completion_ids)]
     return [item for item in items if item]
 
 
@@ -181,13 +186,17 @@ if __name__ == "__main__":
     print(f"calibration on {len(own_norms)} of {weak.name}'s own steps: zero point (quantile "
           f"{curator_cfg.reach_zero_quantile}) g = {calibration.zero:.2f}, quantile {curator_cfg.reach_quantile} = "
           f"{torch.quantile(own_norms, curator_cfg.reach_quantile):.2f}, alpha = {calibration.alpha:.4f}")
-    solutions = strong.rollout([arith.prompt_text(q) for q in heldout[:4]], 1, 40, greedy=True).texts
-    for q, text, (prompt_ids, ids, ranges) in zip(heldout[:4], solutions, solution_steps(weak, strong, heldout[:4])):
-        norms = step_grad_norms(weak.model, *batch_inputs([(prompt_ids, ids, ranges)], weak.tokenizer.pad_token_id),
-                                *scope)
+    solutions = strong.rollout([arith.prompt_text(q) for q in heldout[:4]], 1, 40, greedy=True)
+    for q, text, written in zip(heldout[:4], solutions.texts, solutions.completion_ids):
+        print(f"\n{q.question}\n{strong.name}'s solution, reward {arith.answer_reward(q, text):.0f}, under {weak.name}:")
+        item = solution_item(weak, strong, q, written)
+        if item is None:
+            print("   no line: nothing to score")
+            continue
+        norms = step_grad_norms(weak.model, *batch_inputs([item], weak.tokenizer.pad_token_id), *scope)
         reach = reachability(norms, calibration)
         phantom = phantom_advantage(torch.ones_like(reach), reach)
-        print(f"\n{q.question}\n{strong.name}'s solution, reward {arith.answer_reward(q, text):.0f}, under {weak.name}:")
+        _, ids, ranges = item
         for (a, b), g, r, p in zip(ranges, norms, reach, phantom):
             line = weak.decode(ids[a:b]).strip()
             print(f"   {line:<22} g = {g:6.2f}   R = {r:.2f}   P (A = 1) = {p:.2f}")
