@@ -68,8 +68,8 @@ class Args:
     boundaries; the proposal's hidden-state similarity through a linear map fitted on exact 1:1 groups; or the
     byte-boundary Jaccard index (differs wherever the tokenizations do)"""
     process_signal: Literal["vpr", "intrinsic"] = diagnosis.CuratorConfig.process_signal
-    """cross-fidelity: RSD repair with verified step credit where a step can be checked, or the intrinsic
-    gradient-norm signal on every step"""
+    """cross-fidelity: RSD repair with verified step credit where a step can be checked, else the intrinsic
+    gradient-norm signal where CCM measured the norms (vpr), or the intrinsic signal on every step"""
     ccm_estimate: str = diagnosis.CuratorConfig.ccm_estimate
     """cross-fidelity: how R_k's gradient norms are taken (grad_norms.ccm_scope): exact = over every trainable
     parameter; last:N = over the output layer (final norm and head, the head's call alone where it is tied to the
