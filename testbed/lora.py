@@ -4,7 +4,8 @@ Under LoRA (through peft) only the adapters train, so gradients and AdamW state 
 of the parameters (40M of a 7B model at rank 16), which is what puts the paper pair on one GPU. The KL reference
 is then the same model with its adapters switched off (`WithoutAdapters`), so no second copy of the weights is
 held; reachability's exact estimate takes its norms over the adapters, `last:N` over the last blocks' weights,
-frozen ones included (DESIGN.md §4.8, `grad_norms.ccm_scope`). Without LoRA the reference is a frozen copy of the policy as training starts.
+frozen ones included (DESIGN.md §4.8, `grad_norms.ccm_scope`). Without LoRA the reference is a frozen copy of the
+policy as training starts.
 """
 
 from __future__ import annotations
