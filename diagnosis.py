@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from functools import partial
 
 import torch
 
@@ -232,10 +233,14 @@ def repair_credit(offer: Offer, advantage: float, target: reward_drift.StepStats
     each of the receiver's tokens, and what the repairs did (`credit_record`). target: the receiver's step
     statistics."""
     steps, recalibrated = step_credit(advantage, offer.process, offer.diagnosis, target, cfg)
-    tokens = tokalign.token_credit(offer.source_encoding, offer.receiver_encoding, offer.alignment, offer.steps, steps,
-                                   "tbd" not in cfg.ablate)
+    credit = partial(tokalign.token_credit, offer.source_encoding, offer.receiver_encoding, offer.alignment,
+                     offer.steps, steps)
+    at_first_byte = credit(False)                                                                   # [T]
+    tokens = at_first_byte if "tbd" in cfg.ablate else credit(True)                                 # [T]
     reach = offer.diagnosis.reach
-    acted = {"tbd": bool((offer.diagnosis.tbd > 0).any()),
+    # a repair acted where it moved credit: the TBD measure (hidden, Jaccard) may read drift where carrying the
+    # credit by bytes gives every token the credit of its first byte's step
+    acted = {"tbd": not torch.allclose(tokens, at_first_byte),
              "ccm": reach is not None and cfg.ccm_beta > 0 and bool((reach < 1).any()),   # R = 1 leaves A_k as it is
              "rsd": bool(recalibrated.any())}
     repairs = [t for t in TERMS if t not in cfg.ablate and acted[t]]

@@ -22,6 +22,7 @@ import grpo
 import reachability
 import sharing
 import term_scales
+import tokalign
 import train
 from testbed import arith, policies, tasks, tiny
 from test_term_scales import random_calibration, shifted_terms
@@ -374,6 +375,16 @@ def test_the_tbd_measure_chosen_is_the_tbd_term_of_every_record(measure):
     assert all(r["terms"]["tbd"] == 0.0 for r in credit if "terms" in r) and max(tbd) > 0
     assert [r["terms"]["ccm"] for r in credit if "terms" in r] == [r["terms"]["ccm"] for r in other if "terms" in r]
     assert [r.get("tbd_jaccard") for r in other] == [r.get("tbd_jaccard") for r in credit]
+    # and carrying the credit by bytes moves none of it, whatever the measure read
+    assert not any("tbd" in r["repairs"] for r in credit + other)
+
+
+def test_a_crossing_lists_the_tbd_repair_where_carrying_its_credit_by_bytes_moved_some(monkeypatch):
+    token_credit = tokalign.token_credit
+    monkeypatch.setattr(tokalign, "token_credit", lambda *args: token_credit(*args) * (2 if args[-1] else 1))
+    _, received, records = hand_exchange(diagnosis.CuratorConfig(theta1=0.9, theta2=0.95))
+    crossed = [r for r in records if "step_credit" in r]
+    assert crossed and all(("tbd" in r["repairs"]) == any(c != 0 for c in r["step_credit"]) for r in crossed)
 
 
 def test_an_ablated_ccm_computes_no_gradient_norms(monkeypatch):
