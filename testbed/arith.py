@@ -190,7 +190,7 @@ def parse_answer(completion: str, step_format: str = "line") -> int | None:
     earlier answer does not stand in for it: hedging over several answers earns nothing)."""
     for start, end in reversed(step_spans(completion, step_format)):
         piece = completion[start:end]
-        if piece.startswith("Answer:"):
+        if piece.lstrip().startswith("Answer:"):      # a line step keeps its indent
             m = ANSWER_RE.match(piece)
             return int(m.group(1)) if m else None
     return None
