@@ -106,18 +106,26 @@ def window_rows(run: Path, thresholds: str) -> tuple[list[dict], int, torch.Tens
     return records, config["calibration_window"], weights, rows
 
 
+def window_sample(rows: dict[tuple[str, int], list[tuple]], receiver: str, t: int, width: int, back: int = 0
+                  ) -> list[tuple]:
+    """The receiver's calibration sample at iteration t as the curator held it (back = 1: the window before that
+    one): the diagnosed terms of the last `width` iterations up to t that diagnosed any, for an iteration that
+    diagnosed none left the window as it was (Curator.calibrate)."""
+    held = sorted(i for n, i in rows if n == receiver and i <= t)
+    end = max(len(held) - back * width, 0)
+    return [row for i in held[max(end - width, 0):end] for row in rows[(receiver, i)]]
+
+
 def window_stability(run: Path, every: int = 5, seed: int = 0) -> None:
     records, width, weights, rows = window_rows(run, "fixed")
     rng = random.Random(seed)
     last = max(i for _, i in rows)
     for receiver in sorted({n for n, _ in rows}):
-        def span(lo: int, hi: int) -> list[tuple]:
-            return [row for i in range(lo, hi + 1) for row in rows.get((receiver, i), [])]
         logged_ok, changed = [], {"earlier": [], "bootstrap": []}
         for t in range(2 * width, last + 1, every):
-            sample, earlier = span(t - width + 1, t), span(t - 2 * width + 1, t - width)
+            sample, earlier = (window_sample(rows, receiver, t, width, back) for back in (0, 1))
             current = rows.get((receiver, t), [])
-            if not current or len(sample) < 4:
+            if not current or len(sample) < 4 or not earlier:
                 continue
             base = bands_under(sample, current, weights)
             logged = [r["band"] for r in records if r["receiver"] == receiver and r["iteration"] == t and "band" in r]
@@ -142,8 +150,7 @@ def levels_table(run: Path, step: float = coevolution.BanditConfig.step) -> dict
             scored.setdefault((r["receiver"], r["iteration"]), []).append(r)
     played: dict[tuple[str, str], dict[int, int]] = {}
     for (receiver, t) in sorted(rows):
-        sample = [row for i in range(t - width + 1, t + 1) for row in rows.get((receiver, i), [])]
-        base = term_scales.Calibration(tuple(sample)).thresholds(weights)[0]
+        base = term_scales.Calibration(tuple(window_sample(rows, receiver, t, width))).thresholds(weights)[0]
         for r in scored.get((receiver, t), []):
             played.setdefault((r["source"], receiver), {})[t] = round((r["theta"][0] - base) / step)
     print("| source -> receiver | iterations | level at the last | highest | mean | iterations at level 0 |\n"

@@ -454,14 +454,15 @@ def test_a_non_finite_gradient_norm_on_an_offered_step_stops_the_exchange(monkey
         hand_exchange(diagnosis.CuratorConfig(theta1=0.9, theta2=0.95))
 
 
-def logged_run(path: Path, thresholds: str, levels: list[int]) -> None:
+def logged_run(path: Path, thresholds: str, levels: list[int], silent: tuple[int, ...] = ()) -> None:
     """A run's fidelity.jsonl and config.json as a Curator with a window of 2 logs them, from hand-made terms over
-    six iterations; the thresholds raised by levels[iteration - 1] steps of 0.02."""
+    six iterations; the thresholds raised by levels[iteration - 1] steps of 0.02; the `silent` iterations diagnose
+    no offer."""
     cfg = diagnosis.CuratorConfig(calibration_window=2)
     cur = curator.Curator(cfg, ["qwen", "llama"], 0, None, None)
     records = []
     for it, level in zip(range(1, 7), levels):
-        rows = shifted_terms(it, 30, -0.05 * it)
+        rows = [] if it in silent else shifted_terms(it, 30, -0.05 * it)
         scales = cur.calibrate("llama", rows)
         theta = tuple(t + 0.02 * level for t in cur.base["llama"])
         records += [{"receiver": "llama", "source": "qwen", "iteration": it, "theta": list(theta),
@@ -485,6 +486,17 @@ def test_the_window_redraw_and_the_levels_rebuild_what_the_curator_logged(tmp_pa
     assert curator_sensitivity.levels_table(tmp_path) == {("qwen", "llama"): [0, 1, 2, 2, 1, 3]}
     with pytest.raises(SystemExit, match="thresholds fixed"):
         curator_sensitivity.window_stability(tmp_path)
+
+
+def test_an_iteration_that_diagnosed_nothing_leaves_the_rebuilt_window_as_the_curators(tmp_path, capsys):
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import curator_sensitivity
+    logged_run(tmp_path, "fixed", [0] * 6, silent=(4,))
+    curator_sensitivity.window_stability(tmp_path, every=1)
+    out = capsys.readouterr().out                       # iteration 5's window holds iterations 3 and 5
+    assert "2 iterations" in out and "match the logged ones at 2 of them" in out
+    logged_run(tmp_path, "adaptive", [0, 1, 2, 2, 1, 3], silent=(3,))
+    assert curator_sensitivity.levels_table(tmp_path) == {("qwen", "llama"): [0, 1, 2, 1, 3]}
 
 
 def test_a_reach_redraw_swaps_half_the_window_for_fresh_samples_by_hand():
