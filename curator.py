@@ -44,6 +44,8 @@ from sharing import LEVELS
 from term_scales import admission_band
 from testbed import arith, policies, tasks
 
+INERT = "every reward on its prompt is the same: no level could use it"   # the reason an inert offer records
+
 # ---------------------------------------------------------------------------------------------------------------
 # Scoring and admission
 # ---------------------------------------------------------------------------------------------------------------
@@ -64,14 +66,13 @@ def crosses_tokens(band: int, offer: Offer, own_rewards: torch.Tensor, success: 
     return rescue_candidate(offer, own_rewards, success) or (band == 0 and offer.advantage != 0)
 
 
-def inert_offers(offers: list[Offer], own_rewards: torch.Tensor) -> list[bool]:
-    """Per offer, whether no level could use it: every reward on its prompt, in the receiver's group (own_rewards
-    [B, G]) and among all the offers, is one value. Then its advantage is 0, it rescues nothing, and pooling any
-    of those rewards into the receiver's group leaves its advantages at 0."""
-    values: dict[int, set[float]] = defaultdict(set)
-    for o in offers:
-        values[o.prompt_index].add(o.reward)
-    return [len(values[o.prompt_index] | set(own_rewards[o.prompt_index].tolist())) == 1 for o in offers]
+def inert_prompts(groups: list[torch.Tensor]) -> torch.Tensor:
+    """[B] the prompts whose offers no level could use: every reward on the prompt, in the receiver's group and in
+    each peer's (groups, each [B, G_i]), is one value. Then every offer of it carries advantage 0, rescues nothing,
+    and pooling any of those rewards into the receiver's group leaves its advantages at 0. A peer's whole group
+    counts, offers that cannot cross included: their rewards set the advantages of those that can."""
+    rewards = torch.cat(groups, dim=1)                                                          # [B, sum G_i]
+    return (rewards == rewards[:, :1]).all(dim=1)
 
 
 def permuted_bands(bands: list[int | None], sources: list[str], rng: random.Random) -> list[int | None]:
@@ -128,7 +129,7 @@ def admit(offers: list[Offer], bands: list[int | None], receiver: sharing.Experi
     decisions = []
     for k, (o, band) in enumerate(zip(offers, bands)):
         if band is None:
-            decisions.append(("inert", "none", "every reward on its prompt is the same: no level could use it"))
+            decisions.append(("inert", "none", INERT))
             continue
         if band == 1:
             pooled[o.prompt_index].append(o.reward)
@@ -275,7 +276,11 @@ class Curator:
             gaps = {p.policy.name: p.rewards.mean().item() - receiver.rewards.mean().item() for p in peers}
             levels = {source: self.level(source, name, gap) for source, gap in gaps.items()}
             offers, records = side.offers(examples, self.stats)
-            inert = inert_offers(offers, receiver.rewards)
+            idle = inert_prompts([receiver.rewards, *(p.rewards for p in peers)])                 # [B]
+            inert = [bool(idle[o.prompt_index]) for o in offers]
+            for r in records:
+                if idle[r["prompt"]]:
+                    r.update(level="inert", reason=INERT)
         with timer("prediction"):
             features, predicted, prob, sure, skipped = self._predict(receiver, offers, inert, gaps, share)
         with timer("gradnorms"):

@@ -304,7 +304,8 @@ class ReceiverSide:
                 offer = make_offer(peer, i, self.receiver.policy, self.task, examples[i // peer.rollouts.group_size],
                                    stats, self.cfg.tbd_measure)
                 if offer is None:
-                    records.append({"source": peer.policy.name, "index": i, "level": "rejected", "crossed": "none",
+                    records.append({"source": peer.policy.name, "index": i,
+                                    "prompt": i // peer.rollouts.group_size, "level": "rejected", "crossed": "none",
                                     "reason": "no step reaches the receiver's tokens (or its tokenizer cannot spell "
                                               "the text)", "repairs": []})
                 else:

@@ -199,7 +199,8 @@ def live_offers(it: Iteration, receiver: sharing.Experience) -> list:
     offers = [o for peer in it.experiences if peer is not receiver for i in range(len(peer.rollouts.texts))
               if (o := diagnosis.make_offer(peer, i, receiver.policy, it.task,
                                             it.problems[i // peer.rollouts.group_size], it.stats))]
-    return [o for o, idle in zip(offers, curator.inert_offers(offers, receiver.rewards)) if not idle]
+    idle = curator.inert_prompts([e.rewards for e in it.experiences])                          # [B]
+    return [o for o in offers if not idle[o.prompt_index]]
 
 
 def load_pair(args: Args) -> list:

@@ -143,14 +143,16 @@ def test_the_dominant_term_is_the_largest_weighted_one_by_hand():
     assert equal.dominant == "ccm"
 
 
-def test_inert_offers_are_those_on_prompts_where_every_reward_is_one_value_by_hand():
-    from types import SimpleNamespace as Offer
-    own = torch.tensor([[0.0, 0.0], [1.0, 1.0], [1.0, 0.0], [0.0, 0.0]])
-    offers = [Offer(prompt_index=0, reward=0.0), Offer(prompt_index=0, reward=0.0),   # all 0: inert
-              Offer(prompt_index=1, reward=1.0),                                     # all 1: inert
-              Offer(prompt_index=2, reward=0.0),                                     # the receiver's group is mixed
-              Offer(prompt_index=3, reward=0.0), Offer(prompt_index=3, reward=1.0)]  # a rescue beside a 0
-    assert curator.inert_offers(offers, own) == [True, True, True, False, False, False]
+def test_inert_prompts_are_those_where_every_reward_is_one_value_by_hand():
+    own = torch.tensor([[0.0, 0.0], [1.0, 1.0], [1.0, 0.0], [0.0, 0.0], [1.0, 1.0]])
+    peer = torch.tensor([[0.0, 0.0],                       # all 0: inert
+                         [1.0, 1.0],                       # all 1: inert
+                         [0.0, 0.0],                       # the receiver's group is mixed
+                         [0.0, 1.0],                       # a rescue beside a 0
+                         [1.0, 1.0]])
+    other = torch.tensor([[0.0], [1.0], [0.0], [0.0], [0.0]])   # a third policy's 0 on prompt 4
+    assert curator.inert_prompts([own, peer]).tolist() == [True, True, False, False, True]
+    assert curator.inert_prompts([own, peer, other]).tolist() == [True, True, False, False, False]
     # the rule's reason: pooling any of an inert prompt's rewards leaves the receiver's advantages at 0
     for b, extra in ((0, [0.0, 0.0]), (1, [1.0])):
         pooled = grpo.group_advantages(torch.cat([own[b], torch.tensor(extra)]).unsqueeze(0))
@@ -292,16 +294,17 @@ def untrained_pair():
     return pols
 
 
-def hand_exchange(cfg: diagnosis.CuratorConfig, predictor=None, iterations: int = 1, peer_texts=None):
+def hand_exchange(cfg: diagnosis.CuratorConfig, predictor=None, iterations: int = 1, peer_texts=None,
+                  rewards=([[1.0, 0.0], [1.0, 1.0], [0.0, 1.0]], [[0.0, 0.0], [1.0, 0.0], [0.0, 0.0]])):
     """A curated exchange between two untrained policies on hand-made rollouts (the peer's `peer_texts`, by default
-    the receiver's); returns what llama received and every record."""
+    the receiver's) with the peer's and the receiver's `rewards`; returns what llama received and every record."""
     from test_sharing import PROMPTS, TEXTS, experience
     from test_train import TASK
     pols = untrained_pair()
     task = tasks.load_task("arith", 0, 0, 0, TASK)
     problems = arith.generate_problems(3, "train", seed=0, cfg=TASK)
-    peer = experience(pols["qwen2"], PROMPTS, peer_texts or TEXTS, [[1.0, 0.0], [1.0, 1.0], [0.0, 1.0]])
-    receiver = experience(pols["llama"], PROMPTS, TEXTS, [[0.0, 0.0], [1.0, 0.0], [0.0, 0.0]])
+    peer = experience(pols["qwen2"], PROMPTS, peer_texts or TEXTS, rewards[0])
+    receiver = experience(pols["llama"], PROMPTS, TEXTS, rewards[1])
     cur = curator.Curator(cfg, ["qwen2", "llama"], 0, None, predictor)
     records = []
     for it in range(iterations):
@@ -342,6 +345,19 @@ def test_a_peer_completion_with_no_step_is_recorded_as_rejected_and_never_crosse
         ("rejected", "none", "no step reaches the receiver's tokens (or its tokenizer cannot spell the text)")]
     assert 0 not in {c.index for c in received["llama"].crossings}
     assert len([r for r in records if r["receiver"] == "llama"]) == 6   # every other offer still decided
+
+
+def test_an_offer_that_cannot_cross_counts_in_whether_its_prompt_is_inert():
+    from test_sharing import TEXTS
+    texts = [["", TEXTS[0][1]], TEXTS[1], [TEXTS[2][0], ""]]          # peer rollouts 0 and 5 are EOS alone
+    _, received, records = hand_exchange(diagnosis.CuratorConfig(theta1=1.0, theta2=1.0), peer_texts=texts,
+                                         rewards=([[1.0, 1.0], [1.0, 0.0], [0.0, 1.0]],
+                                                  [[1.0, 1.0], [1.0, 0.0], [0.0, 0.0]]))
+    into_llama = {r["index"]: r for r in records if r["receiver"] == "llama"}
+    assert into_llama[0]["level"] == into_llama[1]["level"] == "inert"            # prompt 0: every reward 1
+    # prompt 2: the 0 offered beside its group's 1, which cannot cross, carries a negative advantage at PRP
+    assert (into_llama[5]["level"], into_llama[4]["level"]) == ("rejected", "prp")
+    assert 4 in {c.index for c in received["llama"].crossings}
 
 
 def test_a_receiver_with_no_step_of_its_own_refuses_to_calibrate_reach_and_names_the_run_that_needs_none(
