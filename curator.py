@@ -14,8 +14,8 @@ repairs cannot be scored honestly: the TBD repair does not undo the credit a str
 an unreachable step removes its signal along with its harm (DESIGN.md §4.10). The levels nest: a verified rescue
 crosses at every level.
 
-An offer that could change nothing at any level is inert and is not diagnosed: every reward on its prompt, the
-receiver's own and every offer's, is the same, so it carries no advantage, rescues nothing, and moves no baseline.
+An offer that could change nothing at any level is inert and is not diagnosed: every reward on its prompt, in the
+receiver's group and in every peer's, is the same, so it carries no advantage, rescues nothing, and moves no baseline.
 `--admission random` is the control for the diagnosis: the same offers, the same band shares per source and
 iteration and the same rescues, with the bands permuted at random among the iteration's offers of each source.
 §2.3 (threshold co-evolution, the fidelity predictor) is in coevolution.py.
