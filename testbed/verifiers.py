@@ -1,5 +1,5 @@
-"""Verifiers of the real benchmarks: final answers of math by math-verify, GSM8K's calculator annotations by exact
-arithmetic, and code by the benchmark's own tests run in the sandbox (sandbox.py).
+"""Verifiers of the real benchmarks: final answers of math by math-verify, GSM8K's final answer and calculator
+annotations by exact arithmetic, and code by the benchmark's own tests run in the sandbox (sandbox.py).
 
 Every verifier takes (example, completion), never raises on a malformed completion (it scores 0, or a step is
 None where it cannot be checked), and is the reward or step verifier a `tasks.Task` carries.
@@ -56,6 +56,9 @@ def line_spans(text: str) -> list[tuple[int, int]]:
 
 
 GSM8K_MARK = "####"
+MAX_NUMBER_DIGITS = 100   # int() refuses strings past 4300 digits, and no answer has a hundred
+LEADING_NUMBER_RE = re.compile(rf"\s*\$?\s*([+-]?(?:\d[\d,]{{0,{MAX_NUMBER_DIGITS}}})?(?:\.\d{{1,{MAX_NUMBER_DIGITS}}})?)"
+                               r"(?<=\d)(?!\d|[,.]\d)")
 ANNOTATION_RE = re.compile(r"<<([^<>=]*)=([^<>]*)>>(-?\d[\d,]*(?:\.\d+)?|-?\.\d+)?")
 MAX_EXPRESSION_CHARS = 200
 ARITHMETIC = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
@@ -85,10 +88,19 @@ def answers_match(gold: str, predicted: str, boxed_or_anchored: bool = False) ->
     return bool(target) and math_verify.verify(list(_parsed_gold(gold)), target, timeout_seconds=_math_timeout())
 
 
+def leading_number(text: str) -> Fraction | None:
+    """The number that opens `text`, after spaces and a "$", its commas dropped (72, +72, 72.0, $72, 1,000, -.5);
+    None where none does, or where it runs past MAX_NUMBER_DIGITS."""
+    m = LEADING_NUMBER_RE.match(text)
+    return Fraction(m.group(1).replace(",", "")) if m else None
+
+
 def gsm8k_reward(example: Example, completion: str) -> float:
-    """1.0 when the rest of the line of the last '####' holds the reference answer (72, 72.0, $72, 1,000 ...)."""
+    """1.0 when the number opening the line of the last '####' is the reference answer ("#### 72 clips"); a hedge
+    ("#### 71 or 72") is its first number."""
     _, mark, tail = completion.rpartition(GSM8K_MARK)
-    return float(bool(mark) and answers_match(example.answer, tail.split("\n")[0]))
+    answer = leading_number(tail.split("\n")[0]) if mark else None
+    return float(answer is not None and answer == leading_number(example.answer))
 
 
 def math_reward(example: Example, completion: str) -> float:
@@ -160,7 +172,7 @@ def gsm8k_step_verdicts(example: Example, completion: str) -> list[bool | None]:
     return [_line_verdict(completion[start:end]) for start, end in line_spans(completion)]
 
 
-FENCE_RE = re.compile(r"```[\w+-]*\n(.*?)```", re.S)
+FENCE_RE = re.compile(r"```[ \t]*[\w+-]*[ \t]*\r?\n(.*?)(?:```|\Z)", re.S)   # the budget may cut its close
 
 
 def code_reward(example: Example, completion: str, timeout_s: float = 5.0) -> float:

@@ -192,6 +192,10 @@ def test_math_rewards_from_a_worker_thread_match_the_main_thread(data):
     ("#### 72", 1.0), ("#### 72.0", 1.0), ("#### $72", 1.0), ("#### 72 clips", 1.0), ("#### 5\n#### 72", 1.0),
     ("#### 71", 0.0), ("#### 72\n#### 71", 0.0), ("72", 0.0), ("The answer is 72.", 0.0), ("#### seventy-two", 0.0),
     ("", 0.0), ("####", 0.0), ("\x00\ud800 ####\n72", 0.0),
+    # the number that opens the line decides: what follows it does not, nor does a hedge's second number
+    ("#### 72 (3 dozen more than 36)", 1.0), ("#### +72.", 1.0), ("#### 72, the clips", 1.0),
+    ("#### 71 or 72", 0.0), ("#### 71 72", 0.0), ("#### 72.5", 0.0),
+    ("#### 72" + "0" * 200, 0.0), ("#### 72." + "0" * 200, 0.0),
 ])
 def test_gsm8k_reward(data, completion, reward):
     task = load("gsm8k", data)
@@ -289,6 +293,10 @@ def test_mbpp_references_pass_and_wrong_code_fails(data):
     is_not_prime = next(e for e in task.train if e.id == "3")
     assert task.reward(is_not_prime, "def is_not_prime(n):\n    return n % 2 == 0") == 0.0   # wrong on 35
     assert task.reward(is_not_prime, "```python\n" + is_not_prime.reference + "\n```\nThis works.") == 1.0
+    # a fence with Windows line ends, a space before its language, or cut off by the token budget before its close
+    for fenced in ("```python\r\n{}\r\n```", "``` python\n{}\n```", "Here:\n```python\n{}\n"):
+        assert task.reward(is_not_prime, fenced.format(is_not_prime.reference.replace("\n", "\r\n")
+                                                       if "\r" in fenced else is_not_prime.reference)) == 1.0
     add_k = task.heldout[0]
     assert task.reward(add_k, "def add_k(n):\n    return n + 3") == 1.0   # the setup code defines K too
 
