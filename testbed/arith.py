@@ -35,7 +35,7 @@ ANSWER_PREFIX = "Answer:"
 # the verifiers promise not to raise.
 MAX_DIGITS = 100
 NUMBER = rf"(-?[0-9]{{1,{MAX_DIGITS}}})"   # ASCII: int() would also read "٩" or "９"
-STEP_RE = re.compile(rf"^\s*{NUMBER}\s*([+\-*])\s*{NUMBER}\s*=\s*{NUMBER}\s*$")
+STEP_RE = re.compile(rf"^\s*{NUMBER}\s*([+\-*])\s*{NUMBER}\s*=\s*{NUMBER}\s*\.?\s*$")   # a prose piece keeps its "."
 OP_WORDS = {"+": "plus", "-": "minus", "*": "times"}
 PROSE_STEP_RE = re.compile(rf"^\s*(?:Then )?{NUMBER} ({'|'.join(OP_WORDS.values())}) {NUMBER} is {NUMBER}\.\s*$")
 ANSWER_RE = re.compile(rf"^\s*Answer:\s*{NUMBER}\s*$")

@@ -95,6 +95,10 @@ def test_the_last_answer_piece_counts_alone_in_every_step_format():
     assert arith.answer_reward(problem(), "7 + 5 = 12; Answer: 8; Answer: 9", "inline") == 1.0
     assert arith.answer_reward(problem(), "7 plus 5 is 12.Answer: 9\nAnswer: nine", "prose") == 0.0
     assert [v for _, v in arith.step_verdicts(problem(), "7 + 5 = \uff11\uff12\n12 - 3 = 9")] == [None, False]
+    # a step in symbols is checked in a sentence too, and so makes its result available to the next
+    assert [v for _, v in arith.step_verdicts(problem(), "7 + 5 = 12.Then 12 minus 3 is 9.Answer: 9", "prose")] \
+        == [True, True, None]
+    assert [v for _, v in arith.step_verdicts(problem(), "7 + 5 = 12.\n12 - 3 = 8.")] == [True, False]
 
 
 def test_step_verdicts_on_hand_labelled_lines():
