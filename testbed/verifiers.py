@@ -57,8 +57,8 @@ def line_spans(text: str) -> list[tuple[int, int]]:
 
 GSM8K_MARK = "####"
 MAX_NUMBER_DIGITS = 100   # int() refuses strings past 4300 digits, and no answer has a hundred
-LEADING_NUMBER_RE = re.compile(rf"\s*\$?\s*([+-]?(?:\d[\d,]{{0,{MAX_NUMBER_DIGITS}}})?(?:\.\d{{1,{MAX_NUMBER_DIGITS}}})?)"
-                               r"(?<=\d)(?!\d|[,.]\d)")
+LEADING_NUMBER_RE = re.compile(rf"\s*\$?\s*([+-]?(?:\d[\d,]{{0,{MAX_NUMBER_DIGITS}}})?"
+                               rf"(?:\.\d{{1,{MAX_NUMBER_DIGITS}}})?)(?<=\d)(?!\d|[,.]\d)")
 ANNOTATION_RE = re.compile(r"<<([^<>=]*)=([^<>]*)>>(-?\d[\d,]*(?:\.\d+)?|-?\.\d+)?")
 MAX_EXPRESSION_CHARS = 200
 ARITHMETIC = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
