@@ -83,6 +83,7 @@ def test_the_task_of_a_step_format_scores_with_it():
     ("Answer: 9\nAnswer: 9 or 8", 0.0), ("Answer: 9\nthat is all", 1.0),
     ("12 - 3 = 9\n  Answer: 9", 1.0), ("Answer: 9\n\tAnswer: 8", 0.0),   # an indented answer line is one
     ("Answer: \u0669", 0.0), ("Answer: \uff19", 0.0),        # Arabic-Indic and full-width nine: not the format's digits
+    ("Answer: 9.", 0.0),   # the answer has no period: the prose format's pieces would read "9.5" as "9." and "5"
     ("", 0.0), ("\n\n", 0.0), ("7 + 5 = 12\n12 - 3 = 9", 0.0), ("Answer: nine", 0.0), ("Answer: 9.0", 0.0),
     ("\x00\ufffd garbage 😀", 0.0), ("Answer:", 0.0), ("answer: 9", 0.0),
 ])
