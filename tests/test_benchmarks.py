@@ -294,9 +294,10 @@ def test_mbpp_references_pass_and_wrong_code_fails(data):
     assert task.reward(is_not_prime, "def is_not_prime(n):\n    return n % 2 == 0") == 0.0   # wrong on 35
     assert task.reward(is_not_prime, "```python\n" + is_not_prime.reference + "\n```\nThis works.") == 1.0
     # a fence with Windows line ends, a space before its language, or cut off by the token budget before its close
-    for fenced in ("```python\r\n{}\r\n```", "``` python\n{}\n```", "Here:\n```python\n{}\n"):
-        assert task.reward(is_not_prime, fenced.format(is_not_prime.reference.replace("\n", "\r\n")
-                                                       if "\r" in fenced else is_not_prime.reference)) == 1.0
+    code = is_not_prime.reference
+    for fenced in ("```python\r\n" + code.replace("\n", "\r\n") + "\r\n```", "``` python\n" + code + "\n```",
+                   "Here:\n```python\n" + code + "\n"):
+        assert task.reward(is_not_prime, fenced) == 1.0
     add_k = task.heldout[0]
     assert task.reward(add_k, "def add_k(n):\n    return n + 3") == 1.0   # the setup code defines K too
 
