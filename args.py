@@ -225,6 +225,11 @@ class Args:
         if self.minibatches > self.prompts_per_iteration * self.group_size:
             raise ValueError(f"--minibatches {self.minibatches} exceeds the {self.prompts_per_iteration} x "
                              f"{self.group_size} rollouts of an iteration")
+        if self.share == "graft" and self.minibatches > self.prompts_per_iteration:
+            raise ValueError(f"--share graft with --minibatches {self.minibatches}: a prompt whose group GRAFT "
+                             f"replaces may keep a single peer rollout, so an update may hold only "
+                             f"{self.prompts_per_iteration} rows; use --minibatches {self.prompts_per_iteration} or "
+                             f"fewer")
         if self.share == "hacpo" and self.epochs > 1:
             raise ValueError("--share hacpo makes one pass per iteration (--epochs 1, the recipe's ppo_epochs; "
                              "--minibatches gives it several steps): the variant ours measures its sequence ratios "

@@ -17,6 +17,8 @@ from testbed import policies
                                          (dict(fidelity_lambdas=(0.5, 0.5, 0.5)), "--fidelity-lambdas"),
                                          (dict(ablate=("ccm",), process_signal="intrinsic"), "--process-signal"),
                                          (dict(share="hacpo", epochs=2), "--epochs 1"),
+                                         (dict(share="graft", prompts_per_iteration=4, minibatches=5),
+                                          "--minibatches 4 or fewer"),
                                          (dict(temperature=0.0), "--temperature"),
                                          (dict(temperature=-1.0), "--temperature"),
                                          (dict(temperature=float("nan")), "--temperature"),
