@@ -188,7 +188,8 @@ if __name__ == "__main__":
           f"{torch.quantile(own_norms, curator_cfg.reach_quantile):.2f}, alpha = {calibration.alpha:.4f}")
     solutions = strong.rollout([arith.prompt_text(q) for q in heldout[:4]], 1, 40, greedy=True)
     for q, text, written in zip(heldout[:4], solutions.texts, solutions.completion_ids):
-        print(f"\n{q.question}\n{strong.name}'s solution, reward {arith.answer_reward(q, text):.0f}, under {weak.name}:")
+        print(f"\n{q.question}\n{strong.name}'s solution, reward {arith.answer_reward(q, text):.0f}, "
+              f"under {weak.name}:")
         item = solution_item(weak, strong, q, written)
         if item is None:
             print("   no line: nothing to score")
