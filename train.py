@@ -150,9 +150,11 @@ def start_state(args: Args, run_dir: Path, names: list[str]
 
 def open_metrics(args: Args, run_dir: Path, start: int) -> metrics_log.MetricsLog:
     """The run's metric logs from iteration `start` on: a resumed run repeats no line and loses none; a fresh one
-    keeps none."""
+    keeps none. A run lengthened past a last iteration off the evaluation schedule drops that evaluation, which the
+    run it becomes would not have made."""
+    off_schedule = 0 < start < args.iterations and start % args.eval_every != 0
     for path in (run_dir / "metrics.jsonl", run_dir / "fidelity.jsonl"):
-        checkpoint.truncate_metrics(path, start if start else -1)
+        checkpoint.truncate_metrics(path, start if start else -1, evaluation_kept=not off_schedule)
     return metrics_log.MetricsLog(run_dir, args.tensorboard, start)
 
 

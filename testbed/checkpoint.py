@@ -140,11 +140,15 @@ def metric_lines(path: Path) -> list[tuple[str, dict]]:
     return records
 
 
-def truncate_metrics(path: Path, iteration: int) -> None:
+def truncate_metrics(path: Path, iteration: int, evaluation_kept: bool = True) -> None:
     """Keep the metric lines logged up to `iteration`, so a resumed run repeats none and loses none (a torn last
-    line goes too, `metric_lines`)."""
+    line goes too, `metric_lines`); without `evaluation_kept`, the evaluation lines (eval/) of `iteration` go too."""
+    def kept(record: dict) -> bool:
+        if record["iteration"] != iteration:
+            return record["iteration"] < iteration
+        return evaluation_kept or not any(key.startswith("eval/") for key in record)
     if path.exists():
-        path.write_text("".join(line + "\n" for line, record in metric_lines(path) if record["iteration"] <= iteration))
+        path.write_text("".join(line + "\n" for line, record in metric_lines(path) if kept(record)))
 
 
 def trainable_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:

@@ -157,6 +157,24 @@ def test_a_resume_keeps_the_lines_up_to_its_checkpoint_drops_a_torn_last_line_an
     assert not (tmp_path / "absent.jsonl").exists()
 
 
+@pytest.mark.parametrize("start, evaluated", [(3, [0, 2]), (4, [0, 2, 4])])
+def test_a_run_lengthened_past_a_last_iteration_off_the_evaluation_schedule_drops_that_evaluation(
+        tmp_path, start, evaluated):
+    """Evaluations every 2 iterations and at the last: a run of 3 evaluated at 3, which its lengthening to 6 would
+    not have done; one of 4 ends on the schedule."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    lines = [{"iteration": 0, "eval/heldout_accuracy": 0.1}] + [
+        line for it in range(1, start + 1) for line in ({"iteration": it, "charts/reward_mean": 0.5},
+                                                         *([{"iteration": it, "eval/heldout_accuracy": 0.2}]
+                                                           if it % 2 == 0 or it == start else []))]
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    train.open_metrics(Args(runs_dir=str(tmp_path), iterations=6, eval_every=2, tensorboard=False), run_dir, start)
+    kept = records(run_dir)
+    assert [r["iteration"] for r in kept if "eval/heldout_accuracy" in r] == evaluated
+    assert [r["iteration"] for r in kept if "charts/reward_mean" in r] == list(range(1, start + 1))
+
+
 def test_a_resume_may_reach_its_run_by_another_spelling_of_its_folder_but_change_nothing_it_trains(tmp_path):
     saved = tmp_path / "config.json"
     saved.write_text(json.dumps({"runs_dir": "runs", "iterations": 100, "lr": 1e-4, "seed": 1}))
