@@ -75,15 +75,13 @@ def _parsed_gold(gold: str) -> tuple:
     return tuple(math_verify.parse(gold, parsing_timeout=_math_timeout()))
 
 
-def answers_match(gold: str, predicted: str, boxed_or_anchored: bool = False) -> bool:
-    """math-verify's verdict that the final answer in `predicted` equals the one in `gold`; never raises.
-
-    With `boxed_or_anchored`, only a \\boxed{} answer or one after an anchor such as "final answer is" counts, so
-    a solution is not rewarded for whatever number it happens to end on."""
+def answers_match(gold: str, predicted: str) -> bool:
+    """math-verify's verdict that the final answer in `predicted` equals the one in `gold`; never raises. Only a
+    \\boxed{} answer or one after an anchor such as "final answer is" counts, so a solution is not rewarded for
+    whatever number it happens to end on."""
     import math_verify
     extraction = [math_verify.LatexExtractionConfig(boxed_match_priority=0, try_extract_without_anchor=False),
-                  math_verify.ExprExtractionConfig(try_extract_without_anchor=False)] if boxed_or_anchored else \
-        [math_verify.LatexExtractionConfig(), math_verify.ExprExtractionConfig()]
+                  math_verify.ExprExtractionConfig(try_extract_without_anchor=False)]
     target = math_verify.parse(predicted, extraction, parsing_timeout=_math_timeout())
     return bool(target) and math_verify.verify(list(_parsed_gold(gold)), target, timeout_seconds=_math_timeout())
 
@@ -105,7 +103,7 @@ def gsm8k_reward(example: Example, completion: str) -> float:
 
 def math_reward(example: Example, completion: str) -> float:
     """1.0 when the completion's boxed (or anchored) final answer equals the reference solution's \\boxed{}."""
-    return float(answers_match(example.answer, completion, boxed_or_anchored=True))
+    return float(answers_match(example.answer, completion))
 
 
 def _exact_value(node: ast.AST) -> Fraction:

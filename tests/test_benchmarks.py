@@ -178,10 +178,10 @@ def test_gsm8k_loads_from_the_hugging_face_cache_without_the_hub(tmp_path, monke
 
 def test_math_rewards_from_a_worker_thread_match_the_main_thread(data):
     # off the main thread math-verify cannot use its SIGALRM timeout; the verdicts must not change
-    task = load("gsm8k", data)
-    cases = [(e, c) for e in task.train for c in (e.reference, "#### 5", "#### 10.0")]
-    expected = [float(c == e.reference or c.split()[1].removesuffix(".0") == e.answer) for e, c in cases]
-    assert sum(expected) == 5
+    task = load("math", data)
+    wrong = "so the final answer is $\\boxed{123456789}$."
+    cases = [(e, c) for e in task.train for c in (e.reference, wrong)]
+    expected = [float(c == e.reference) for e, c in cases]
     with ThreadPoolExecutor(2) as pool:
         assert list(pool.map(lambda case: task.reward(*case), cases)) == expected
     assert [task.reward(*case) for case in cases] == expected
