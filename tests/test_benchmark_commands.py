@@ -74,13 +74,14 @@ def test_reach_estimate_measures_the_same_offers_under_each_estimate_or_says_to_
     if done.returncode:   # a warm-up that leaves every offer inert has nothing to compare
         assert "sample more (--iterations, --seeds)" in done.stderr, done.stderr[-2000:]
         return
-    assert "chosen by the rule: last:2" in done.stdout    # the only cheaper estimate measured
     rows = json.loads((tmp_path / "reach.json").read_text())["table"]
     assert sorted((r["receiver"], r["estimate"]) for r in rows) == [(n, e) for n in ("llama", "qwen")
                                                                     for e in ("exact", "last:2")]
     offers = {r["receiver"]: r["offers"] for r in rows if r["estimate"] == "exact"}
     assert all(r["offers"] == offers[r["receiver"]] > 0 for r in rows)
-    assert all(r["band_agreement"] == 1 for r in rows if r["estimate"] == "exact")
+    # the verdict printed is the criterion on the table: last:2's band agreement at 85% for every receiver
+    meets = min(r["band_agreement"] for r in rows if r["estimate"] == "last:2") >= 0.85
+    assert f"chosen by the rule: last:2 ({'meets' if meets else 'MISSES'} the 85% band agreement" in done.stdout
 
 
 @pytest.fixture

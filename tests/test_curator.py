@@ -26,7 +26,7 @@ import tokalign
 import train
 from testbed import arith, policies, tasks, tiny
 from test_term_scales import random_calibration, shifted_terms
-from test_train import tiny_args
+from test_train import MIXED, tiny_args
 
 EPS = 1e-4  # grpo.group_advantages' default
 ROOT = Path(__file__).resolve().parent.parent
@@ -195,8 +195,12 @@ def fidelity_records(run_dir):
 @pytest.mark.parametrize("pair, admission", [("qwen-llama", "diagnosis"),
                                              pytest.param("trio", "diagnosis", marks=pytest.mark.slow),
                                              ("qwen-llama", "random")])
-def test_a_cross_fidelity_run_logs_decisions_that_follow_its_own_rules(tmp_path, cache_dir, pair, admission, capsys):
-    # what holds on every path, whichever levels a seeded run happens to use on this machine
+def test_a_cross_fidelity_run_logs_decisions_that_follow_its_own_rules(tmp_path, cache_dir, pair, admission, capsys,
+                                                                     scripted_rewards):
+    # what holds on every path, whichever levels a seeded run happens to use on this machine; the rewards scripted
+    # so that every kind of record the checks below read is there: prompt 0 inert (every policy's rewards 1), the
+    # others mixed, so their offers carry advantages and are diagnosed
+    scripted_rewards(lambda policy, problems: torch.tensor([[1.0] * 6] + [MIXED] * (len(problems) - 1)))
     args = tiny_args(tmp_path, cache_dir, pair=pair, share="cross-fidelity", iterations=2, thresholds="adaptive",
                      admission=admission)
     run_dir = train.main(args)
@@ -206,9 +210,12 @@ def test_a_cross_fidelity_run_logs_decisions_that_follow_its_own_rules(tmp_path,
     assert all(math.isfinite(r["losses/policy_loss"]) and "fidelity/admitted_prp" in r
                and math.isfinite(r["losses/update_kl"]) for r in updates)
     assert all("fidelity/guard_tripped" in r for r in updates if r["iteration"] == 2)   # iteration 1 judged then
-    assert all(float(r[f"fidelity/threshold_level/{source}"]).is_integer() for r in updates if pair == "qwen-llama"
-               for source in {"qwen", "llama"} - {r["policy"]})                      # a level, moved a step at a time
+    # a context moves only on three cycles' evidence, so in two iterations each plays its start, level 0, or the
+    # step up that exploration tries
+    assert all(r[f"fidelity/threshold_level/{source}"] in (0.0, 1.0) for r in updates if pair == "qwen-llama"
+               for source in {"qwen", "llama"} - {r["policy"]})
     assert records and all(r["receiver"] != r["source"] and r["iteration"] in (1, 2) for r in records)
+    assert {"inert", "prp"} <= {r["level"] for r in records} and any("tokens" in r["crossed"] for r in records)
     weights = dict(zip(diagnosis.TERMS, args.curator_config.weights.tolist()))
     for r in (r for r in records if "D" in r):
         assert {"tbd", "ccm", "rsd"} == set(r["terms"]) == set(r["scaled"])
@@ -502,6 +509,27 @@ def test_the_window_redraw_and_the_levels_rebuild_what_the_curator_logged(tmp_pa
     assert curator_sensitivity.levels_table(tmp_path) == {("qwen", "llama"): [0, 1, 2, 2, 1, 3]}
     with pytest.raises(SystemExit, match="thresholds fixed"):
         curator_sensitivity.window_stability(tmp_path)
+
+
+def test_the_ablation_table_counts_the_offers_of_one_source_and_iteration_whose_band_moved(tmp_path, capsys):
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import curator_sensitivity
+
+    def run(name: str, bands: list[int], elsewhere: int) -> Path:
+        mine = [{"source": "mistral", "receiver": "qwen", "iteration": 1, "index": k, "band": b}
+                for k, b in enumerate(bands)]
+        others = [{"source": "llama", "receiver": "qwen", "iteration": 1, "index": 0, "band": elsewhere},
+                  {"source": "mistral", "receiver": "qwen", "iteration": 2, "index": 0, "band": elsewhere},
+                  {"source": "mistral", "receiver": "qwen", "iteration": 1, "index": 9, "level": "inert"}]
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "fidelity.jsonl").write_text("".join(json.dumps(r) + "\n" for r in mine + others))
+        (tmp_path / name / "config.json").write_text("{}")
+        return tmp_path / name
+    # offers 0-4 in both runs, 1 and 3 in another band; offer 5 only in the ablated run; another source's and
+    # another iteration's bands moved too, and are not counted
+    curator_sensitivity.ablation_table(run("run", [0, 1, 2, 0, 1], 0), run("ablated", [0, 2, 2, 1, 1, 0], 2),
+                                       "mistral", 1)
+    assert "diagnosed in both runs: 5; in different bands: 2 (40%)" in capsys.readouterr().out
 
 
 def test_an_iteration_that_diagnosed_nothing_leaves_the_rebuilt_window_as_the_curators(tmp_path, capsys):

@@ -11,11 +11,13 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 import tyro
 
 import train
 from args import Args
 from test_args import documented_commands
+from test_train import MIXED
 from testbed import presets
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -39,8 +41,10 @@ def test_train_py_help_prints_every_flag_with_its_documentation():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("flags", OFFLINE, ids=[" ".join(f) or "default" for f in OFFLINE])
-def test_a_documented_train_command_runs_an_iteration(flags, tmp_path, cache_dir):
+def test_a_documented_train_command_runs_an_iteration(flags, tmp_path, cache_dir, scripted_rewards):
     args = tyro.cli(Args, args=[*flags, *TINY, "--runs-dir", str(tmp_path), "--cache-dir", cache_dir])
+    if args.share == "cross-fidelity":  # every group mixed, so offers are diagnosed whatever was sampled
+        scripted_rewards(lambda policy, problems: torch.tensor([MIXED] * len(problems)))
     run_dir = train.main(args)
     updates = [r for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())
                if "losses/policy_loss" in r]
@@ -49,6 +53,7 @@ def test_a_documented_train_command_runs_an_iteration(flags, tmp_path, cache_dir
     if args.share != "cross-fidelity":
         return
     records = [json.loads(line) for line in (run_dir / "fidelity.jsonl").read_text().splitlines()]
+    assert any("D" in r for r in records)
     for r in (r for r in records if "D" in r):
         kept = [t for t in ("tbd", "ccm", "rsd") if t not in args.ablate]
         # an ablated term is not measured, weighs nothing in D and is not repaired; the others keep their weight

@@ -28,6 +28,11 @@ def test_sensitivity_and_saturation_by_hand():
     # at the top of its scale a term cannot get worse either, whatever its steps: RSD scaled to 1 on one offer
     records[0]["scaled"]["rsd"] = 1.0
     assert fidelity_record.sensitivity(records, {"tbd": 0.0, "ccm": 1 / 3, "rsd": 1 / 3})["rsd"]["saturated"] == 1 / 3
+    # and below the top every step at its cap saturates it; one step under the cap does not
+    records[2]["scaled"]["ccm"] = 0.6
+    assert fidelity_record.sensitivity(records, {"ccm": 1 / 3})["ccm"]["saturated"] == pytest.approx(1 / 3)
+    records[2]["steps"][0]["ccm"] = 0.9
+    assert fidelity_record.sensitivity(records, {"ccm": 1 / 3})["ccm"]["saturated"] == 0.0
 
 
 def test_an_iterations_fidelity_metrics_by_hand():

@@ -377,11 +377,12 @@ def test_crossing_metrics_by_hand():
         n = len(weights)
         return sharing.Crossing("qwen2", 0, reward, [1], list(range(n)), torch.zeros(n), torch.tensor(weights),
                                 torch.zeros(n), torch.tensor(log_ratio), residual)
-    crossings = [crossing(1.0, [0.0, 1.0], [1.0, 1.5, 1.5], 0.0), crossing(0.0, [-1.0, 0.5, 2.0], [0.5, 1.5], 0.3)]
-    out = sharing.crossing_metrics(crossings, cap=1.5, picked=3)            # log 1.5 = 0.405
+    # the truncated share counts log-ratios above log 1.5 = 0.405 (2 of 5), not weights at the cap (3 of 5)
+    crossings = [crossing(1.0, [0.0, 1.0], [1.0, 1.5, 1.5], 0.0), crossing(0.0, [-1.0, 0.2, 2.0], [0.5, 1.5], 0.3)]
+    out = sharing.crossing_metrics(crossings, cap=1.5, picked=3)
     assert out == pytest.approx({"sharing/received": 2.0, "sharing/received_reward": 0.5,
-                                 "sharing/log_ratio_mean": 2.5 / 5, "sharing/log_ratio_max": 2.0,
-                                 "sharing/truncated_share": 3 / 5, "sharing/weight_mean": 6.0 / 5,
+                                 "sharing/log_ratio_mean": 2.2 / 5, "sharing/log_ratio_max": 2.0,
+                                 "sharing/truncated_share": 2 / 5, "sharing/weight_mean": 6.0 / 5,
                                  "sharing/residual": 0.15, "sharing/dropped": 1.0})
 
 
@@ -474,7 +475,11 @@ def test_none_and_xgrpo_move_no_trajectory(untrained):
 
 @pytest.mark.parametrize("pair, share", [("qwen-llama", "prp"), ("qwen-llama", "sgt"), ("trio", "xgrpo"),
                                          ("trio", "prp"), ("qwen-llama", "hacpo"), ("trio", "hacpo")])
-def test_a_sharing_run_trains_every_policy_and_logs_what_crossed(tmp_path, cache_dir, pair, share):
+def test_a_sharing_run_trains_every_policy_and_logs_what_crossed(tmp_path, cache_dir, pair, share, scripted_rewards):
+    if share == "sgt":  # each policy solves every rollout of the prompts its peer fails every rollout of, by parity
+        first = presets.PRESETS["tiny"][pair][0].name
+        scripted_rewards(lambda policy, problems: torch.tensor(
+            [[float((b % 2 == 0) == (policy.name == first))] * 6 for b in range(len(problems))]))
     run_dir = train.main(tiny_args(tmp_path, cache_dir, pair=pair, share=share, iterations=2))
     logged = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     updates = [r for r in logged if "losses/policy_loss" in r]
@@ -486,6 +491,9 @@ def test_a_sharing_run_trains_every_policy_and_logs_what_crossed(tmp_path, cache
         for r in updates:
             picked = sum(6 * mixed_groups[(p, r["iteration"])] for p in names if p != r["policy"])
             assert r["sharing/received"] + r.get("sharing/dropped", 0.0) == picked
+    if share == "sgt":  # the peer's 4 x 6 successes on the receiver's failed prompts, each crossing or dropped
+        assert all(r["sharing/received"] + r["sharing/dropped"] == 24 for r in updates)
+        assert all(r["sharing/received_reward"] == 1.0 for r in updates if r["sharing/received"])
     if share in ("prp", "hacpo"):
         assert all(r["sharing/weight_mean"] > 0 for r in updates if r["sharing/received"])
     if share == "xgrpo":
