@@ -11,7 +11,8 @@ Llama-3 in line steps) has no distribution to scale by and enters raw: 0 there, 
 
 The thresholds are a stated rule on the same sample (`share_thresholds`): the quantiles of D that give PRP, XGRPO
 and SGT a third each, computed for whatever weights a run uses, its ablations included, so an ablation is the
-curator minus one term rather than a shifted D that sends everything to one band (DESIGN.md §4.12, §4.15). The
+curator minus one term rather than a shifted D that sends everything to one band (DESIGN.md §4.12, §4.15). A D that
+many offers share goes whole to the band where the middle of its share lies (`uncut`). The
 sample is the run's own: a scale fitted on another run does not transfer, because the admission a run makes
 shapes the policies and so the terms it records (docs/results.md, "The curator on a fresh seed").
 """
@@ -50,15 +51,32 @@ EQUAL_SHARES = (1 / 3, 1 / 3)
 
 def share_thresholds(d: list[float], shares: tuple[float, float] = EQUAL_SHARES) -> tuple[float, float]:
     """(theta1, theta2) that admit the given shares of the offers' degradations `d` to PRP and XGRPO (the rest to
-    SGT): the shares[0] and shares[0] + shares[1] quantiles (linear interpolation between order statistics). A
-    single offer is both quantiles, so alone it goes to SGT, the most cautious level."""
-    values = torch.tensor([v for v in d if v == v], dtype=torch.float64)
+    SGT): the shares[0] and shares[0] + shares[1] quantiles (linear interpolation between order statistics), each
+    kept off a value that several offers hold (`uncut`). A single offer is both quantiles, so alone it goes to SGT,
+    the most cautious level."""
+    values = sorted(v for v in d if v == v)
     if len(values) == 0:
         raise ValueError("setting thresholds needs at least one diagnosed offer")
     if min(shares) < 0 or sum(shares) > 1:
         raise ValueError(f"shares are two non-negative fractions summing to at most 1, got {shares}")
-    low, high = torch.quantile(values, torch.tensor([shares[0], shares[0] + shares[1]], dtype=torch.float64))
-    return low.item(), high.item()
+    cuts = (shares[0], shares[0] + shares[1])
+    quantiles = torch.quantile(torch.tensor(values, dtype=torch.float64), torch.tensor(cuts, dtype=torch.float64))
+    return uncut(values, quantiles[0].item(), cuts[0]), uncut(values, quantiles[1].item(), cuts[1])
+
+
+def uncut(values: list[float], theta: float, cut: float) -> float:
+    """The threshold at the `cut` quantile `theta` of the sorted `values`, moved off a value that several of them
+    hold. A point mass is common (the offers whose every step is in reach share their CCM, and a term that never
+    varied adds the same to every D), and at a threshold equal to it the whole mass would land on one side by the
+    comparison's last bit, or by `D < theta` always above it: with a third of the offers at one D, PRP empty. So
+    the threshold moves to the middle of the gap beside the value, on the side that leaves it whole in the band
+    where the middle of its share of the sample lies (one past it where no value lies beyond: D is at most 1)."""
+    lo, hi = bisect.bisect_left(values, theta), bisect.bisect_right(values, theta)    # values[lo:hi] == theta
+    if hi - lo < 2:
+        return theta
+    if (lo + hi) / 2 < cut * len(values):                         # its middle below the cut: the band below
+        return (theta + values[hi]) / 2 if hi < len(values) else theta + 1.0
+    return (values[lo - 1] + theta) / 2 if lo > 0 else theta - 1.0
 
 
 @dataclass(frozen=True)

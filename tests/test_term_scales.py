@@ -44,6 +44,33 @@ def test_thresholds_by_shares_admit_each_level_its_share_counted_by_hand(values,
         term_scales.share_thresholds([math.nan], (prp, xgrpo))
 
 
+def test_a_value_many_offers_hold_goes_whole_to_the_band_its_middle_lies_in_by_hand():
+    # 4 of 10 offers at D = 0 (every step in reach, the other terms constant): the third's quantile falls on them,
+    # and their middle, 2 of 10, lies in PRP's third; the quantile at two thirds falls between 0.3's neighbours
+    values = [0.0] * 4 + [0.1, 0.2, 0.3, 0.4, 0.5, 0.6]
+    theta1, theta2 = term_scales.share_thresholds(values)
+    assert (theta1, theta2) == pytest.approx((0.05, 0.3))
+    assert [curator.admission_band(v, theta1, theta2) for v in values] == [0] * 4 + [1, 1, 2, 2, 2, 2]
+    # the mass's middle in the second third: XGRPO; one value for all: its middle halfway, XGRPO for every offer
+    values = [0.1, 0.2] + [0.3] * 6 + [0.4, 0.5]
+    thetas = term_scales.share_thresholds(values)
+    assert [curator.admission_band(v, *thetas) for v in values] == [0, 0] + [1] * 6 + [2, 2]
+    assert {curator.admission_band(0.5, *term_scales.share_thresholds([0.5] * 7))} == {1}
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.sampled_from([0.0, 0.1, 0.25, 0.5, 0.9]), min_size=2, max_size=60), st.floats(0.0, 0.6),
+       st.floats(0.0, 0.4))
+def test_every_value_several_offers_hold_lies_whole_in_the_band_of_its_middle(values, prp, xgrpo):
+    theta1, theta2 = term_scales.share_thresholds(values, (prp, xgrpo))
+    ordered, n = sorted(values), len(values)
+    for v in set(values):
+        lo, hi = ordered.index(v), n - ordered[::-1].index(v)                  # ordered[lo:hi] are v
+        if hi - lo >= 2:                                                       # its middle, in offers
+            middle = (lo + hi) / 2
+            assert curator.admission_band(v, theta1, theta2) == (middle >= prp * n) + (middle >= (prp + xgrpo) * n)
+
+
 def test_a_term_scale_is_the_mid_rank_cdf_of_the_calibration_by_hand():
     scale = term_scales.TermScale.fit([0.0] * 6 + [0.2, 0.4, 0.6, 0.8])
     # 6 of 10 at 0, order statistics 0..5 of 0..9: 0 scales to the middle of their percentiles, 2.5/9; above it,
