@@ -19,14 +19,16 @@ its rollouts' reward std, each against mean + z std of its own last `window` val
 one level below what was played. The verdict on cycle t waits for iteration t+1's rollouts (`updated`, then
 `judge`). Every pair into a receiver shares its gains and its guard.
 
-Predictor. A softmax regression in plain torch over cheap features (curator.py) predicts the admission band
-(PRP, XGRPO, SGT) of a trajectory before its expensive diagnosis (the per-step gradient norms). It is refitted
-each cycle on every fully diagnosed trajectory (a bounded buffer). A prediction is sure when its probability is
-at least `confidence`; a sure prediction may skip the diagnosis only while the measured accuracy of the last
-`trust_window` audited sure predictions is at least `trust` (so a drifting predictor stops skipping by itself),
-and a share `audit` of sure predictions is always diagnosed in full to keep that accuracy measured. Trust is
-per receiver, since one model serves every pair: a receiver's sure predictions are all diagnosed and audited
-until `min_audits` of them have been, so none is skipped before the predictor was checked on that receiver.
+Predictor. A softmax regression in plain torch over cheap features (curator.py) predicts the admission band (PRP,
+XGRPO, SGT) of a trajectory before its expensive diagnosis (the per-step gradient norms). It is refitted each cycle
+on every fully diagnosed trajectory (a bounded buffer). A prediction is sure when its probability is at least
+`confidence`; a sure prediction may skip the diagnosis only while the measured accuracy of the last `trust_window`
+audited sure predictions is at least `trust` (so a drifting predictor stops skipping by itself), and a share `audit`
+of sure predictions is always diagnosed in full to keep that accuracy measured. Only the sure predictions that could
+skip are audited (one whose tokens would cross is diagnosed whatever it predicts, and its accuracy would vouch for
+the others). Trust is per receiver, since one model serves every pair: a receiver's sure predictions are all
+diagnosed and audited until `min_audits` of them have been, so none is skipped before the predictor was checked on
+that receiver.
 """
 
 from __future__ import annotations
@@ -223,8 +225,9 @@ class FidelityPredictor:
 
     def may_skip(self, receiver: str, prob: float) -> tuple[bool, bool]:
         """(sure, skip) for a prediction of probability `prob` about a trajectory offered to `receiver`. A sure one
-        skips while the predictor is trusted on that receiver, unless drawn for audit; every sure one diagnosed in
-        full is audited (`audited`), trusted or not, so that a predictor that lost its trust can win it back."""
+        skips while the predictor is trusted on that receiver, unless drawn for audit; every sure one that could
+        have skipped and was diagnosed in full is audited (`audited`), trusted or not, so that a predictor that
+        lost its trust can win it back."""
         sure = len(self.y) >= self.cfg.min_history and prob >= self.cfg.confidence
         return sure, sure and self.trusted(receiver) and self.rng.random() >= self.cfg.audit
 

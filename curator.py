@@ -244,9 +244,10 @@ class Curator:
     def _predict(self, receiver: sharing.Experience, offers: list[Offer], inert: list[bool],
                  gaps: dict[str, float], share: sharing.ShareConfig
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[bool], list[bool]]:
-        """Features [N, F], the predicted band [N] and its probability [N], and which predictions are sure and
-        which skip the expensive diagnosis (never an inert offer's, which is not diagnosed at all, nor one whose
-        tokens would cross, nor any under the random control)."""
+        """Features [N, F], the predicted band [N] and its probability [N], which predictions are sure enough to
+        skip and may (their tokens would not cross at the band predicted: only these are audited, so the trust
+        that lets them skip is measured on them), and which skip the expensive diagnosis (never an inert offer's,
+        which is not diagnosed at all, nor any under the random control)."""
         n, name = len(offers), receiver.policy.name
         if not self.predictor or not offers:
             return torch.zeros(n, 0), torch.full((n,), -1), torch.zeros(n), [False] * n, [False] * n
@@ -256,14 +257,13 @@ class Curator:
             torch.nn.functional.one_hot(torch.tensor(self.pairs[(source, name)]), len(self.pairs)).double()])
             for o, source in zip(offers, sources)])
         predicted, prob = self.predictor.predict(features)
-        sure, skipped = [], []
+        auditable, skipped = [], []
         for k, o in enumerate(offers):
-            is_sure, skip = self.predictor.may_skip(name, prob[k].item()) if not inert[k] else (False, False)
-            sure.append(is_sure)
+            sure, skip = self.predictor.may_skip(name, prob[k].item()) if not inert[k] else (False, False)
+            auditable.append(sure and not crosses_tokens(int(predicted[k]), o, receiver.rewards, share.success))
             # the random control may move any band into a level whose tokens cross
-            skipped.append(skip and self.cfg.admission == "diagnosis"
-                           and not crosses_tokens(int(predicted[k]), o, receiver.rewards, share.success))
-        return features, predicted, prob, sure, skipped
+            skipped.append(skip and auditable[k] and self.cfg.admission == "diagnosis")
+        return features, predicted, prob, auditable, skipped
 
     def _receive(self, receiver: sharing.Experience, side: ReceiverSide, peers: list[sharing.Experience],
                  examples: list, share: sharing.ShareConfig, iteration: int) -> tuple[sharing.Received, list[dict]]:
@@ -282,14 +282,14 @@ class Curator:
                 if idle[r["prompt"]]:
                     r.update(level="inert", reason=INERT)
         with timer("prediction"):
-            features, predicted, prob, sure, skipped = self._predict(receiver, offers, inert, gaps, share)
+            features, predicted, prob, auditable, skipped = self._predict(receiver, offers, inert, gaps, share)
         with timer("gradnorms"):
             measured = [k for k, (skip, idle) in enumerate(zip(skipped, inert)) if not skip and not idle]
             offers = self._measure(name, side, offers, measured)
         with timer("scoring"):
             thetas, scores = self._score(name, offers, measured, levels)
         with timer("predictor_fit"):
-            self._fit_predictor(name, features, predicted, sure, scores, measured)
+            self._fit_predictor(name, features, predicted, auditable, scores, measured)
         with timer("admission"):
             bands = [None if inert[k] else int(predicted[k]) if sc is None else sc.band for k, sc in enumerate(scores)]
             if self.cfg.admission == "random":
@@ -332,13 +332,14 @@ class Curator:
             scores[k] = score(offers[k], self.cfg, thetas[offers[k].source.policy.name], scales)
         return thetas, scores
 
-    def _fit_predictor(self, name: str, features: torch.Tensor, predicted: torch.Tensor, sure: list[bool],
+    def _fit_predictor(self, name: str, features: torch.Tensor, predicted: torch.Tensor, auditable: list[bool],
                        scores: list[Score | None], measured: list[int]) -> None:
-        """The predictor learns the measured offers' bands, and is audited on those it was sure of."""
+        """The predictor learns the measured offers' bands, and is audited on the measured predictions that were
+        sure enough to skip and could have (`_predict`)."""
         if self.predictor and measured:
             self.predictor.learn(features[measured], torch.tensor([scores[k].band for k in measured]))
             for k in measured:
-                if sure[k]:
+                if auditable[k]:
                     self.predictor.audited(name, int(predicted[k]) == scores[k].band)
 
     def _records(self, name: str, offers: list[Offer], scores: list[Score | None], bands: list[int | None],

@@ -259,6 +259,30 @@ def test_a_cross_fidelity_run_logs_decisions_that_follow_its_own_rules(tmp_path,
             assert "CCM" in out if command[0] == "runs" else "in different bands: 0 (0%)" in out
 
 
+def test_only_the_sure_predictions_that_could_skip_are_audited(monkeypatch):
+    # the trust lets a prediction skip, so it is measured on those that can: one whose tokens would cross (PRP
+    # with A != 0, a rescue at any band) is diagnosed whatever it predicts, and its accuracy vouches for nothing
+    from types import SimpleNamespace as Offer
+    cur = curator.Curator(diagnosis.CuratorConfig(), ["qwen", "llama"], 0, None, coevolution.PredictorConfig())
+    receiver = Offer(policy=Offer(name="llama"), rewards=torch.tensor([[0.0, 0.0], [1.0, 0.0]]))   # prompt 0 failed
+    qwen = Offer(policy=Offer(name="qwen"))
+    offers = [Offer(source=qwen, prompt_index=1, reward=1.0, advantage=0.5),     # PRP with A != 0: crosses
+              Offer(source=qwen, prompt_index=1, reward=1.0, advantage=0.0),     # PRP with A = 0: could skip
+              Offer(source=qwen, prompt_index=1, reward=0.0, advantage=-0.5),    # SGT, no rescue: could skip
+              Offer(source=qwen, prompt_index=0, reward=1.0, advantage=0.5)]     # SGT, a rescue: crosses
+    predicted = torch.tensor([0, 0, 2, 2])
+    monkeypatch.setattr(diagnosis, "offer_features", lambda *_: torch.zeros(len(diagnosis.FEATURES)))
+    monkeypatch.setattr(cur.predictor, "predict", lambda x: (predicted, torch.ones(len(x))))
+    monkeypatch.setattr(cur.predictor, "may_skip", lambda receiver, prob: (True, False))    # sure, not yet trusted
+    monkeypatch.setattr(cur.predictor, "learn", lambda x, y: None)
+    share = sharing.ShareConfig("cross-fidelity", temperature=1.0)
+    features, _, _, auditable, skipped = cur._predict(receiver, offers, [False] * 4, {"qwen": 0.0}, share)
+    assert auditable == [False, True, True, False] and skipped == [False] * 4
+    # the diagnosis's bands: the crossing predictions right, offer 1's right, offer 2's wrong
+    cur._fit_predictor("llama", features, predicted, auditable, [Offer(band=b) for b in (0, 0, 1, 2)], [0, 1, 2, 3])
+    assert list(cur.predictor.audits["llama"]) == [True, False]
+
+
 def test_admission_routes_each_band_by_hand():
     from types import SimpleNamespace as Offer
     own = torch.tensor([[0.0, 0.0], [1.0, 0.0]])
