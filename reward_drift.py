@@ -3,7 +3,7 @@
 Proposal §1.3: the same outcome reward carries different process information for different policies. Per
 policy, process rewards are collected on its own rollouts; the drift of step k of a shared trajectory is
     D_RSD(k) = KL( p_src(r | s_k) || p_tgt(r | s_k) )
-and a trajectory's drift is the mean over its steps. §2.2, RSD repair: step credit is recalibrated with a
+and a trajectory's drift is the mean over its typed steps (0 where none is typed). §2.2, RSD repair: step credit is recalibrated with a
 verifiable process signal (VPR-style) where a step can be checked, else with an intrinsic one (VIGOR-style).
 
 Decisions relied on (DESIGN.md §4.9):
@@ -12,7 +12,9 @@ Decisions relied on (DESIGN.md §4.9):
     a GSM8K line its first calculator annotation, the operators in order and the digits of the largest
     operand's integer part, e.g. "<<48/2=24>>" is "/2". So GSM8K's annotations are the VPR signal too.
   - p(r | type) is a Bernoulli step-success rate from each policy's own rollouts over a window of recent
-    iterations, smoothed by a Beta(1, 1) prior, so unseen types and zero counts give finite, small drifts.
+    iterations, smoothed by a Beta(1, 1) prior, so unseen types and zero counts give finite drifts, not small
+    ones: a type the target never tried sits at 1/2, so against a source that solved it 62 times in 62 (63/64)
+    the bound below is 0.68.
   - steps that cannot be checked are marked None and never scored 0.
 The curator's RSD term per typed step is `drift_bound`(KL) = sqrt(1 - exp(-KL)), the Bretagnolle-Huber bound on
 the total variation between the two success distributions: a probability in [0, 1), 0 exactly when they agree.
@@ -62,7 +64,8 @@ def step_type(line: str) -> str | None:
     if annotation is None:
         return None
     expression = annotation.group(1)
-    operators = "".join(re.findall(r"(?<=[\d.)\s])\s*([-+*/])", expression))   # binary ones: a "-3" operand is no "-"
+    # binary ones, right after an operand (a "-3" operand is no "-", spaced or not), a power "**" one of them
+    operators = "".join(re.findall(r"(?<=[\d.)])\s*(\*\*|[-+*/])", expression))
     operands = re.findall(r"\d[\d,]*", expression)
     if not operators or not operands:
         return None

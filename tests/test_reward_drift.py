@@ -25,7 +25,8 @@ def test_step_types(line, kind):
 
 @pytest.mark.parametrize("line, kind", [("Half of 48 is <<48/2=24>>24.", "/2"), ("<<3*1,200+5=3605>>3605", "*+4"),
                                         ("<<-3+5=2>>2", "+1"), ("<<(4+2)*3=18>>18", "+*1"), ("<<12=12>>", None),
-                                        ("She has 12 apples.", None)])
+                                        ("She has 12 apples.", None), ("<<5 - -3=8>>8", "-1"), ("<<5*-3=-15>>", "*1"),
+                                        ("<<2**3=8>>8", "**1"), ("<<2 ** 3 + 1=9>>9", "**+1")])
 def test_gsm8k_annotations_have_step_types(line, kind):
     assert reward_drift.step_type(line) == kind
 
