@@ -21,7 +21,7 @@ import boundary_drift
 import reachability
 import term_scales
 import tokalign
-from diagnosis import TERMS, Diagnosis, Offer
+from diagnosis import TERMS, CuratorConfig, Diagnosis, Offer
 from sharing import LEVELS
 from testbed import checkpoint
 
@@ -157,8 +157,8 @@ def direction_terms(records: list[dict]) -> dict[str, dict]:
 
 def run_weights(config: dict) -> dict[str, float]:
     """A run's term weights, 0 for an ablated term, from its config.json."""
-    lambdas = config.get("fidelity_lambdas", [1 / 3] * 3)
-    return {t: 0.0 if t in config.get("ablate", []) else float(l) for t, l in zip(TERMS, lambdas)}
+    lambdas = tuple(config.get("fidelity_lambdas", CuratorConfig.lambdas))
+    return dict(zip(TERMS, term_scales.weights(tuple(config.get("ablate", ())), lambdas).tolist()))
 
 
 def quantiles(values: list[float]) -> str:
