@@ -76,8 +76,8 @@ def timed(seconds: dict[str, float], phase: str, fn):
 
 def instrumented_run(repo: Path, flags: list[str], out: Path, measure=timed) -> None:
     """In this process: train.py of `repo` with its phases measured, each phase's functions wrapped by
-    measure(totals, phase, fn) (default: timed); writes {phase: its total, "total": the run's seconds} to out, and
-    for timed phases "other": the seconds no phase holds."""
+    measure(totals, phase, fn) (default: timed); writes {phase: its total} to out, and when the phases are timed
+    "total": the run's seconds and "other": the seconds no phase holds."""
     os.chdir(repo)
     sys.path.insert(0, str(repo))
     import importlib
@@ -104,7 +104,7 @@ def instrumented_run(repo: Path, flags: list[str], out: Path, measure=timed) -> 
     total = time.perf_counter() - start
     if measure is timed:   # the wall time no phase holds
         totals["other"] = total - sum(v for p, v in totals.items() if p not in NESTED)
-    out.write_text(json.dumps({**totals, "total": total}) + "\n")
+    out.write_text(json.dumps({**totals, "total": total} if measure is timed else totals) + "\n")
 
 
 def run_one(repo: Path, flags: list[str], out: Path, script: str = __file__) -> dict[str, float]:
