@@ -143,6 +143,10 @@ def start_state(args: Args, run_dir: Path, names: list[str]
     if not (args.resume and (run_dir / "checkpoints" / "latest").exists()):
         return 0, None, curation, capabilities
     start, folder, saved = checkpoint.latest_checkpoint(run_dir)
+    if start > args.iterations:
+        raise ValueError(f"{run_dir}'s last checkpoint is at iteration {start}, past --iterations {args.iterations}: "
+                         f"a run is not shortened; resume with --iterations {start} or more, or start afresh under "
+                         "another --name")
     print(f"resumed from iteration {start}")
     return (start, folder, (saved or curation) if curation is not None else None,
             (saved or capabilities) if capabilities is not None else None)
@@ -156,6 +160,12 @@ def open_metrics(args: Args, run_dir: Path, start: int) -> metrics_log.MetricsLo
     for path in (run_dir / "metrics.jsonl", run_dir / "fidelity.jsonl"):
         checkpoint.truncate_metrics(path, start if start else -1, evaluation_kept=not off_schedule)
     return metrics_log.MetricsLog(run_dir, args.tensorboard, start)
+
+
+def evaluated(run_dir: Path, iteration: int) -> bool:
+    """Whether the run's metrics hold an evaluation at `iteration`."""
+    return any(record["iteration"] == iteration and any(key.startswith("eval/") for key in record)
+               for _, record in checkpoint.metric_lines(run_dir / "metrics.jsonl"))
 
 
 def draw_problems(args: Args, task: tasks.Task, iteration: int) -> tuple[list, list[str]]:
@@ -279,9 +289,10 @@ def run(args: Args, team: LocalTeam | None = None) -> Path:
                               if folder is not None else built, args.allow_other_start)
     metrics = open_metrics(args, run_dir, start)
     accuracy = {name: float("nan") for name in names}
-    if start == 0:
-        evaluations = team.call("evaluate", 0)
-        log_lines(metrics, 0, started, names, evaluations)
+    # iteration 0's evaluation, or the last one of a run shortened to its checkpoint, which the loop will not reach
+    if start == 0 or (start == args.iterations and not evaluated(run_dir, start)):
+        evaluations = team.call("evaluate", start)
+        log_lines(metrics, start, started, names, evaluations)
         accuracy = accuracies(names, evaluations)
     # the stability guard reads losses/update_kl, which costs one more forward per update
     guarded = curation is not None and curation.bandit is not None

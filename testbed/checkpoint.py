@@ -142,13 +142,16 @@ def metric_lines(path: Path) -> list[tuple[str, dict]]:
 
 def truncate_metrics(path: Path, iteration: int, evaluation_kept: bool = True) -> None:
     """Keep the metric lines logged up to `iteration`, so a resumed run repeats none and loses none (a torn last
-    line goes too, `metric_lines`); without `evaluation_kept`, the evaluation lines (eval/) of `iteration` go too."""
+    line goes too, `metric_lines`); without `evaluation_kept`, the evaluation lines (eval/) of `iteration` go too.
+    The kept lines replace the file at once, so a process killed while writing them leaves the old file whole."""
     def kept(record: dict) -> bool:
         if record["iteration"] != iteration:
             return record["iteration"] < iteration
         return evaluation_kept or not any(key.startswith("eval/") for key in record)
     if path.exists():
-        path.write_text("".join(line + "\n" for line, record in metric_lines(path) if kept(record)))
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text("".join(line + "\n" for line, record in metric_lines(path) if kept(record)))
+        tmp.replace(path)
 
 
 def trainable_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:

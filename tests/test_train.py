@@ -175,6 +175,47 @@ def test_a_run_lengthened_past_a_last_iteration_off_the_evaluation_schedule_drop
     assert [r["iteration"] for r in kept if "charts/reward_mean" in r] == list(range(1, start + 1))
 
 
+def test_a_resume_killed_while_trimming_its_log_leaves_the_log_whole(tmp_path, monkeypatch):
+    path = tmp_path / "metrics.jsonl"
+    lines = "".join(json.dumps({"iteration": it, "charts/reward_mean": 0.5}) + "\n" for it in range(5))
+    path.write_text(lines)
+
+    def torn(self, text, *args, **kwargs):                       # the disk fills half-way through the write
+        with open(self, "w") as f:
+            f.write(text[:len(text) // 2])
+        raise OSError("No space left on device")
+    monkeypatch.setattr(Path, "write_text", torn)
+    with pytest.raises(OSError, match="No space"):
+        checkpoint.truncate_metrics(path, 2)
+    assert path.read_text() == lines
+
+
+def test_a_run_resumed_shorter_ends_at_its_checkpoint_evaluated_as_an_uninterrupted_one_and_never_shorter(
+        tmp_path, cache_dir, monkeypatch):
+    # evaluations at 0 and the last iteration only; a run of 3 killed in its third iteration, checkpointed at 2
+    overrides = dict(iterations=3, checkpoint_every=2, eval_every=5, prompts_per_iteration=4, group_size=2,
+                     max_new_tokens=8, eval_size=4)
+    real_step, calls = grpo.grpo_step, []
+
+    def dies_in_the_third_iteration(*a, **k):
+        calls.append(1)
+        if len(calls) == 5:  # two policies per iteration: the first update of iteration 3
+            raise KeyboardInterrupt
+        return real_step(*a, **k)
+    monkeypatch.setattr(grpo, "grpo_step", dies_in_the_third_iteration)
+    with pytest.raises(KeyboardInterrupt):
+        train.main(tiny_args(tmp_path, cache_dir, name="killed", **overrides))
+    monkeypatch.setattr(grpo, "grpo_step", real_step)
+    logged = (tmp_path / "killed" / "metrics.jsonl").read_text()
+    with pytest.raises(ValueError, match="past --iterations 1: a run is not shortened; resume with --iterations 2"):
+        train.main(tiny_args(tmp_path, cache_dir, name="killed", resume=True, **{**overrides, "iterations": 1}))
+    assert (tmp_path / "killed" / "metrics.jsonl").read_text() == logged
+    shortened = train.main(tiny_args(tmp_path, cache_dir, name="killed", resume=True, **{**overrides, "iterations": 2}))
+    whole = train.main(tiny_args(tmp_path, cache_dir, name="whole", **{**overrides, "iterations": 2}))
+    assert [r["iteration"] for r in records(shortened) if "eval/heldout_accuracy" in r] == [0, 0, 2, 2]
+    assert list(map(metrics_log.timeless, records(whole))) == list(map(metrics_log.timeless, records(shortened)))
+
+
 def test_a_resume_may_reach_its_run_by_another_spelling_of_its_folder_but_change_nothing_it_trains(tmp_path):
     saved = tmp_path / "config.json"
     saved.write_text(json.dumps({"runs_dir": "runs", "iterations": 100, "lr": 1e-4, "seed": 1}))
