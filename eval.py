@@ -37,13 +37,13 @@ from testbed import arith, checkpoint, policies, presets, tasks
 
 def heldout_accuracy(policy, examples: list, max_new_tokens: int, task: tasks.Task | None = None,
                      batch_size: int = 256, temperature: float | None = None, samples: int = 1,
-                     generator: torch.Generator | None = None) -> float:
+                     generator: torch.Generator | None = None, top_p: float = 1.0) -> float:
     """Greedy pass@1 of `policy` on `examples` of `task` (default: the arithmetic task's Problems).
 
-    With a `temperature`: the mean reward of `samples` completions per example sampled at it, what the training
-    reward measures, on problems never trained on. RL can raise it by sharpening alone; greedy pass@1 rises only
-    where the most likely completion becomes a right one. Samples are drawn from `generator` (torch's global one
-    if None)."""
+    With a `temperature`: the mean reward of `samples` completions per example sampled at it (and nucleus `top_p`),
+    what the training reward measures, on problems never trained on. RL can raise it by sharpening alone; greedy
+    pass@1 rises only where the most likely completion becomes a right one. Samples are drawn from `generator`
+    (torch's global one if None)."""
     if not examples:
         raise ValueError("no held-out examples to evaluate")
     if temperature is not None and not temperature > 0:
@@ -54,8 +54,8 @@ def heldout_accuracy(policy, examples: list, max_new_tokens: int, task: tasks.Ta
     for i in range(0, len(examples), batch_size):
         chunk = examples[i:i + batch_size]
         rollouts = policy.rollout([task.prompt(e) for e in chunk], samples, max_new_tokens,
-                                  temperature=1.0 if temperature is None else temperature, greedy=temperature is None,
-                                  generator=generator)
+                                  temperature=1.0 if temperature is None else temperature, top_p=top_p,
+                                  greedy=temperature is None, generator=generator)
         correct += tasks.group_rewards(task, chunk, rollouts.texts, samples).sum().item() / samples
     return correct / len(examples)
 

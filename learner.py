@@ -134,14 +134,14 @@ def update(learner: Learner, args: Args, rollouts: policies.Rollouts, received: 
 
 def evaluate(learner: Learner, args: Args, task: tasks.Task, transfer: tasks.Task | None, iteration: int
              ) -> dict[str, float]:
-    """Phase 5's evaluation: greedy pass@1 on the held-out split, accuracy sampled at the training temperature,
-    greedy pass@1 on the transfer task."""
+    """Phase 5's evaluation: greedy pass@1 on the held-out split, accuracy sampled as training samples (its
+    temperature and top-p), greedy pass@1 on the transfer task."""
     p = learner.policy
     record = {"eval/heldout_accuracy": evaluation.heldout_accuracy(p, task.heldout, args.max_new_tokens, task)}
     if args.eval_samples:
         record["eval/heldout_sampled_accuracy"] = evaluation.heldout_accuracy(
             p, task.heldout, args.max_new_tokens, task, temperature=args.temperature, samples=args.eval_samples,
-            generator=generator(learner, "evaluation", iteration))
+            generator=generator(learner, "evaluation", iteration), top_p=args.top_p)
     if transfer is not None:
         record["eval/transfer_accuracy"] = evaluation.heldout_accuracy(p, transfer.heldout, args.max_new_tokens,
                                                                        transfer)

@@ -86,9 +86,9 @@ class ScriptedPolicy:
         self.by_prompt = by_prompt
         self.calls = []
 
-    def rollout(self, prompts, group_size, max_new_tokens, temperature=1.0, greedy=False, generator=None):
+    def rollout(self, prompts, group_size, max_new_tokens, temperature=1.0, top_p=1.0, greedy=False, generator=None):
         from testbed import arith
-        self.calls.append((len(prompts), group_size, temperature, greedy, generator))
+        self.calls.append((len(prompts), group_size, temperature, top_p, greedy, generator))
         group_size = 1 if greedy else group_size
         texts = []
         for prompt in prompts:
@@ -105,12 +105,13 @@ def test_sampled_accuracy_is_the_mean_reward_over_samples_and_greedy_takes_one_c
     policy = ScriptedPolicy({task.prompt(e): (e, r) for e, r in zip(examples, [3, 0, 1, 2, 3])})
     generator = torch.Generator().manual_seed(0)
     sampled = evaluation.heldout_accuracy(policy, examples, 16, task, batch_size=2, temperature=0.7, samples=3,
-                                          generator=generator)
+                                          generator=generator, top_p=0.9)
     assert sampled == pytest.approx((3 + 0 + 1 + 2 + 3) / (3 * 5))
-    assert policy.calls == [(2, 3, 0.7, False, generator), (2, 3, 0.7, False, generator), (1, 3, 0.7, False, generator)]
+    assert policy.calls == [(2, 3, 0.7, 0.9, False, generator), (2, 3, 0.7, 0.9, False, generator),
+                            (1, 3, 0.7, 0.9, False, generator)]
     policy.calls.clear()
     greedy = evaluation.heldout_accuracy(policy, examples, 16, task, samples=3)   # samples mean nothing greedily
-    assert greedy == pytest.approx(4 / 5) and policy.calls == [(5, 1, 1.0, True, None)]
+    assert greedy == pytest.approx(4 / 5) and policy.calls == [(5, 1, 1.0, 1.0, True, None)]
     for temperature in (0.0, -0.7, float("nan")):      # never a silent T = 1
         with pytest.raises(ValueError, match="positive temperature"):
             evaluation.heldout_accuracy(policy, examples, 16, task, temperature=temperature)
