@@ -9,8 +9,8 @@ Exact per-step norms need one vector-Jacobian product per step. In a causal mode
 parameters through all earlier positions, so a single backward of a masked or summed loss returns sum_k grad L_k,
 from which no ||grad L_k|| can be recovered. `step_grad_norms_loop` is the reference, one backward per step.
 `step_grad_norms` runs one forward with hooks recording the input x and output y of every module owning a scope
-parameter, then one backward batched over the K unit cotangents (is_grads_batched=True) down to those outputs only,
-so no per-step weight gradient is formed there. The norms follow exactly from d_k = dL_k/dy: a Linear weight's
+parameter, then one backward batched over unit cotangents, one per step (is_grads_batched=True; with trajectories
+batched, one per step index, below), down to those outputs only, so no per-step weight gradient is formed there. The norms follow exactly from d_k = dL_k/dy: a Linear weight's
 gradient is d_k^T x, and by the ghost-norm identity ||d_k^T x||_F^2 = sum((d_k d_k^T) * (x x^T)), x x^T [T, T]
 shared by all K steps; this is used where T^2 (K out + in) < K T out in, else d_k^T x is formed. An embedding's
 gradient is onehot(ids)^T d_k, and a tied embedding/head matrix sums both calls before the norm (cross terms
