@@ -135,8 +135,12 @@ class Calibration:
         return torch.tensor([v if math.isnan(v) or s is None else s(v) for s, v in zip(self.scales, raw.tolist())],
                             dtype=torch.float64)
 
-    def thresholds(self, weights: torch.Tensor, shares: tuple[float, float] = EQUAL_SHARES) -> tuple[float, float]:
-        """The share rule on the calibration sample's D under these weights [3] (0 for an ablated term)."""
+    def degradations(self, weights: torch.Tensor) -> list[float]:
+        """The calibration sample's D under these weights [3] (0 for an ablated term)."""
         rows = torch.stack([torch.nan_to_num(self.scaled(torch.tensor(r, dtype=torch.float64)), nan=0.0)
                             for r in self.terms])                                                   # [N, 3]
-        return share_thresholds((rows @ weights.double()).tolist(), shares)
+        return (rows @ weights.double()).tolist()
+
+    def thresholds(self, weights: torch.Tensor, shares: tuple[float, float] = EQUAL_SHARES) -> tuple[float, float]:
+        """The share rule on the calibration sample's D under these weights [3]."""
+        return share_thresholds(self.degradations(weights), shares)

@@ -5,6 +5,7 @@
     python benchmarks/curator_sensitivity.py window RUN                # redraw half of the terms' calibration sample
     python benchmarks/curator_sensitivity.py reach --seed 700           # redraw half of R's calibration sample
     python benchmarks/curator_sensitivity.py levels RUN                # --thresholds adaptive: the levels played
+    python benchmarks/curator_sensitivity.py ties RUN                  # where a shared D met a threshold
 
 `runs`: for each run and source -> receiver, every weighted term's `moved` (the share of diagnosed offers whose band
 differs between the term at its 10th and at its 90th percentile, the others kept) and `saturated` (the share whose
@@ -19,7 +20,10 @@ iteration; R is calibrated on a window of own rollouts as in training, half of w
 of the same prompts) ten times; the terms' scales and thresholds are then those of the iteration's offers under
 each R, as in a run's first iteration; the share of offers whose band changes. `levels`: in a run with
 --thresholds adaptive, the level each direction played at each iteration, (theta1 - the level-0 theta1 of the
-receiver's calibration sample, rebuilt from the record) / step; its last, highest and mean level.
+receiver's calibration sample, rebuilt from the record) / step; its last, highest and mean level. `ties`: in a run
+with fixed thresholds, per receiver, the iterations where a threshold fell on a D that several offers of the
+calibration sample share (term_scales.uncut moved it), and the diagnosed offers whose band that moved: the logged
+band against the band under the sample's plain quantiles, the rule before 14005f3.
 """
 
 from __future__ import annotations
@@ -164,6 +168,30 @@ def levels_table(run: Path, step: float = coevolution.BanditConfig.step) -> dict
     return out
 
 
+def tie_table(run: Path) -> dict[str, list[int]]:
+    """Per receiver: [iterations, those with a threshold moved off a shared D, diagnosed offers, offers whose band
+    the move changed] (the module docstring's `ties`)."""
+    records, width, weights, rows = window_rows(run, "fixed")
+    out: dict[str, list[int]] = {}
+    for receiver, t in sorted(rows):
+        sample = term_scales.Calibration(tuple(window_sample(rows, receiver, t, width)))
+        d = sample.degradations(weights)
+        plain = torch.quantile(torch.tensor(d, dtype=torch.float64), torch.tensor(
+            [term_scales.EQUAL_SHARES[0], sum(term_scales.EQUAL_SHARES)], dtype=torch.float64)).tolist()
+        theta = term_scales.share_thresholds(d)
+        mine = [r for r in records if r["receiver"] == receiver and r["iteration"] == t and "D" in r]
+        counts = out.setdefault(receiver, [0, 0, 0, 0])
+        counts[0] += 1
+        counts[1] += tuple(plain) != theta
+        counts[2] += len(mine)
+        counts[3] += sum(term_scales.admission_band(r["D"], *plain) != r["band"] for r in mine)
+    print("| receiver | iterations | a threshold on a shared D | diagnosed offers | band moved by it |\n"
+          "|---|---|---|---|---|")
+    for receiver, (its, tied, offers, moved) in out.items():
+        print(f"| {receiver} | {its} | {tied} | {offers} | {moved} ({moved / max(offers, 1):.1%}) |")
+    return out
+
+
 class Iteration(NamedTuple):
     """One iteration of the untrained-by-RL pair (no update): its prompts, each policy's experience, and sample(),
     which draws a policy's fresh rollouts of the same prompts."""
@@ -270,6 +298,8 @@ def main() -> None:
     window.add_argument("run", type=Path)
     levels = sub.add_parser("levels")
     levels.add_argument("run", type=Path)
+    ties = sub.add_parser("ties")
+    ties.add_argument("run", type=Path)
     reach = sub.add_parser("reach")
     reach.add_argument("--seed", type=int, default=700)
     reach.add_argument("--redraws", type=int, default=10)
@@ -285,6 +315,8 @@ def main() -> None:
         window_stability(args.run)
     elif args.command == "levels":
         levels_table(args.run)
+    elif args.command == "ties":
+        tie_table(args.run)
     else:
         reach_stability(Args(seed=args.seed, ccm_estimate=args.ccm_estimate), args.redraws)
 

@@ -556,6 +556,28 @@ def test_the_ablation_table_counts_the_offers_of_one_source_and_iteration_whose_
     assert "diagnosed in both runs: 5; in different bands: 2 (40%)" in capsys.readouterr().out
 
 
+def test_the_ties_table_counts_the_offers_a_threshold_on_a_shared_d_moved(tmp_path):
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import curator_sensitivity
+    # one iteration, its 10 offers the whole sample: 4 with every step in reach (CCM 0, one D), TBD and RSD constant;
+    # the third's quantile falls on the 4, whose middle lies in PRP's third: PRP now, XGRPO by the plain quantile
+    terms = [(0.0, ccm, 0.5) for ccm in [0.0] * 4 + [0.1, 0.2, 0.3, 0.4, 0.5, 0.6]]
+    weights = diagnosis.CuratorConfig().weights
+    sample = term_scales.Calibration(tuple(terms))
+    d, theta = sample.degradations(weights), sample.thresholds(weights)
+    records = [{"receiver": "llama", "source": "qwen", "iteration": 1, "theta": list(theta), "D": v,
+                "terms": dict(zip(diagnosis.TERMS, row)), "band": curator.admission_band(v, *theta)}
+               for row, v in zip(terms, d)]
+    assert [r["band"] for r in records[:4]] == [0] * 4
+    (tmp_path / "fidelity.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    (tmp_path / "config.json").write_text(json.dumps({"thresholds": "fixed", "theta1": None, "calibration": "window",
+                                                      "calibration_window": 1, "ablate": []}))
+    assert curator_sensitivity.tie_table(tmp_path) == {"llama": [1, 1, 10, 4]}
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "curator_sensitivity.py"), "ties", str(tmp_path)],
+                         capture_output=True, text=True, check=True).stdout
+    assert "| llama | 1 | 1 | 10 | 4 (40.0%) |" in out
+
+
 def test_an_iteration_that_diagnosed_nothing_leaves_the_rebuilt_window_as_the_curators(tmp_path, capsys):
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import curator_sensitivity
