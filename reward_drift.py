@@ -1,10 +1,11 @@
 """Process rewards and reward semantic drift: RSD diagnosis and repair.
 
-Proposal §1.3: the same outcome reward carries different process information for different policies. Per
-policy, process rewards are collected on its own rollouts; the drift of step k of a shared trajectory is
+Proposal §1.3: the same outcome reward carries different process information for different policies. Per policy,
+process rewards are collected on its own rollouts; the drift of step k of a shared trajectory is
     D_RSD(k) = KL( p_src(r | s_k) || p_tgt(r | s_k) )
-and a trajectory's drift is the mean over its typed steps (0 where none is typed). §2.2, RSD repair: step credit is recalibrated with a
-verifiable process signal (VPR-style) where a step can be checked, else with an intrinsic one (VIGOR-style).
+and a trajectory's drift is the mean over its typed steps (0 where none is typed). §2.2, RSD repair: step credit is
+recalibrated with a verifiable process signal (VPR-style) where a step can be checked, else with an intrinsic one
+(VIGOR-style).
 
 Decisions relied on (DESIGN.md §4.9):
   - "similar steps" are steps of the same type, a small documented key (`step_type`): for arithmetic the

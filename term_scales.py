@@ -12,9 +12,9 @@ Llama-3 in line steps) has no distribution to scale by and enters raw: 0 there, 
 The thresholds are a stated rule on the same sample (`share_thresholds`): the quantiles of D that give PRP, XGRPO
 and SGT a third each, computed for whatever weights a run uses, its ablations included, so an ablation is the
 curator minus one term rather than a shifted D that sends everything to one band (DESIGN.md §4.12, §4.15). A D that
-many offers share goes whole to the band where the middle of its share lies (`uncut`). The
-sample is the run's own: a scale fitted on another run does not transfer, because the admission a run makes
-shapes the policies and so the terms it records (docs/results.md, "The curator on a fresh seed").
+many offers share goes whole to the band where the middle of its share lies (`uncut`). The sample is the run's own:
+a scale fitted on another run does not transfer, because the admission a run makes shapes the policies and so the
+terms it records (docs/results.md, "The curator on a fresh seed").
 """
 
 from __future__ import annotations
