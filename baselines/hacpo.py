@@ -172,8 +172,8 @@ def without_eos(experience: sharing.Experience) -> sharing.Experience:
     """The experience with the closing EOS taken off each rollout's ids, log-probs and byte offsets, as the
     recipe's trajectories carry them (hacpo_trajectory.py): its text then crosses without an EOS, and its mean
     log-prob leaves the EOS out. A rollout that is an EOS alone keeps it, the one action it took."""
-    r, eos = experience.rollouts, experience.policy.eos_token_id
-    ends = [len(ids) - 1 if len(ids) > 1 and ids[-1].item() == eos else len(ids) for ids in r.completion_ids]
+    r, stops = experience.rollouts, experience.policy.stop_ids
+    ends = [len(ids) - 1 if len(ids) > 1 and ids[-1].item() in stops else len(ids) for ids in r.completion_ids]
     return replace(experience, rollouts=replace(
         r, completion_ids=[ids[:e] for ids, e in zip(r.completion_ids, ends)],
         logprobs=[logp[:e] for logp, e in zip(r.logprobs, ends)],

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 from tqdm import tqdm
 
 from testbed import arith, data, lora, tiny
@@ -62,12 +62,22 @@ class Rollouts:
         self.__dict__.update(state)
 
 
-class Policy:
-    """A model and its tokenizer, with prompt formatting and batched rollouts."""
+CHAT_TEMPLATE_ARGS = {"date_string": "26 Jul 2024", "enable_thinking": False}
+"""what a chat template reads beside the messages, fixed: Llama-3's writes today's date into the system turn
+unless given one (a run resumed another day would train on other prompt tokens), Qwen3's thinks unless told not to
+(its answer would not fit --max-new-tokens); a template that reads neither ignores them"""
 
-    def __init__(self, name: str, model: torch.nn.Module, tokenizer, use_chat_template: bool):
+
+class Policy:
+    """A model and its tokenizer, with prompt formatting and batched rollouts. A rollout ends at the first of
+    `stop_ids` (default: the tokenizer's EOS; a chat model also ends its turn with the ids of its generation config,
+    Gemma-3's <end_of_turn> where its tokenizer's EOS is <eos>)."""
+
+    def __init__(self, name: str, model: torch.nn.Module, tokenizer, use_chat_template: bool,
+                 stop_ids: tuple[int, ...] | None = None):
         self.name, self.model, self.tokenizer = name, model, tokenizer
         self.use_chat_template = use_chat_template
+        self.stop_ids = stop_ids or (tokenizer.eos_token_id,)
         self.token_bytes = token_bytes_table(tokenizer)
         self.device = next(model.parameters()).device
 
@@ -78,7 +88,7 @@ class Policy:
     def encode_prompt(self, text: str) -> list[int]:
         if self.use_chat_template:
             return self.tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
-                                                      tokenize=True, return_dict=False)
+                                                      tokenize=True, return_dict=False, **CHAT_TEMPLATE_ARGS)
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
     def encode_completion(self, text: str, eos: bool) -> list[int]:
@@ -108,24 +118,33 @@ class Policy:
         `generator` (torch's global one if None)."""
         if not prompts:
             raise ValueError("rollout needs at least one prompt")
+        if max_new_tokens < 1:
+            raise ValueError(f"a rollout generates at least one token, got max_new_tokens={max_new_tokens}")
+        if None in self.stop_ids or self.tokenizer.pad_token_id is None:
+            raise ValueError(f"{self.name}: a rollout needs an id to stop at and one to pad with; this tokenizer has "
+                             f"EOS {self.tokenizer.eos_token_id} and pad {self.tokenizer.pad_token_id}: set "
+                             "tokenizer.eos_token (or the Policy's stop_ids) and tokenizer.pad_token")
         group_size = 1 if greedy else group_size
-        prompt_lists = [self.encode_prompt(p) for p in prompts for _ in range(group_size)]
+        encoded = [self.encode_prompt(p) for p in prompts]
+        if not all(encoded):
+            raise ValueError(f"{self.name}: prompt {prompts[encoded.index([])]!r} encodes to no token")
+        prompt_lists = [ids for ids in encoded for _ in range(group_size)]
         was_training = self.model.training
         self.model.eval()
-        new, logprobs = decode(self.model, prompt_lists, self.tokenizer.pad_token_id, self.tokenizer.eos_token_id,
+        new, logprobs = decode(self.model, prompt_lists, self.tokenizer.pad_token_id, list(self.stop_ids),
                                max_new_tokens, temperature, top_p, greedy, generator)      # [N, T], [N, T]
         self.model.train(was_training)
-        eos = self.tokenizer.eos_token_id
         result = Rollouts([], [], [], [], [], [], group_size)
         for row, lp, prompt in zip(new.tolist(), logprobs.cpu(), prompt_lists):
-            length = row.index(eos) + 1 if eos in row else len(row)
+            stop = next((t for t, token in enumerate(row) if token in self.stop_ids), None)
+            length = len(row) if stop is None else stop + 1
             ids = row[:length]
             result.prompt_ids.append(torch.tensor(prompt))
             result.completion_ids.append(torch.tensor(ids))
             result.logprobs.append(lp[:length].clone())   # its own storage: a pickled view carries the batch's
             result.texts.append(self.decode(ids))
             result.offsets.append(byte_offsets(ids, self.token_bytes))
-            result.finished.append(eos in row)
+            result.finished.append(stop is not None)
         return result
 
 
@@ -304,7 +323,16 @@ def load_hub_policy(spec: PolicySpec, location: str, device: torch.device, dtype
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"
-    return Policy(spec.name, model.to(device), tokenizer, use_chat_template=tokenizer.chat_template is not None)
+    return Policy(spec.name, model.to(device), tokenizer, use_chat_template=tokenizer.chat_template is not None,
+                  stop_ids=stop_ids(tokenizer, model.generation_config))
+
+
+def stop_ids(tokenizer, generation: GenerationConfig | None) -> tuple[int, ...]:
+    """The ids that end a real model's completion: its tokenizer's EOS, then those its generation config stops at
+    (an instruct model's end of turn where that is not the tokenizer's EOS)."""
+    configured = getattr(generation, "eos_token_id", None)
+    configured = [configured] if isinstance(configured, int) else list(configured or [])
+    return tuple(dict.fromkeys([tokenizer.eos_token_id, *configured]))
 
 
 def load_policies(pair: str, scale: str, device: torch.device | list[torch.device], task_cfg: arith.TaskConfig,

@@ -144,11 +144,12 @@ def cache_keyword(model: torch.nn.Module) -> str:
 
 
 @torch.no_grad()
-def decode(model: torch.nn.Module, prompts: list[list[int]], pad_id: int, eos_id: int, max_new_tokens: int,
+def decode(model: torch.nn.Module, prompts: list[list[int]], pad_id: int, stop_ids: list[int], max_new_tokens: int,
            temperature: float = 1.0, top_p: float = 1.0, greedy: bool = False,
            generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Sampled (or greedy) continuations of left-padded prompts and their behaviour log-probs, both [N, T] with
-    T <= max_new_tokens steps (fewer when every row has emitted EOS); after EOS a row holds pad ids, log-prob 0.
+    T <= max_new_tokens steps (fewer when every row has emitted a stop id, its EOS); after it a row holds pad ids,
+    log-prob 0.
 
     The tokens are model.generate's for the same seed: the same float32 logits, temperature, top-p warper and one
     torch.multinomial draw over all N rows per step (so the random stream does not depend on which rows finished).
@@ -176,6 +177,7 @@ def decode(model: torch.nn.Module, prompts: list[list[int]], pad_id: int, eos_id
     logprobs = torch.zeros((n, max_new_tokens), device=device)                           # [N, T]
     rows = torch.arange(n, device=device)              # [R] the batch rows still computed
     running = torch.ones(n, dtype=torch.bool, device=device)  # [R] no EOS yet
+    stops = torch.tensor(stop_ids, dtype=torch.long, device=device)                      # [S]
     last = positions[:, -1]                            # [R] position of each row's last prompt token
     probs = None if greedy else torch.ones((n, logits.shape[-1]), device=device)        # [N, V] every row's draw
     nucleus = TopPLogitsWarper(top_p) if top_p < 1.0 and not greedy else None
@@ -191,7 +193,7 @@ def decode(model: torch.nn.Module, prompts: list[list[int]], pad_id: int, eos_id
         tokens[rows, step] = chosen
         logprobs[rows, step] = torch.where(
             running, torch.log_softmax(scores, -1).gather(-1, chosen.unsqueeze(-1)).squeeze(-1), 0.0)
-        running &= chosen != eos_id
+        running &= ~torch.isin(chosen, stops)
         if step == max_new_tokens - 1 or not running.any():
             break
         if running.sum() * 4 <= 3 * len(rows):  # compact: copying the cache costs about one decode step

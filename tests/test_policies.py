@@ -326,7 +326,7 @@ def teacher_forced_logprobs(model, prompt: list[int], ids: torch.Tensor, tempera
 def test_decode_logprobs_equal_a_teacher_forced_forward_at_the_temperature(random_policy, temperature, top_p):
     model, tok, prompts = random_policy
     torch.manual_seed(0)
-    ids, logprobs = sequences.decode(model, prompts, tok.pad_token_id, tok.eos_token_id, 16, temperature, top_p)
+    ids, logprobs = sequences.decode(model, prompts, tok.pad_token_id, [tok.eos_token_id], 16, temperature, top_p)
     assert ids.shape == logprobs.shape == (len(prompts), 16)
     for prompt, row, lp in zip(prompts, ids, logprobs):
         torch.testing.assert_close(lp, teacher_forced_logprobs(model, prompt, row, temperature), atol=1e-4, rtol=0)
@@ -338,14 +338,14 @@ def test_rows_stop_at_eos_and_the_others_continue_unchanged(cache_dir):
     model, tok = policy.model.eval(), policy.tokenizer
     prompts = [policy.encode_prompt(arith.prompt_text(p)) for p in arith.generate_problems(6, "train", 5)] * 4
     torch.manual_seed(0)
-    free, free_lp = sequences.decode(model, prompts, tok.pad_token_id, -1, 16, 0.9)  # no EOS
+    free, free_lp = sequences.decode(model, prompts, tok.pad_token_id, [-1], 16, 0.9)  # no EOS
     # EOS: of the first row's first three tokens (so that row stops by its third), the one the fewest rows emit;
     # decode again, same seed. The condition the test needs, checked: some row never emits it and runs on
     emitters = {int(t): int((free == t).any(1).sum()) for t in free[0, :3]}
     stop = min(emitters, key=emitters.get)
     assert emitters[stop] < len(prompts), "every row emits each of the first row's first three tokens"
     torch.manual_seed(0)
-    ids, lp = sequences.decode(model, prompts, tok.pad_token_id, stop, 16, 0.9)
+    ids, lp = sequences.decode(model, prompts, tok.pad_token_id, [stop], 16, 0.9)
     ends = []
     for row, row_lp, ref, ref_lp in zip(ids, lp, free, free_lp):
         end = (ref == stop).nonzero()[0, 0].item() + 1 if (ref == stop).any() else len(ref)
@@ -364,15 +364,63 @@ def test_decode_matches_model_generate(random_policy, sampling):
     model, tok, prompts = random_policy
     batch = tok.pad({"input_ids": prompts}, return_tensors="pt")
     temperature, top_p, greedy = sampling.get("temperature", 1.0), sampling.get("top_p", 1.0), not sampling["do_sample"]
-    # an EOS that the first row emits early, so generate pads finished rows while others run on
+    # two stop ids, as a chat model's generation config lists them: the first row's third token, so generate pads
+    # finished rows while others run on, and the second row's second
     torch.manual_seed(1)
-    eos = int(sequences.decode(model, prompts, tok.pad_token_id, -1, 3, temperature, top_p, greedy)[0][0, -1])
+    free = sequences.decode(model, prompts, tok.pad_token_id, [-1], 3, temperature, top_p, greedy)[0]
+    stops = list(dict.fromkeys([int(free[0, 2]), int(free[1, 1])]))
     torch.manual_seed(1)
-    expected = model.generate(**batch, max_new_tokens=20, pad_token_id=tok.pad_token_id, eos_token_id=eos,
+    expected = model.generate(**batch, max_new_tokens=20, pad_token_id=tok.pad_token_id, eos_token_id=stops,
                               **sampling)[:, batch["input_ids"].shape[1]:]
     torch.manual_seed(1)
-    ids, _ = sequences.decode(model, prompts, tok.pad_token_id, eos, 20, temperature, top_p, greedy)
+    ids, _ = sequences.decode(model, prompts, tok.pad_token_id, stops, 20, temperature, top_p, greedy)
     assert torch.equal(ids, expected) and (ids[0, 3:] == tok.pad_token_id).all()
+
+
+def test_a_rollout_ends_at_the_first_of_its_stop_ids_and_a_real_model_stops_where_its_generation_config_says():
+    tok = tiny.tiny_tokenizer("qwen2")
+    model = tiny.tiny_model("qwen2", tiny.TinyShape(64, 2, 4, 0), len(tok), seed=3)
+    prompt = [arith.prompt_text(arith.generate_problems(1, "train", 5)[0])]
+    free = policies.Policy("qwen", model, tok, use_chat_template=False, stop_ids=(-1,)).rollout(prompt, 1, 8,
+                                                                                                greedy=True)
+    ids = free.completion_ids[0].tolist()
+    assert len(ids) == 8 and free.finished == [False]
+    # a turn-end id the model emits at its third token: the completion ends there, that token included
+    turn_end = ids[2] if ids[2] not in ids[:2] else ids[0]
+    end = ids.index(turn_end) + 1
+    policy = policies.Policy("qwen", model, tok, use_chat_template=False, stop_ids=(tok.eos_token_id, turn_end))
+    cut = policy.rollout(prompt, 1, 8, greedy=True)
+    assert cut.completion_ids[0].tolist() == ids[:end] and cut.finished == [True]
+    torch.testing.assert_close(cut.logprobs[0], free.logprobs[0][:end])
+    # the ids: the tokenizer's EOS first, then the generation config's, once each, an int or a list or none
+    from transformers import GenerationConfig
+    eos = tok.eos_token_id
+    assert policies.stop_ids(tok, GenerationConfig(eos_token_id=[eos, 106, 1])) == (eos, 106, 1)
+    assert policies.stop_ids(tok, GenerationConfig(eos_token_id=106)) == (eos, 106)
+    assert policies.stop_ids(tok, GenerationConfig()) == policies.stop_ids(tok, None) == (eos,)
+
+
+def test_a_rollout_refuses_an_empty_prompt_no_token_budget_and_a_tokenizer_without_eos_or_pad():
+    tok = tiny.tiny_tokenizer("qwen2")
+    policy = policies.Policy("qwen", tiny.tiny_model("qwen2", tiny.TinyShape(32, 2, 4, 0), len(tok), seed=0), tok,
+                             use_chat_template=False)
+    with pytest.raises(ValueError, match="prompt '' encodes to no token"):
+        policy.rollout(["1+1=", ""], 2, 4)
+    with pytest.raises(ValueError, match="at least one token, got max_new_tokens=0"):
+        policy.rollout(["1+1="], 2, 0)
+    policy.stop_ids = (None,)
+    with pytest.raises(ValueError, match="an id to stop at and one to pad with"):
+        policy.rollout(["1+1="], 2, 4)
+
+
+def test_a_chat_prompt_does_not_depend_on_the_day_and_asks_for_no_thinking():
+    # a stand-in for Llama-3.2's and Qwen3's templates: today's date unless given one, thinking unless switched off
+    tok = tiny.tiny_tokenizer("llama")
+    tok.chat_template = ("{% if date_string is not defined %}{% set date_string = strftime_now('%d %b %Y') %}"
+                         "{% endif %}Date: {{ date_string }}\n{% if enable_thinking is defined and not enable_thinking %}"
+                         "no thinking\n{% endif %}{{ messages[0]['content'] }}")
+    policy = policies.Policy("llama", torch.nn.Linear(1, 1), tok, use_chat_template=True)
+    assert tok.decode(policy.encode_prompt("1+1?")) == "Date: 26 Jul 2024\nno thinking\n1+1?"
 
 
 @pytest.mark.parametrize("switched_off, why", [(False, "unreachable"), (True, "switched off by HF_HUB_OFFLINE")])
