@@ -111,7 +111,8 @@ class Args:
     """sampling temperature of rollouts; the policy optimized is the model at this temperature (its logits are
     divided by it in the loss too), so the rollouts stay on-policy"""
     top_p: float = 1.0
-    """nucleus sampling threshold of rollouts"""
+    """nucleus sampling threshold of rollouts (below 1, a rollout's behaviour log-probs stay those of the untruncated
+    distribution at the temperature, which PRP's and HACPO's density ratios read)"""
     lr: float = 1e-4
     """AdamW learning rate of every policy (tiny policies lose accuracy above ~1e-4: Adam's early steps are
     sign-like and a noisy policy gradient then moves every weight at once)"""

@@ -99,6 +99,11 @@ class RayTeam:
             gpus = 1.0 if ray.cluster_resources().get("GPU", 0.0) >= 1 else 0.0
         self.args, self.gpus = args, gpus
         self.scale = args.scale or ("small" if gpus else "tiny")
+        try:   # a pair with no preset at this scale is refused before the run writes anything, as LocalTeam does
+            presets.preset(args.pair, self.scale)
+        except ValueError:
+            self.close()
+            raise
         nodes = [n["Resources"] for n in ray.nodes() if n["Alive"]]
         if room(nodes, args.cpus_per_policy, gpus) < count:
             self.close()

@@ -109,3 +109,15 @@ def test_a_cluster_without_room_for_every_actor_is_refused_at_start(tmp_path, ca
         train_ray.RayTeam(on_ray(tmp_path, cache_dir, gpus_per_policy=1.0))
     with pytest.raises(ValueError, match="--gpus-per-policy"):
         on_ray(tmp_path, cache_dir, devices="cpu")
+
+
+def test_a_pair_with_no_preset_at_the_clusters_scale_is_refused_before_the_run_writes_anything(tmp_path, cache_dir,
+                                                                                               local_ray, monkeypatch):
+    # a cluster with GPUs runs the small scale by default, which has no qwen-mistral
+    monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 8.0, "GPU": 2.0})
+    monkeypatch.setattr(ray, "nodes", lambda: [{"Alive": True, "Resources": {"CPU": 8.0, "GPU": 2.0}}])
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    with pytest.raises(ValueError, match="unknown pair 'qwen-mistral' at scale small"):
+        train_ray.main(on_ray(runs, cache_dir, pair="qwen-mistral"))
+    assert list(runs.iterdir()) == []
