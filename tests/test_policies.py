@@ -417,8 +417,9 @@ def test_a_chat_prompt_does_not_depend_on_the_day_and_asks_for_no_thinking():
     # a stand-in for Llama-3.2's and Qwen3's templates: today's date unless given one, thinking unless switched off
     tok = tiny.tiny_tokenizer("llama")
     tok.chat_template = ("{% if date_string is not defined %}{% set date_string = strftime_now('%d %b %Y') %}"
-                         "{% endif %}Date: {{ date_string }}\n{% if enable_thinking is defined and not enable_thinking %}"
-                         "no thinking\n{% endif %}{{ messages[0]['content'] }}")
+                         "{% endif %}Date: {{ date_string }}\n"
+                         "{% if enable_thinking is defined and not enable_thinking %}no thinking\n{% endif %}"
+                         "{{ messages[0]['content'] }}")
     policy = policies.Policy("llama", torch.nn.Linear(1, 1), tok, use_chat_template=True)
     assert tok.decode(policy.encode_prompt("1+1?")) == "Date: 26 Jul 2024\nno thinking\n1+1?"
 
