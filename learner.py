@@ -164,12 +164,12 @@ def load(learner: Learner, folder: Path) -> None:
 @dataclass(frozen=True)
 class Peer:
     """What an experience carries of its policy once it leaves its worker: its name, and (sent once, at start) its
-    token table, which a receiver needs to retokenize the completions, and its EOS, which HACPO's official variant
-    takes off them."""
+    token table, which a receiver needs to retokenize the completions, and its stop ids, the EOS that HACPO's
+    official variant takes off them."""
 
     name: str
     token_bytes: tuple[bytes, ...] = ()
-    eos_token_id: int | None = None
+    stop_ids: tuple[int, ...] = ()
 
 
 def as_shared(experience: sharing.Experience) -> sharing.Experience:
@@ -202,7 +202,7 @@ class PolicyWorker:
         return f"{type(self).__name__}({self.name})"
 
     def as_peer(self) -> Peer:
-        return Peer(self.name, tuple(self.learner.policy.token_bytes), self.learner.policy.eos_token_id)
+        return Peer(self.name, tuple(self.learner.policy.token_bytes), self.learner.policy.stop_ids)
 
     def set_peers(self, *peers: Peer) -> None:
         self.peers = {p.name: p for p in peers if p.name != self.name}

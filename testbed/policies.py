@@ -81,10 +81,6 @@ class Policy:
         self.token_bytes = token_bytes_table(tokenizer)
         self.device = next(model.parameters()).device
 
-    @property
-    def eos_token_id(self) -> int | None:
-        return self.tokenizer.eos_token_id
-
     def encode_prompt(self, text: str) -> list[int]:
         if self.use_chat_template:
             return self.tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
