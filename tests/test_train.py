@@ -50,6 +50,22 @@ def test_a_pair_with_no_preset_at_its_scale_is_refused_before_the_run_writes_any
     assert train.LocalTeam(Args(pair="qwen-mistral", devices="cpu")).scale == "tiny"
 
 
+def killed_in_iteration(monkeypatch, iteration: int, args: Args) -> None:
+    """Run `args` (a pair) until the first update of `iteration`, which raises KeyboardInterrupt as a kill would;
+    the update is itself again after."""
+    real_step, calls = grpo.grpo_step, []
+
+    def dies(*a, **k):
+        calls.append(1)
+        if len(calls) == 2 * (iteration - 1) + 1:   # two policies an iteration
+            raise KeyboardInterrupt
+        return real_step(*a, **k)
+    monkeypatch.setattr(grpo, "grpo_step", dies)
+    with pytest.raises(KeyboardInterrupt):
+        train.main(args)
+    monkeypatch.setattr(grpo, "grpo_step", real_step)
+
+
 MIXED = [1.0, 0.0, 0.0, 1.0, 0.0, 1.0]
 """every group's scripted rewards: mixed, so every update has advantages to follow, whatever was sampled"""
 
@@ -86,18 +102,9 @@ def test_a_killed_run_resumes_and_a_shorter_one_extends_to_where_an_uninterrupte
     overrides = dict(iterations=4, checkpoint_every=2, eval_every=2, **setting)
     whole = train.main(tiny_args(tmp_path, cache_dir, name="whole", **overrides))
 
-    real_step, calls = grpo.grpo_step, []
-    def dies_in_the_fourth_iteration(*a, **k):
-        calls.append(1)
-        if len(calls) == 7:  # two policies per iteration: the first update of iteration 4
-            raise KeyboardInterrupt
-        return real_step(*a, **k)
-    monkeypatch.setattr(grpo, "grpo_step", dies_in_the_fourth_iteration)
-    with pytest.raises(KeyboardInterrupt):
-        train.main(tiny_args(tmp_path, cache_dir, name="killed", **overrides))
+    killed_in_iteration(monkeypatch, 4, tiny_args(tmp_path, cache_dir, name="killed", **overrides))
     assert "the same command with --resume continues killed" in capsys.readouterr().err
     assert (tmp_path / "killed" / "checkpoints" / "latest").read_text() == "iter-000002"
-    monkeypatch.setattr(grpo, "grpo_step", real_step)
     resumed = train.main(tiny_args(tmp_path, cache_dir, name="killed", resume=True, **overrides))
 
     for name in ("qwen", "llama"):
@@ -195,17 +202,7 @@ def test_a_run_resumed_shorter_ends_at_its_checkpoint_evaluated_as_an_uninterrup
     # evaluations at 0 and the last iteration only; a run of 3 killed in its third iteration, checkpointed at 2
     overrides = dict(iterations=3, checkpoint_every=2, eval_every=5, prompts_per_iteration=4, group_size=2,
                      max_new_tokens=8, eval_size=4)
-    real_step, calls = grpo.grpo_step, []
-
-    def dies_in_the_third_iteration(*a, **k):
-        calls.append(1)
-        if len(calls) == 5:  # two policies per iteration: the first update of iteration 3
-            raise KeyboardInterrupt
-        return real_step(*a, **k)
-    monkeypatch.setattr(grpo, "grpo_step", dies_in_the_third_iteration)
-    with pytest.raises(KeyboardInterrupt):
-        train.main(tiny_args(tmp_path, cache_dir, name="killed", **overrides))
-    monkeypatch.setattr(grpo, "grpo_step", real_step)
+    killed_in_iteration(monkeypatch, 3, tiny_args(tmp_path, cache_dir, name="killed", **overrides))
     logged = (tmp_path / "killed" / "metrics.jsonl").read_text()
     with pytest.raises(ValueError, match="past --iterations 1: a run is not shortened; resume with --iterations 2"):
         train.main(tiny_args(tmp_path, cache_dir, name="killed", resume=True, **{**overrides, "iterations": 1}))
