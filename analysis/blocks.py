@@ -57,6 +57,14 @@ H4_CLAIMS = (("same family mainly CCM", ("qwen-qwen",), "ccm"), ("cross family m
 REPAIRS = {"main": (1031,), "tbd": (1031,)}
 """block -> the fresh seeds that restore its count where a registered seed is unpaired (results/preregistration-
 repair.md), read once every run of the block is in on them; block 1's ("main") in results/matrix-main"""
+IN_PLACE = ("hacpo-official",)
+"""the blocks whose registration leaves a seed unpaired in any of its runs out of every contrast and owes the next
+fresh seed (7028, then 7029, ...) run in full in its place, read in turn, before the block is called
+(results/preregistration-hacpo-official.md)"""
+DESCRIBED = {"hacpo-official": (("hacpo", "sgt"),)}
+"""block -> contrasts its registration shows beside its calls on the same seeds, never tested nor in Holm's family"""
+SHARING = {"hacpo-official": ("sharing/accepted", "sharing/received")}
+"""block -> what each of its configurations' runs shared, per iteration, that its registration shows (not tested)"""
 UNDERPOWERED = {("ablations", None, "llama"), ("hacpo", "cross-fidelity - hacpo", "llama")}
 """(block, contrast or every one, policy) the registration says are underpowered at its seeds, and reported so"""
 H4_WAITS = ("estimate", "tbd")
@@ -90,31 +98,40 @@ def call(rule: str, row: dict) -> str:
 
 
 def family(runs: list[dict], seeds: tuple[int, ...], contrasts: tuple, cfg: ma.AnalysisConfig,
-           repair: tuple[int, ...] = ()) -> dict:
+           repair: tuple[int, ...] = (), in_place: bool = False, described: tuple = (), sharing: tuple = ()) -> dict:
     """A family on its registered seeds, and the `repair` seeds whose every run of the family is in
     (results/preregistration-repair.md): "ran", each contrast's count of registered seeds both its sides ran;
     "unpaired", seed -> why, for each contrast with runs of a seed that did not start from the same weights
-    (left out of it); "repaired", the repair seeds it reads; and, only once every configuration ran on every
-    registered seed, "rows", its contrasts over their paired seeds with Holm within the family (each with its
-    interval at the level Holm tests it at) and each called, "at_cost", the same contrasts at equal cost
-    (COST_VIEWS), and "admission", each curated configuration's admissions per receiving policy
-    (analysis/matrix.py, admission). The registration calls a block when it is complete and has nobody look at its
-    outcomes before, so an incomplete family shows its counts alone."""
+    (left out of it; `in_place`: of every contrast, and the next fresh seed is owed, `seeds_owed`); "repair" and
+    "repaired", the repair or owed seeds and those of them it reads; and, only once every configuration ran on every
+    registered and owed seed, "rows", its contrasts over their paired seeds with Holm within the family (each with
+    its interval at the level Holm tests it at) and each called, "at_cost", the same contrasts at equal cost
+    (COST_VIEWS), "admission", each curated configuration's admissions per receiving policy (analysis/matrix.py,
+    admission), "described", the `described` contrasts (a, b) beside them, untested, and "sharing", each
+    configuration's mean and SD over seeds of the `sharing` metrics. The registration calls a block when it is
+    complete and has nobody look at its outcomes before, so an incomplete family shows its counts alone."""
     names = dict.fromkeys(name for a, b, _ in contrasts for name in (a, b))
     by_config: dict[str, dict[int, dict]] = {name: {} for name in names}
     for s in runs:
         if s["configuration"] in names:
             by_config[s["configuration"]][s["seed"]] = s
+    left_out: dict[int, str] = {}
+    if in_place and cfg.pair_by_start:
+        owed, left_out = seeds_owed(by_config, seeds)
+        repair = tuple(owed[len(seeds):])
     repaired = tuple(seed for seed in repair if all(seed in by_config[name] for name in names))
-    for name in names:
-        by_config[name] = {seed: s for seed, s in by_config[name].items() if seed in (*seeds, *repaired)}
-    policies = list(runs[0]["policies"]) if runs else []
     ran = {f"{a} - {b}": len(set(by_config[a]) & set(by_config[b]) & set(seeds)) for a, b, _ in contrasts}
-    unpaired = {f"{a} - {b}": pairing.unpaired_seeds(by_config[a], by_config[b]) if cfg.pair_by_start else {}
-                for a, b, _ in contrasts}
-    out = {"ran": ran, "unpaired": {c: u for c, u in unpaired.items() if u}, "repaired": list(repaired),
-           "rows": [], "missing": [], "at_cost": [], "admission": []}
-    if not policies or min(ran.values()) < len(seeds):
+    for name in names:
+        by_config[name] = {seed: s for seed, s in by_config[name].items()
+                           if seed in (*seeds, *repaired) and seed not in left_out}
+    policies = list(runs[0]["policies"]) if runs else []
+    unpaired = ({"every contrast": left_out} if left_out else
+                {f"{a} - {b}": pairing.unpaired_seeds(by_config[a], by_config[b]) if cfg.pair_by_start else {}
+                 for a, b, _ in contrasts})
+    out = {"ran": ran, "unpaired": {c: u for c, u in unpaired.items() if u}, "repair": list(repair),
+           "repaired": list(repaired), "rows": [], "missing": [], "at_cost": [], "admission": [], "described": [],
+           "sharing": []}
+    if not policies or min(ran.values()) < len(seeds) or (in_place and repaired != repair):
         return out
     rows, tested = [], []
     for a, b, rule in contrasts:
@@ -136,7 +153,33 @@ def family(runs: list[dict], seeds: tuple[int, ...], contrasts: tuple, cfg: ma.A
                       for a, b, policy in tested]
     out["admission"] = [(name, policy, got) for name in names for policy in policies
                         if (got := ma.admission(list(by_config[name].values()), policy))]
+    out["described"] = [ma.contrast_row(a, b, policy, ma.paired_differences(
+        by_config[a], by_config[b], policy, "auc", cfg.pair_by_start), cfg) for a, b in described for policy in policies]
+    out["sharing"] = [{"configuration": name, "policy": policy, **{key: shared_by(list(by_config[name].values()),
+                                                                              policy, key) for key in sharing}}
+                      for name in names for policy in policies] if sharing else []
     return out
+
+
+def shared_by(runs: list[dict], policy: str, key: str) -> tuple[float, float] | None:
+    """The mean and SD over runs of what `policy` received per iteration by the sharing metric `key`; None where a
+    run did not log it (a configuration that does not share that way)."""
+    logged = [s["policies"][policy]["crossed"] for s in runs]
+    return ma.mean_sd([c[key] for c in logged]) if all(key in c for c in logged) else None
+
+
+def seeds_owed(by_config: dict[str, dict[int, dict]], seeds: tuple[int, ...]) -> tuple[list[int], dict[int, str]]:
+    """The seeds a family that replaces an unpaired seed whole reads: its registered seeds and, for each seed whose
+    runs did not all start from the same weights, the next fresh seed (read in turn); and seed -> why for each
+    unpaired one, naming every run that started otherwise than the first configuration's."""
+    first, *others = by_config
+
+    def unpaired(seed: int) -> str | None:
+        if not all(seed in by_config[name] for name in by_config):
+            return None
+        return "; ".join(why for name in others
+                         if (why := pairing.unpaired_reason(by_config[first][seed], by_config[name][seed])))
+    return pairing.with_fresh_seeds(seeds, unpaired)
 
 
 def seed_mean(values: list[float]) -> float:
@@ -231,7 +274,8 @@ def analyze(sets: dict[str, list[dict]], cfg: ma.AnalysisConfig = ma.AnalysisCon
     families = {}
     for block, (set_name, seeds, contrasts) in FAMILIES.items():
         runs = sets.get(set_name, [])
-        called = family(runs, tuple(seeds), contrasts, cfg, REPAIRS.get(block, ()))
+        called = family(runs, tuple(seeds), contrasts, cfg, REPAIRS.get(block, ()), block in IN_PLACE,
+                        DESCRIBED.get(block, ()), SHARING.get(block, ()))
         families[block] = {"set": set_name, "seeds": [seeds.start, seeds.stop - 1], **called,
                            "seconds": training_seconds(runs, (*seeds, *called["repaired"]), contrasts)}
         for row in families[block]["rows"]:
@@ -244,13 +288,16 @@ def analyze(sets: dict[str, list[dict]], cfg: ma.AnalysisConfig = ma.AnalysisCon
             "h5": h5.analyze(sets.get("matrix", []), cfg, waiting(H5_WAITS), records), "h3": h3.analyze(sets, cfg)}
 
 
-def unpaired_lines(unpaired: dict[str, dict[int, str]], repaired: list[int], repair: tuple[int, ...]) -> list[str]:
-    """The notes under a family's table: each contrast's unpaired seeds with why (left out), and its repair."""
+def unpaired_lines(unpaired: dict[str, dict[int, str]], repaired: list[int], repair: list[int], owed: bool
+                   ) -> list[str]:
+    """The notes under a family's table: each contrast's unpaired seeds with why (left out), and its repair or,
+    where the family owes a fresh seed in place of each unpaired one, those owed."""
     lines = [f"\nUnpaired, left out of {contrast}: " + "; ".join(f"seed {seed} ({why})" for seed, why in seeds.items())
              + "." for contrast, seeds in unpaired.items()]
     if repair:
-        lines.append(f"Repair (results/preregistration-repair.md): fresh seed {', '.join(map(str, repair))} run in "
-                     f"full; " + ("in, so read above." if list(repair) == repaired else "not yet in."))
+        what = ("Owed in place of the unpaired" if owed else "Repair (results/preregistration-repair.md)")
+        lines.append(f"{what}: fresh seed {', '.join(map(str, repair))} run in full; "
+                     + ("in, so read above." if repair == repaired else "not yet all in, so not called."))
     return lines
 
 
@@ -271,13 +318,14 @@ def markdown(result: dict) -> str:
         seeds = f["seeds"][1] - f["seeds"][0] + 1
         lines.append(heading(block, f))
         if f["rows"]:
-            lines += ["| contrast | policy | per-seed difference | mean | 95% interval | t interval | p | sign-flip p "
-                      "| Holm p | interval at Holm's level | verdict |", "|---" * 11 + "|"]
+            lines += ["| contrast | policy | per-seed difference | mean | SD | 95% interval | t interval | p "
+                      "| sign-flip p | Holm p | interval at Holm's level | verdict |", "|---" * 12 + "|"]
         for r in f["rows"]:
             per_seed = " ".join(f"{seed}: {d:+.2f}" for seed, d in r["differences"].items())
             (low, high), (h_low, h_high) = r["interval"], r["holm_interval"]
             t_low, t_high = r["t_interval"]
-            lines.append(f"| {r['contrast']} | {r['policy']} | {per_seed} | {r['mean']:+.2f} | [{low:+.2f}, "
+            lines.append(f"| {r['contrast']} | {r['policy']} | {per_seed} | {r['mean']:+.2f} | {r['sd']:.2f} "
+                         f"| [{low:+.2f}, "
                          f"{high:+.2f}] | [{t_low:+.2f}, {t_high:+.2f}] | {r['p']:.4f} "
                          f"| {stats.p_text(r['sign_flip_p'])} | {r['holm_p']:.4f} "
                          f"| [{h_low:+.2f}, {h_high:+.2f}] "
@@ -291,13 +339,24 @@ def markdown(result: dict) -> str:
             lines.append(f"Incomplete, so not called and no outcome shown (a block is called once both sides of "
                          f"every contrast ran on all {seeds} seeds); seeds run so far: "
                          + ", ".join(f"{h} {n}" for h, n in f["ran"].items()) + ".")
-        lines += unpaired_lines(f["unpaired"], f["repaired"], REPAIRS.get(block, ()))
+        lines += unpaired_lines(f["unpaired"], f["repaired"], f["repair"], block in IN_PLACE)
         if f["at_cost"]:
             lines += ["\nAt equal cost (not tested): each run read up to the cost the cheaper run of its seed spent.\n",
                       "| contrast | policy | " + " | ".join(COST_VIEWS) + " |", "|---" * (2 + len(COST_VIEWS)) + "|"]
             lines += [f"| {r['contrast']} | {r['policy']} | " + " | ".join(
                 f"{r[v]['mean']:+.2f} [{r[v]['interval'][0]:+.2f}, {r[v]['interval'][1]:+.2f}]" for v in COST_VIEWS)
                 + " |" for r in f["at_cost"]]
+        if f["described"]:
+            lines += ["\nDescribed on the same seeds (not tested, not in Holm's family).\n",
+                      "| contrast | policy | mean | SD | 95% interval |", "|---" * 5 + "|"]
+            lines += [f"| {r['contrast']} | {r['policy']} | {r['mean']:+.2f} | {r['sd']:.2f} "
+                      f"| [{r['interval'][0]:+.2f}, {r['interval'][1]:+.2f}] |" for r in f["described"]]
+        if f["sharing"]:
+            keys = [k for k in f["sharing"][0] if k not in ("configuration", "policy")]
+            lines += ["\nShared per iteration, mean ± SD over seeds (not tested).\n",
+                      "| configuration | into | " + " | ".join(keys) + " |", "|---" * (2 + len(keys)) + "|"]
+            lines += [f"| {r['configuration']} | {r['policy']} | " + " | ".join(ma.ms(r[k]) if r[k] else "—" for k in keys) + " |"
+                      for r in f["sharing"]]
         if f["admission"]:
             lines += ["\nThe curator's admissions on the family's seeds, per iteration, mean ± SD over seeds.",
                       *ma.admission_table(f["admission"])]

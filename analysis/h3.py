@@ -90,16 +90,16 @@ def unpaired_reason(read: dict[tuple[str, str], dict], policy: str) -> str | Non
 def seeds_to_read(runs: Runs) -> tuple[list[int], dict[tuple[str, str], dict[int, str]]]:
     """The seeds H3 reads, the registered ones and, for each seed unpaired in some contrast, the next fresh seed
     (read in turn); and (policy, configuration) -> seed -> why, over those seeds whose 16 runs are in."""
-    seeds, unpaired = list(H3_SEEDS), {}
-    for seed in seeds:                       # grows by a fresh seed for each unpaired one
+    def reasons(seed: int) -> dict[tuple[str, str], str] | None:
         if not complete(runs, seed):
-            continue
-        reasons = {(p, c): why for p in POLICIES for c in CONFIGURATIONS
-                   if (why := unpaired_reason(runs_read(runs, p, c, seed), p)) is not None}
-        for key, why in reasons.items():
+            return None
+        return {(p, c): why for p in POLICIES for c in CONFIGURATIONS
+                if (why := unpaired_reason(runs_read(runs, p, c, seed), p)) is not None}
+    seeds, by_seed = pairing.with_fresh_seeds(H3_SEEDS, reasons)
+    unpaired: dict[tuple[str, str], dict[int, str]] = {}
+    for seed, found in by_seed.items():
+        for key, why in found.items():
             unpaired.setdefault(key, {})[seed] = why
-        if reasons:
-            seeds.append(seeds[-1] + 1)
     return seeds, unpaired
 
 

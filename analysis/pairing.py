@@ -4,11 +4,16 @@ A tiny policy's warm-up is cached per machine, and another machine's CPU kernels
 two runs of one seed are not a pair unless they began from the same policies. A run's summary records the
 fingerprint of every policy's weights as training started (testbed/checkpoint.py, record_sitting); a summary
 written before that records none, and its iteration-0 held-out accuracies stand in for them. Every contrast of
-the analysis reads only the seeds whose two runs are paired, and names the others with the starts that part them.
+the analysis reads only the seeds whose two runs are paired, and names the others with the starts that part them;
+where a registration owes a fresh seed for each unpaired one, `with_fresh_seeds` finds the seeds to read.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
+from typing import TypeVar
+
+Why = TypeVar("Why")
 
 
 def start_of(summary: dict) -> tuple[str, dict[str, str | float | None]]:
@@ -46,3 +51,17 @@ def unpaired_seeds(a: dict[int, dict], b: dict[int, dict]) -> dict[int, str]:
     """seed -> why its runs of the two configurations are not paired, over the seeds both ran."""
     reasons = {s: unpaired_reason(a[s], b[s]) for s in sorted(set(a) & set(b))}
     return {s: why for s, why in reasons.items() if why is not None}
+
+
+def with_fresh_seeds(registered: Iterable[int], unpaired: Callable[[int], Why | None]
+                     ) -> tuple[list[int], dict[int, Why]]:
+    """The seeds an analysis reads where each unpaired seed owes the next fresh seed, run in full and read in turn
+    (so a fresh seed found unpaired owes another): the registered seeds and those owed so far; and seed -> what
+    parts its runs, for each unpaired one. `unpaired(seed)` is None until every run of the seed is in (it owes
+    nothing yet), else what parts its runs, empty where nothing does."""
+    seeds, reasons = list(registered), {}
+    for seed in seeds:                       # grows by a fresh seed for each unpaired one
+        if why := unpaired(seed):
+            reasons[seed] = why
+            seeds.append(seeds[-1] + 1)
+    return seeds, reasons

@@ -4,6 +4,7 @@ claims, H5's dominance, and `python eval.py --blocks` end to end (H3's: test_mat
 
 import json
 import math
+import statistics
 import subprocess
 import sys
 from dataclasses import replace
@@ -502,3 +503,65 @@ def test_the_repair_gives_each_affected_verdict_as_published_paired_and_repaired
     assert all("with the repair" not in r for r in without_repair)
     assert "| 6 | cross-fidelity - cross-fidelity-ablate-tbd (p) | " in "\n".join(matrix_review.markdown(without_repair, []))
     assert "not yet run |" in "\n".join(matrix_review.markdown(without_repair, []))
+
+
+def official_runs(seeds, lead=None):
+    """hacpo-official's runs: hacpo-official at 40 + the seed's lead (1 unless given), hacpo at 40.5, sgt at 39 (p;
+    q at half); each run received what its configuration says per iteration, sgt logged no sharing/accepted"""
+    lead = lead or {}
+    crossed = {"hacpo-official": {"sharing/received": 8.0, "sharing/accepted": 8.0},
+               "hacpo": {"sharing/received": 5.0, "sharing/accepted": 5.0}, "sgt": {"sharing/received": 2.0}}
+    points = {"hacpo-official": lambda s: 40.0 + lead.get(s, 1.0), "hacpo": lambda s: 40.5, "sgt": lambda s: 39.0}
+    return [summary(name, s, points[name](s), crossed=crossed[name]) for s in seeds for name in points]
+
+
+def test_hacpo_official_replaces_an_unpaired_seed_whole_by_owed_fresh_seeds_and_waits_for_them():
+    cfg = ma.AnalysisConfig(resamples=200)
+    seeds, contrasts = mb.FAMILIES["hacpo-official"][1:]
+    extras = dict(in_place=True, described=mb.DESCRIBED["hacpo-official"], sharing=mb.SHARING["hacpo-official"])
+    runs = official_runs([*seeds, 7028, 7029], lead={7005: 30.0, 7028: 3.0, 7029: -5.0})
+    moved = next(r for r in runs if r["seed"] == 7005 and r["configuration"] == "sgt")
+    moved["start_fingerprints"] = {"p": "elsewhere", "q": "q-s7005"}
+
+    def without(*gone):
+        return [r for r in runs if (r["configuration"], r["seed"]) not in gone]
+    # seed 7005's sgt run started elsewhere: 7005 leaves every contrast, also hacpo-official - hacpo whose runs pair
+    waiting = mb.family(without(("hacpo", 7028)), tuple(seeds), contrasts, cfg, **extras)
+    assert waiting["rows"] == [] and waiting["repair"] == [7028] and waiting["repaired"] == []
+    assert list(waiting["unpaired"]) == ["every contrast"] and list(waiting["unpaired"]["every contrast"]) == [7005]
+    assert "sgt (p elsewhere, q q-s7005)" in waiting["unpaired"]["every contrast"][7005]
+    text = mb.unpaired_lines(waiting["unpaired"], waiting["repaired"], waiting["repair"], True)
+    assert text[-1] == "Owed in place of the unpaired: fresh seed 7028 run in full; not yet all in, so not called."
+    # 7028 in full and paired: called on 7001-7027 less 7005, and 7028; 7029, owed by nothing, is not read
+    called = mb.family(runs, tuple(seeds), contrasts, cfg, **extras)
+    rows = rows_of(called)
+    read = sorted(set(seeds) - {7005} | {7028})
+    for contrast in ("hacpo-official - sgt", "hacpo-official - hacpo"):
+        assert sorted(rows[contrast, "p"]["differences"]) == read
+    assert rows["hacpo-official - sgt", "p"]["mean"] == pytest.approx((26 * 2.0 + 4.0) / 27)
+    assert rows["hacpo-official - hacpo", "q"]["mean"] == pytest.approx((26 * 0.25 + 1.25) / 27)   # q's curve is half
+    assert rows["hacpo-official - sgt", "p"]["sd"] == pytest.approx(statistics.stdev([2.0] * 26 + [4.0]))
+    assert called["repaired"] == [7028]
+    # the described contrast on the same seeds, outside Holm's family of 4; what each configuration received
+    assert [(r["contrast"], r["policy"]) for r in called["described"]] == [("hacpo - sgt", "p"), ("hacpo - sgt", "q")]
+    assert called["described"][0]["mean"] == pytest.approx(1.5) and "holm_p" not in called["described"][0]
+    assert len(called["rows"]) == 4 and all("holm_p" in r for r in called["rows"])
+    sharing = {(r["configuration"], r["policy"]): r for r in called["sharing"]}
+    assert sharing["hacpo-official", "q"]["sharing/received"] == (8.0, 0.0)
+    assert sharing["sgt", "p"]["sharing/accepted"] is None and sharing["sgt", "p"]["sharing/received"] == (2.0, 0.0)
+    result = mb.analyze({"hacpo-official": runs}, cfg)          # the block as eval.py --blocks reads it
+    assert [r["differences"] for r in result["families"]["hacpo-official"]["rows"]] == [
+        r["differences"] for r in called["rows"]]
+    text = mb.markdown(result)
+    assert "| hacpo - sgt | p | +1.50 | 0.00 | [+1.50, +1.50] |" in text
+    assert "| sgt | p | — | 2.00 ± 0.00 |" in text and "| hacpo-official | q | 8.00 ± 0.00 | 8.00 ± 0.00 |" in text
+    assert f"| hacpo-official - sgt | p | 7001: +2.00 " in text and f"| {(26 * 2.0 + 4.0) / 27:+.2f} | 0.38 |" in text
+    # a fresh seed found unpaired owes the next one in turn
+    next(r for r in runs if r["seed"] == 7028 and r["configuration"] == "hacpo")["start_fingerprints"] = {
+        "p": "p-s7028", "q": "elsewhere"}
+    again = mb.family(runs, tuple(seeds), contrasts, cfg, **extras)
+    assert again["repair"] == [7028, 7029] and list(again["unpaired"]["every contrast"]) == [7005, 7028]
+    assert sorted(rows_of(again)["hacpo-official - hacpo", "p"]["differences"]) == sorted(set(read) - {7028} | {7029})
+    # pairing by start off (as the matrix published before it), nothing is owed and every registered seed is read
+    plain = mb.family(runs, tuple(seeds), contrasts, replace(cfg, pair_by_start=False), **extras)
+    assert plain["repair"] == [] and sorted(rows_of(plain)["hacpo-official - sgt", "p"]["differences"]) == list(seeds)
