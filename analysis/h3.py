@@ -10,8 +10,9 @@ held-out accuracy). The ratio R = mean_s G_trio / mean_s (G_pair1 + G_pair2), it
 over seeds (seeds resampled, the ratio of means recomputed in each), its one-sided p against diminishing returns
 (the share of resampled ratios at or below 0.5) and Holm over the 9: about linear where Holm rejects and the
 interval holds 1, not resolved otherwise and wherever the denominator's own 95% interval holds 0. Beside the call,
-never tested: the reading of an interval wholly below 1 (diminishing returns) or above it (superlinear), the
-additive form G_trio - (G_pair1 + G_pair2) with its interval, and each run's mean AUC.
+never tested: the call again under other bootstrap seeds (how often other resamples repeat it), the reading of an
+interval wholly below 1 (diminishing returns) or above it (superlinear), the additive form
+G_trio - (G_pair1 + G_pair2) with its interval, and each run's mean AUC.
 
 A seed unpaired in some contrast is named and left out of it, and the next fresh seed (from 6009) runs in full in
 its place, itself read in turn. Nothing is computed before every run of the registered seeds and of the fresh
@@ -19,6 +20,8 @@ seeds owed is in: until then, counts of runs alone.
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import numpy as np
 
@@ -38,6 +41,9 @@ DIMINISHING = 0.5
 ZERO = 1e-9
 """a mean gain (points) within this of 0 is 0: where gains cancel, rounding must not pick the sign of x / 0, which
 Amendment 1 gives by the numerator's, nor make 0 / 0 defined"""
+OTHER_BOOTSTRAP_SEEDS = 20
+"""the calls again under this many other bootstrap seeds, beside the registered seed's and not a call: where that
+seed's resamples put a p at Holm's threshold, the count shows how often other resamples repeat the call"""
 UNDERPOWERED = ("qwen",)
 """the policies the registration says H3 is underpowered for at its 8 seeds, reported so"""
 
@@ -175,7 +181,8 @@ def mean_aucs(runs: Runs, seeds: list[int]) -> list[dict]:
 def analyze(sets: dict[str, list[dict]], cfg: ma.AnalysisConfig) -> dict:
     """H3 from its sets' summaries: "seeds", those it reads; "ran", each set's count of runs of those seeds;
     "unpaired", each seed left out of a contrast with why; and, only once every run of the seeds read is in,
-    "rows", the 9 ratios with Holm and each called, and "auc", each run's mean AUC."""
+    "rows", the 9 ratios with Holm and each called (and how many of OTHER_BOOTSTRAP_SEEDS call it about linear), and
+    "auc", each run's mean AUC."""
     runs = index(sets)
     seeds, unpaired = seeds_to_read(runs)
     out = {"seeds": seeds, "ran": {SETS[g]: sum(s in by_seed for by_seed in runs[g].values() for s in seeds)
@@ -185,14 +192,25 @@ def analyze(sets: dict[str, list[dict]], cfg: ma.AnalysisConfig) -> dict:
            "rows": [], "auc": []}
     if not all(complete(runs, s) for s in seeds):
         return out
+    rows = called_rows(runs, seeds, unpaired, cfg)
+    elsewhere = [called_rows(runs, seeds, unpaired, replace(cfg, bootstrap_seed=cfg.bootstrap_seed + k))
+                 for k in range(1, OTHER_BOOTSTRAP_SEEDS + 1)]
+    for i, row in enumerate(rows):
+        row["linear_elsewhere"] = sum(other[i]["call"] == "about linear" for other in elsewhere)
+    out["rows"], out["auc"] = rows, mean_aucs(runs, seeds)
+    return out
+
+
+def called_rows(runs: Runs, seeds: list[int], unpaired: dict[tuple[str, str], dict[int, str]],
+                cfg: ma.AnalysisConfig) -> list[dict]:
+    """The 9 ratios over their paired seeds, with Holm over them, each called and read."""
     rows = [ratio_row(p, c, gains(runs, p, c, [s for s in seeds if s not in unpaired.get((p, c), {})]), cfg)
             for p in POLICIES for c in CONFIGURATIONS]
     adjusted, _, rejected = stats.holm([r["p"] for r in rows], cfg.alpha)
     for row, p, reject in zip(rows, adjusted, rejected):
         row.update(holm_p=p, holm_rejected=reject, underpowered=row["policy"] in UNDERPOWERED)
         row.update(call=call(row), reading=reading(row))
-    out["rows"], out["auc"] = rows, mean_aucs(runs, seeds)
-    return out
+    return rows
 
 
 def interval_text(interval: tuple[float, float], form: str = "+.2f") -> str:
@@ -208,7 +226,8 @@ def markdown(result: dict) -> list[str]:
              "over its paired seeds. R = trio gain / sum of pair gains, 95% percentile bootstrap interval over seeds; "
              f"p = share of resampled ratios at or below {DIMINISHING}, Holm over the 9; about linear where Holm "
              "rejects and the interval holds 1, not resolved otherwise and wherever the sum's own interval holds 0. "
-             "The reading, trio - sum and the mean AUCs are descriptive, not tested.\n"]
+             f"The call again under {OTHER_BOOTSTRAP_SEEDS} other bootstrap seeds (the registered one is "
+             "AnalysisConfig's), the reading, trio - sum and the mean AUCs are descriptive, not tested.\n"]
     if not result["rows"]:
         total = sum(result["ran"].values())
         per_set = len(seeds) * len(H3_CONFIGURATIONS)
@@ -218,14 +237,16 @@ def markdown(result: dict) -> list[str]:
                      + ", ".join(f"{name} {n} of {per_set}" for name, n in result["ran"].items()) + ".")
     else:
         lines += ["| policy | configuration | seeds | trio gain | pair gains | sum of pair gains [95%] | R [95%] | p "
-                  "| Holm p | call | reading | trio - sum [95%] |", "|---" * 12 + "|"]
+                  f"| Holm p | call | about linear under {OTHER_BOOTSTRAP_SEEDS} other bootstrap seeds | reading "
+                  "| trio - sum [95%] |", "|---" * 13 + "|"]
     for r in result["rows"]:
         pairs = ", ".join(f"{g} {v:+.2f}" for g, v in r["pair_gains"].items())
         lines.append(f"| {r['policy']} | {r['configuration']} | {len(r['seeds'])} | {r['trio_gain']:+.2f} | {pairs} "
                      f"| {r['pair_sum']:+.2f} {interval_text(r['denominator_interval'])} "
                      f"| {r['ratio']:.2f} {interval_text(r['interval'], '.2f')} | {stats.p_text(r['p'])} "
                      f"| {stats.p_text(r['holm_p'])} | {r['call']}"
-                     f"{' (underpowered, as registered)' if r['underpowered'] else ''} | {r['reading']} "
+                     f"{' (underpowered, as registered)' if r['underpowered'] else ''} "
+                     f"| {r['linear_elsewhere']} of {OTHER_BOOTSTRAP_SEEDS} | {r['reading']} "
                      f"| {r['additive']:+.2f} {interval_text(r['additive_interval'])} |")
     for u in result["unpaired"]:
         lines.append(f"\nUnpaired, left out of {u['policy']} {u['configuration']}: seed {u['seed']} ({u['why']}).")

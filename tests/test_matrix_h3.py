@@ -104,6 +104,7 @@ def test_h3_ratio_interval_p_holm_and_calls_by_hand():
     assert r["ratio"] == 1.0 and r["interval"] == (1.0, 1.0) and r["p"] == 0.0
     assert r["additive"] == 0.0 and r["additive_interval"] == (0.0, 0.0)
     assert r["call"] == "about linear" and r["reading"] == "—"
+    assert r["linear_elsewhere"] == matrix_h3.OTHER_BOOTSTRAP_SEEDS     # every resample of every seed gives 1
     # half the sum with noise: the ratio of resampled means is 0.375 + a / 32, a ~ Binomial(8, 1/2) the draws of
     # even seeds; its 2.5% and 97.5% quantiles at a = 1 and 7 (P(a <= 1) = 9/256 > 0.025 > P(a = 0)), its p
     # P(a <= 4) = 163/256: wholly below 1, yet Holm cannot reject R <= 0.5
@@ -113,6 +114,7 @@ def test_h3_ratio_interval_p_holm_and_calls_by_hand():
     assert r["additive"] == pytest.approx(-4 * UNIT) and r["pair_gains"] == {"qwen-llama": pytest.approx(4 * UNIT),
                                                                              "qwen-mistral": pytest.approx(4 * UNIT)}
     assert r["call"] == "not resolved" and r["reading"] == "diminishing returns"
+    assert r["linear_elsewhere"] == 0            # p near 163/256 under any seed's resamples, never near Holm's bar
     # pair gains summing to 0: the denominator's interval (a - 4) / 2 units at a = 1 and 7 holds 0, so not read; p
     # = P(a <= 3) = 93/256 (a negative denominator gives a negative ratio; a = 4 gives +inf, a > 4 at least 1)
     r = rows["qwen", "cross-fidelity"]
@@ -139,7 +141,7 @@ def test_h3_ratio_interval_p_holm_and_calls_by_hand():
     assert [r["underpowered"] for r in result["rows"]] == [True] * 3 + [False] * 6
     text = "\n".join(matrix_h3.markdown(result))
     assert "| qwen | sgt | 8 |" in text
-    assert "| about linear (underpowered, as registered) | — | +0.00 [+0.00, +0.00] |" in text
+    assert "| about linear (underpowered, as registered) | 20 of 20 | — | +0.00 [+0.00, +0.00] |" in text
     assert "| llama | hacpo | 8 | " in text and f"| {54 / 64:.2f} [0.53, 1.00] |" in text
     assert "| mistral | llama-mistral | " in text          # the mean AUC of each run
 
