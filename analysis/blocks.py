@@ -154,7 +154,8 @@ def family(runs: list[dict], seeds: tuple[int, ...], contrasts: tuple, cfg: ma.A
     out["admission"] = [(name, policy, got) for name in names for policy in policies
                         if (got := ma.admission(list(by_config[name].values()), policy))]
     out["described"] = [ma.contrast_row(a, b, policy, ma.paired_differences(
-        by_config[a], by_config[b], policy, "auc", cfg.pair_by_start), cfg) for a, b in described for policy in policies]
+        by_config[a], by_config[b], policy, "auc", cfg.pair_by_start), cfg)
+        for a, b in described for policy in policies]
     out["sharing"] = [{"configuration": name, "policy": policy, **{key: shared_by(list(by_config[name].values()),
                                                                               policy, key) for key in sharing}}
                       for name in names for policy in policies] if sharing else []
@@ -355,7 +356,8 @@ def markdown(result: dict) -> str:
             keys = [k for k in f["sharing"][0] if k not in ("configuration", "policy")]
             lines += ["\nShared per iteration, mean ± SD over seeds (not tested).\n",
                       "| configuration | into | " + " | ".join(keys) + " |", "|---" * (2 + len(keys)) + "|"]
-            lines += [f"| {r['configuration']} | {r['policy']} | " + " | ".join(ma.ms(r[k]) if r[k] else "—" for k in keys) + " |"
+            lines += [f"| {r['configuration']} | {r['policy']} | "
+                      + " | ".join(ma.ms(r[k]) if r[k] is not None else "—" for k in keys) + " |"
                       for r in f["sharing"]]
         if f["admission"]:
             lines += ["\nThe curator's admissions on the family's seeds, per iteration, mean ± SD over seeds.",
