@@ -65,6 +65,10 @@ DESCRIBED = {"hacpo-official": (("hacpo", "sgt"),)}
 """block -> contrasts its registration shows beside its calls on the same seeds, never tested nor in Holm's family"""
 SHARING = {"hacpo-official": ("sharing/accepted", "sharing/received")}
 """block -> what each of its configurations' runs shared, per iteration, that its registration shows (not tested)"""
+REGISTERED_AT = {"hacpo-official": "103873805e7b3c3ee9415836b762844e6164f0f1",
+                 "h3": "3019911cd159a421af4f3129e5458b4de7b97639"}
+"""the commit each experiment registered on its own runs at (results/preregistration-hacpo-official.md, amendment 1;
+results/preregistration-h3.md): its runs are read only at it or at a commit declared metric-equivalent to it"""
 UNDERPOWERED = {("ablations", None, "llama"), ("hacpo", "cross-fidelity - hacpo", "llama")}
 """(block, contrast or every one, policy) the registration says are underpowered at its seeds, and reported so"""
 H4_WAITS = ("estimate", "tbd")
@@ -232,7 +236,7 @@ def load_sets(root: Path) -> dict[str, list[dict]]:
     checks each), refused where the folders' commits span more than one class of metric-equivalent commits (the
     declarations of every folder read together); for each family's set registered on its own (not named
     matrix*), its folder's summaries, at one class of commits of their own; and H3's sets (h3.SETS), at one
-    class of commits of their own over all four."""
+    class of commits of their own over all four; the last two at their registered commit's class (REGISTERED_AT)."""
     matrix = [f for f in sorted(Path(root).glob("matrix*")) if f.is_dir() and f.name != "matrix-main"]
     folders = [f for f in matrix if any(ma.is_summary(p) for p in f.glob("*.json"))]
     if not folders:
@@ -243,21 +247,27 @@ def load_sets(root: Path) -> dict[str, list[dict]]:
     for name in {set_name for set_name, _, _ in FAMILIES.values()} - {f.name for f in matrix}:
         folder = Path(root) / name      # a set registered on its own: its commits are a class of their own
         if any(ma.is_summary(p) for p in folder.glob("*.json")):
-            sets[name] = ma.load(folder)
+            sets |= one_class({name: ma.load(folder)}, [folder / ma.EQUIVALENCE_FILE], f"set {name}",
+                              REGISTERED_AT.get(name))
     h3_folders = [Path(root) / name for name in h3.SETS.values()]     # H3's four sets: one class of their own
     h3_declarations = [f / ma.EQUIVALENCE_FILE for f in h3_folders]
     return sets | one_class({f.name: ma.load(f, declarations=h3_declarations) for f in h3_folders
-                             if any(ma.is_summary(p) for p in f.glob("*.json"))}, h3_declarations, "H3's sets")
+                             if any(ma.is_summary(p) for p in f.glob("*.json"))}, h3_declarations, "H3's sets",
+                            REGISTERED_AT["h3"])
 
 
-def one_class(sets: dict[str, list[dict]], declarations: list[Path], what: str) -> dict[str, list[dict]]:
+def one_class(sets: dict[str, list[dict]], declarations: list[Path], what: str, registered: str | None = None
+              ) -> dict[str, list[dict]]:
     """The sets, refused where their commits span more than one class of metric-equivalent commits (the
-    declarations read together)."""
+    declarations read together), or, given the commit their registration names, a class without it."""
     classes = ma.equivalence_classes(declarations)
     commits = sorted({c for runs in sets.values() for s in runs for c in s["commits"]})
     if len({classes.get(c, c) for c in commits}) > 1:
         raise ValueError(f"{what} ran at commits {commits}, not declared metric-equivalent in "
                          f"{ma.EQUIVALENCE_FILE}; rerun them at one commit or declare them there")
+    if registered and commits and classes.get(commits[0], commits[0]) != classes.get(registered, registered):
+        raise ValueError(f"{what} ran at {commits}, not at its registered {registered[:7]} nor at a commit declared "
+                         f"metric-equivalent to it in {ma.EQUIVALENCE_FILE} (benchmarks/same_metrics.py)")
     return sets
 
 

@@ -565,3 +565,16 @@ def test_hacpo_official_replaces_an_unpaired_seed_whole_by_owed_fresh_seeds_and_
     # pairing by start off (as the matrix published before it), nothing is owed and every registered seed is read
     plain = mb.family(runs, tuple(seeds), contrasts, replace(cfg, pair_by_start=False), **extras)
     assert plain["repair"] == [] and sorted(rows_of(plain)["hacpo-official - sgt", "p"]["differences"]) == list(seeds)
+
+
+def test_a_set_registered_on_its_own_is_read_only_at_its_registered_commit_or_one_declared_equivalent(tmp_path):
+    registered = mb.REGISTERED_AT["hacpo-official"]
+    write_summaries(tmp_path / "matrix", [summary("sgt", 1009, 40.0, ["m1"])])
+    write_summaries(tmp_path / "hacpo-official", official_runs([7001, 7002]))        # at summary()'s "c1"
+    with pytest.raises(ValueError, match=f"set hacpo-official ran at \\['c1'\\], not at its registered "
+                                         f"{registered[:7]}"):
+        mb.load_sets(tmp_path)
+    (tmp_path / "hacpo-official" / ma.EQUIVALENCE_FILE).write_text(f"{registered} c1  # same_metrics\n")
+    assert len(mb.load_sets(tmp_path)["hacpo-official"]) == 6
+    write_summaries(tmp_path / "hacpo-official", [summary("sgt", 7003, 39.0, [registered])])
+    assert len(mb.load_sets(tmp_path)["hacpo-official"]) == 7

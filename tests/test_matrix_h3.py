@@ -269,6 +269,9 @@ def test_eval_blocks_reads_h3s_four_sets_at_one_class_of_commits_of_their_own(tm
     with pytest.raises(ValueError, match="H3's sets ran at commits"):
         mb.load_sets(tmp_path)
     (tmp_path / "h3-qwen-mistral" / ma.EQUIVALENCE_FILE).write_text("h1 h2  # checked by same_metrics\n")
+    with pytest.raises(ValueError, match="not at its registered 3019911"):      # one class, not the registered one
+        mb.load_sets(tmp_path)
+    (tmp_path / "h3-trio" / ma.EQUIVALENCE_FILE).write_text(f"h2 {mb.REGISTERED_AT['h3']}\n")
     assert sorted(mb.load_sets(tmp_path)) == ["h3-llama-mistral", "h3-qwen-llama", "h3-qwen-mistral", "h3-trio",
                                              "matrix"]
     text = mb.report(tmp_path, ma.AnalysisConfig(resamples=500))
