@@ -307,15 +307,16 @@ def unpaired_lines(unpaired: dict[str, dict[int, str]], repaired: list[int], rep
              + "." for contrast, seeds in unpaired.items()]
     if repair:
         what = ("Owed in place of the unpaired" if owed else "Repair (results/preregistration-repair.md)")
+        waiting = "not yet all in, so not called." if owed else "not yet in."     # a repair waits for no call
         lines.append(f"{what}: fresh seed {', '.join(map(str, repair))} run in full; "
-                     + ("in, so read above." if repair == repaired else "not yet all in, so not called."))
+                     + ("in, so read above." if repair == repaired else waiting))
     return lines
 
 
 def heading(block: str, f: dict) -> str:
-    """A family's heading: its set, its registered seeds and the repair seeds it reads."""
+    """A family's heading: its set, its registered seeds and the repair (or owed) seeds it reads."""
     seeds = f"seed{'s' * (len(f['repaired']) > 1)} {', '.join(map(str, f['repaired']))}"
-    repair = f", and repair {seeds}" if f["repaired"] else ""
+    repair = f", and {'owed' if block in IN_PLACE else 'repair'} {seeds}" if f["repaired"] else ""
     return f"## {block} (set {f['set']}, registered seeds {f['seeds'][0]}-{f['seeds'][1]}{repair})\n"
 
 
@@ -348,7 +349,8 @@ def markdown(result: dict) -> str:
                          + ", ".join(f["missing"]) + ".")
         elif not f["rows"]:
             lines.append(f"Incomplete, so not called and no outcome shown (a block is called once both sides of "
-                         f"every contrast ran on all {seeds} seeds); seeds run so far: "
+                         f"every contrast ran on all {seeds} seeds{' and every seed owed' * (block in IN_PLACE)}); "
+                         f"seeds run so far: "
                          + ", ".join(f"{h} {n}" for h, n in f["ran"].items()) + ".")
         lines += unpaired_lines(f["unpaired"], f["repaired"], f["repair"], block in IN_PLACE)
         if f["at_cost"]:

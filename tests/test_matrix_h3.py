@@ -146,6 +146,16 @@ def test_h3_ratio_interval_p_holm_and_calls_by_hand():
     assert "| mistral | llama-mistral | " in text          # the mean AUC of each run
 
 
+def test_each_call_is_made_again_under_each_of_the_other_bootstrap_seeds(monkeypatch):
+    seen = []
+    ratio_row = matrix_h3.ratio_row
+    monkeypatch.setattr(matrix_h3, "ratio_row", lambda *args: seen.append(args[-1].bootstrap_seed) or ratio_row(*args))
+    result = matrix_h3.analyze(h3_sets(SCENARIOS), ma.AnalysisConfig(resamples=50, bootstrap_seed=7))
+    assert sorted(set(seen)) == list(range(7, 7 + matrix_h3.OTHER_BOOTSTRAP_SEEDS + 1))
+    assert seen.count(7) == 9 and len(seen) == 9 * (matrix_h3.OTHER_BOOTSTRAP_SEEDS + 1)
+    assert all(0 <= r["linear_elsewhere"] <= matrix_h3.OTHER_BOOTSTRAP_SEEDS for r in result["rows"])
+
+
 def test_each_grouping_gains_over_its_own_none():
     # none sits 0, 3, 6 and 9 units higher in the trio and the three pairs: a gain taken against another grouping's
     # none is off by a multiple of 3 units on every seed
