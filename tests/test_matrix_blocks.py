@@ -567,7 +567,7 @@ def test_hacpo_official_replaces_an_unpaired_seed_whole_by_owed_fresh_seeds_and_
     text = mb.markdown(result)
     assert "| hacpo - sgt | p | +1.50 | 0.00 | [+1.50, +1.50] |" in text
     assert "| sgt | p | — | 2.00 ± 0.00 |" in text and "| hacpo-official | q | 6.00 ± 0.00 | 8.00 ± 0.00 |" in text
-    assert f"| hacpo-official - sgt | p | 7001: +2.00 " in text and f"| {(26 * 2.0 + 4.0) / 27:+.2f} | 0.38 |" in text
+    assert "| hacpo-official - sgt | p | 7001: +2.00 " in text and f"| {(26 * 2.0 + 4.0) / 27:+.2f} | 0.38 |" in text
     # a fresh seed found unpaired owes the next one in turn
     next(r for r in runs if r["seed"] == 7028 and r["configuration"] == "hacpo")["start_fingerprints"] = {
         "p": "p-s7028", "q": "elsewhere"}
