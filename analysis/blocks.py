@@ -65,9 +65,10 @@ DESCRIBED = {"hacpo-official": (("hacpo", "sgt"),)}
 """block -> contrasts its registration shows beside its calls on the same seeds, never tested nor in Holm's family"""
 SHARING = {"hacpo-official": ("sharing/accepted", "sharing/received")}
 """block -> what each of its configurations' runs shared, per iteration, that its registration shows (not tested)"""
-REGISTERED_AT = {"hacpo-official": "103873805e7b3c3ee9415836b762844e6164f0f1",
+REGISTERED_AT = {"hacpo-official": "d37ed732563c168fddc1d096aafe8a8aeefe6c51",
                  "h3": "3019911cd159a421af4f3129e5458b4de7b97639"}
-"""the commit each experiment registered on its own runs at (results/preregistration-hacpo-official.md, amendment 1;
+"""the code commit each experiment registered on its own runs at, as its summaries record it (the last commit
+outside results/; results/preregistration-hacpo-official.md, amendment 1, 1038738, whose code is d37ed73's;
 results/preregistration-h3.md): its runs are read only at it or at a commit declared metric-equivalent to it"""
 UNDERPOWERED = {("ablations", None, "llama"), ("hacpo", "cross-fidelity - hacpo", "llama")}
 """(block, contrast or every one, policy) the registration says are underpowered at its seeds, and reported so"""
