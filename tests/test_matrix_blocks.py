@@ -1,6 +1,7 @@
 """The matrix's blocks 2-6, H4 and H5 (analysis/blocks.py) on summaries built by hand: each registered
 rule called on its boundary cases, a family's Holm over its registered seeds alone, H4's dominant terms and
-claims, H5's dominance, and `python eval.py --blocks` end to end (H3's: test_matrix_h3.py)."""
+claims, H5's dominance, HACPO-official's seeds owed in place of an unpaired one and its registered commit, and
+`python eval.py --blocks` end to end (H3's: test_matrix_h3.py)."""
 
 import json
 import math

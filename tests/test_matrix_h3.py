@@ -1,8 +1,8 @@
 """H3 (analysis/h3.py, results/preregistration-h3.md) on summaries built by hand: the ratio of a policy's
 trio gain to the sum of its pair gains, its interval, p-value, Holm over the 9 and the calls, each against values
 computed by hand; a seed whose runs started a policy elsewhere left out, named and replaced by a fresh seed; counts
-alone before every run is in; and H3's sets read by `python eval.py --blocks` at one class of commits of their
-own."""
+alone before every run is in; each call again under other bootstrap seeds; and H3's sets read by `python eval.py
+--blocks` at one class of commits of their own, that of the registered commit."""
 
 import json
 import math
