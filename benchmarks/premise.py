@@ -8,7 +8,8 @@ registers it; every default is the registered value (premise_registered.py).
 validate: U against real one-step lookaheads on one cross-fidelity run (premise_gate.py), its verdict in
 OUT/gate-sSEED.json. measure: the rows, a file per (preset, seed, stage), each run resumed between its stages
 (premise_measure.py); a stage whose file exists is skipped. report: P1-P4, report.md, report.json and premise.png
-from the rows alone (premise_report.py). U and the signals: premise_usefulness.py; the statistics: premise_stats.py.
+from the rows alone (premise_report.py), with issue 67's descriptive readings of the rows and of the gate's file in
+the same folder (premise_readings.py). U and the signals: premise_usefulness.py; the statistics: premise_stats.py.
 
 A smoke run takes smaller settings: --stages, --offers, the held-out sizes, --warmup-scale and any train.py flag
 in --train-flags (after the registered ones, so that it wins), into a folder of its own."""
@@ -68,7 +69,7 @@ def main(argv: list[str] | None = None) -> None:
     rows.add_argument("--stages", nargs="+", type=int, default=list(registered.STAGES))
     rows.add_argument("--offers", type=int, default=registered.OFFERS_PER_DIRECTION, help="per direction and stage")
     run_options(rows)
-    tables = sub.add_parser("report", help="P1-P4 and the figure from the rows")
+    tables = sub.add_parser("report", help="P1-P4, the readings of the rows and the gate, and the figure")
     tables.add_argument("folder", type=Path)
     a = cli.parse_args(argv)
     if a.command == "report":

@@ -2,8 +2,9 @@
 P2 (each raw term, where it is non-zero on at least 10% of a direction's offers), P3 (the median per-offer
 U(repaired credit) - U(PRP's credit)), each with a 95% bootstrap interval over clusters (seed, stage), a bootstrap
 p and Holm within its family, called by the registered rules; P4's descriptive table (|rho| with U, and with
-U / |A|, of D, each term, each baseline's signal and a seeded random control); and one figure, U against D per
-direction. Writes report.md, report.json and premise.png into the rows' folder.
+U / |A|, of D, each term, each baseline's signal and a seeded random control); issue 67's readings of the gate's file
+and the rows, descriptive (premise_readings.py); and one figure, U against D per direction. Writes report.md,
+report.json and premise.png into the rows' folder.
 
 Every statistic of a direction is one component of one vector statistic, so that a single bootstrap (exact over
 the 9 clusters of 3 seeds x 3 stages) serves them all."""
@@ -24,6 +25,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import premise_measure as measure  # noqa: E402
+import premise_readings as readings  # noqa: E402
 import premise_registered as registered  # noqa: E402
 import premise_stats as stats  # noqa: E402
 
@@ -39,6 +41,11 @@ def load(folder: Path) -> list[dict]:
         preset = measure.stage_of(path)[0]
         rows += [{**r, "direction": f"{preset}: {r['source']} -> {r['receiver']}"} for r in measure.read_rows(path)]
     return rows
+
+
+def gates(folder: Path) -> dict[str, dict]:
+    """Every gate file under `folder` (gate-sSEED.json), by its name."""
+    return {path.name: json.loads(path.read_text()) for path in sorted(folder.glob("gate-s*.json"))}
 
 
 def usefulness(row: dict) -> float:
@@ -118,7 +125,8 @@ def descriptive_table(title: str, key: str, numbers: dict[str, dict]) -> list[st
     return lines + [""]
 
 
-def markdown(numbers: dict[str, dict], calls: dict) -> str:
+def markdown(numbers: dict[str, dict], calls: dict, read: list[str]) -> str:
+    """report.md: the rows, P1-P3's families, P4's tables, then the readings' section `read` and the figure."""
     sizes = ", ".join(f"{d} {n['offers']} offers in {n['clusters']} clusters" for d, n in sorted(numbers.items()))
     lines = ["# The premise offer by offer (results/preregistration-premise.md)", "",
              f"Rows: {sizes}. Intervals: 95% bootstrap over clusters (seed, stage); Holm within each family at "
@@ -129,7 +137,7 @@ def markdown(numbers: dict[str, dict], calls: dict) -> str:
     lines += family_table("P3: median U(repaired) - U(PRP's credit)", "median", calls["P3"], digits=6)
     lines += descriptive_table("P4: |rho| with U (descriptive)", "abs_rho", numbers)
     lines += descriptive_table("P4: |rho| with U / |A| (descriptive)", "abs_rho_per_A", numbers)
-    return "\n".join(lines + ["![U against D per direction](premise.png)", ""])
+    return "\n".join(lines + read + ["![U against D per direction](premise.png)", ""])
 
 
 def figure(rows: list[dict], directions: list[str], path: Path) -> None:
@@ -162,8 +170,9 @@ def report(folder: Path) -> dict:
     directions = sorted({r["direction"] for r in rows})
     numbers = {d: per_direction(rows, d, rng) for d in directions}
     calls = hypotheses(numbers)
-    (folder / "report.md").write_text(markdown(numbers, calls))
-    result = {"directions": numbers, **calls}
+    read = readings.readings(rows, numbers, gates(folder), usefulness, random.Random("premise/readings"))
+    (folder / "report.md").write_text(markdown(numbers, calls, readings.markdown(read)))
+    result = {"directions": numbers, **calls, "readings": read}
     (folder / "report.json").write_text(json.dumps(result, indent=1))
     figure(rows, directions, folder / "premise.png")
     print((folder / "report.md").read_text())
