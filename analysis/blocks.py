@@ -6,9 +6,8 @@ pilot's comparison at 11 seeds, is analysis/matrix.py's (`python eval.py --matri
 
 Each family is a list of contrasts A - B, per policy, on the family's registered seeds: the paired differences seed
 by seed, their mean, a 95% percentile bootstrap interval and a bootstrap p-value (analysis/matrix.py), Holm over the
-family. Each contrast is called by its registered rule (`call`). H4: per cell (pair, step format, TBD measure) and
-direction source->receiver, each term's mean raw value over the direction's diagnosed offers
-(fidelity_record.direction_terms), averaged over the seeds that measured it; the dominant term is the largest. H5
+family. Each contrast is called by its registered rule (`call`), again at its n (results/reporting-rule.md), and
+reported by the word both give. H4 (analysis/h4.py): which degradation term dominates each direction. H5
 (analysis/h5.py): the fixed levels and adaptive cross-fidelity in the stability-support plane. Each of them is
 computed only once all its registered runs are in, at one class of commits: the registration calls a block when it
 is complete and has nobody look at its outcomes before, so until then the report gives counts of runs, never an
@@ -18,10 +17,9 @@ outcome.
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
-from analysis import h3, h5, pairing, plots, stats
+from analysis import h3, h4, h5, pairing, plots, stats, verdicts
 from analysis import matrix as ma
 
 SMALLEST = 2.0
@@ -40,20 +38,6 @@ FAMILIES = {
 }
 """block -> (the set its runs are in, its registered seeds, its contrasts (A, B, how each is called)); the last,
 HACPO as its authors wrote it, is registered on its own (results/preregistration-hacpo-official.md)"""
-H4_CELLS = (
-    ("qwen-llama", "line", "credit", "matrix", "cross-fidelity"),
-    ("qwen-llama", "line", "hidden", "matrix", "cross-fidelity-hidden"),
-    *((pair, form, measure, f"matrix-h4-{pair}-{form}", name)
-      for pair, form in (("qwen-qwen", "line"), ("qwen-qwen", "prose"), ("qwen-llama", "prose"))
-      for measure, name in (("credit", "cross-fidelity"), ("hidden", "cross-fidelity-hidden"))),
-    ("trio", "line", "credit", "matrix-h4-trio-line", "cross-fidelity"),
-    ("trio", "prose", "credit", "matrix-trio-prose", "cross-fidelity"),
-)
-"""H4's cells: (pair, step format, TBD measure, the set its runs are in, the configuration)"""
-H4_SEEDS = range(1009, 1011)
-H4_CLAIMS = (("same family mainly CCM", ("qwen-qwen",), "ccm"), ("cross family mainly TBD", ("qwen-llama", "trio"),
-                                                                 "tbd"))
-"""the proposal's H4 in two parts: (claim, the pairs it is read on, the term it says dominates)"""
 REPAIRS = {"main": (1031,), "tbd": (1031,)}
 """block -> the fresh seeds that restore its count where a registered seed is unpaired (results/preregistration-
 repair.md), read once every run of the block is in on them; block 1's ("main") in results/matrix-main"""
@@ -80,26 +64,56 @@ COST_VIEWS = ("equal update tokens", "equal wall time")
 the registration calls the AUC alone, and wall time is that of two runs at a time on a shared machine"""
 
 
+def labels(rule: str, up: bool, down: bool, interval: tuple[float, float]) -> verdicts.Labels:
+    """A contrast's (Holm label, 2-point-margin label) by its registered rule, from whether its test rejects 0 with
+    a positive (`up`) or negative (`down`) mean and from its 95% interval; None where a part says nothing."""
+    low, high = interval
+    if rule == "estimate":
+        return "costs accuracy" if down else None, "costs no accuracy" if low > -SMALLEST else None
+    if rule == "gain":
+        return "supported" if up else None, "refuted" if high < SMALLEST else None
+    if rule == "component":
+        return ("matters" if up else "hurts" if down else None,
+                "matters by less than 2 points" if -SMALLEST < low and high < SMALLEST else None)
+    if rule == "lead":
+        return "supported" if up else "reversed" if down else None, None
+    raise ValueError(f"no rule {rule!r}")
+
+
+def call_text(parts: verdicts.Labels) -> str:
+    """A contrast's call as printed: where a Holm label and a margin label both hold, both, each with its source."""
+    holm, margin = parts
+    if holm and margin:
+        return f"{holm} (Holm), and {margin} (the 2-point margin)"
+    return holm or margin or "not resolved"
+
+
+def registered_labels(rule: str, row: dict) -> verdicts.Labels:
+    """The registered call's labels: Holm over the bootstrap p-values, the 95% percentile interval."""
+    rejected = row["holm_rejected"]
+    return labels(rule, rejected and row["mean"] > 0, rejected and row["mean"] < 0, row["interval"])
+
+
+def labels_at_n(rule: str, row: dict) -> verdicts.Labels:
+    """The same rule read validly at the row's n (results/reporting-rule.md, 2 and 3): Holm over the exact
+    sign-flip p-values of the family, Student's t interval."""
+    rejected = row["exact_rejected"]
+    return labels(rule, rejected and row["mean"] > 0, rejected and row["mean"] < 0, row["t_interval"])
+
+
 def call(rule: str, row: dict) -> str:
     """A contrast's verdict by its registered rule, from its mean, 95% interval and Holm's decision. Where a
     label of Holm's and a label of the 2-point margin both hold, both registered labels are given, each with its
     source."""
-    low, high = row["interval"]
-    up, down = row["holm_rejected"] and row["mean"] > 0, row["holm_rejected"] and row["mean"] < 0
-    if rule == "estimate":
-        holm, margin = "costs accuracy" if down else None, "costs no accuracy" if low > -SMALLEST else None
-    elif rule == "gain":
-        holm, margin = "supported" if up else None, "refuted" if high < SMALLEST else None
-    elif rule == "component":
-        holm = "matters" if up else "hurts" if down else None
-        margin = "matters by less than 2 points" if -SMALLEST < low and high < SMALLEST else None
-    elif rule == "lead":
-        holm, margin = "supported" if up else "reversed" if down else None, None
-    else:
-        raise ValueError(f"no rule {rule!r}")
-    if holm and margin:
-        return f"{holm} (Holm), and {margin} (the 2-point margin)"
-    return holm or margin or "not resolved"
+    return call_text(registered_labels(rule, row))
+
+
+def called(row: dict) -> None:
+    """A family's row called three ways: "verdict" by its registered rule, "verdict_at_n" by the reading valid at
+    its n, and "reported", what the reporting rule lets a verdict column say."""
+    registered, at_n = registered_labels(row["rule"], row), labels_at_n(row["rule"], row)
+    row.update(verdict=call_text(registered), verdict_at_n=call_text(at_n),
+               reported=verdicts.reported(registered, at_n, call_text))
 
 
 def family(runs: list[dict], seeds: tuple[int, ...], contrasts: tuple, cfg: ma.AnalysisConfig,
@@ -150,7 +164,7 @@ def family(runs: list[dict], seeds: tuple[int, ...], contrasts: tuple, cfg: ma.A
     # a contrast without two paired seeds stays in Holm's family at p = 1, so the family is the registered one
     ma.holm_family(rows, cfg, absent=len(out["missing"]))
     for row in rows:
-        row["verdict"] = call(row["rule"], row)
+        called(row)
     out["rows"] = rows
     out["at_cost"] = [{"contrast": f"{a} - {b}", "policy": policy,
                        **{view: ma.contrast_row(a, b, policy, ma.paired_differences(
@@ -186,50 +200,6 @@ def seeds_owed(by_config: dict[str, dict[int, dict]], seeds: tuple[int, ...]) ->
         return "; ".join(why for name in others
                          if (why := pairing.unpaired_reason(by_config[first][seed], by_config[name][seed])))
     return pairing.with_fresh_seeds(seeds, unpaired)
-
-
-def seed_mean(values: list[float]) -> float:
-    """The mean over the seeds where a term was measured (a seed with no diagnosed offer of it gives NaN)."""
-    finite = [v for v in values if math.isfinite(v)]
-    return sum(finite) / len(finite) if finite else math.nan
-
-
-def dominant(terms: dict[str, float]) -> str | None:
-    """The term with the largest mean raw value; a tie names every term at the top, so no single one dominates."""
-    finite = {t: v for t, v in terms.items() if math.isfinite(v)}
-    if not finite:
-        return None
-    largest = max(finite.values())
-    top = [t for t, v in finite.items() if v == largest]
-    return top[0] if len(top) == 1 else "tie: " + ", ".join(top)
-
-
-def h4(sets: dict[str, list[dict]], waiting: list[str] = ()) -> dict:
-    """H4's table (cell, direction -> mean raw term over seeds) and each claim's call, once every cell ran on
-    every H4 seed and no block it reads is `waiting` ("cells": each cell's seeds so far)."""
-    cells = {f"{pair} {form} {measure}": sorted(s["seed"] for s in sets.get(set_name, [])
-                                                if s["configuration"] == name and s["seed"] in H4_SEEDS)
-             for pair, form, measure, set_name, name in H4_CELLS}
-    if waiting or any(len(seeds) < len(H4_SEEDS) for seeds in cells.values()):
-        verdict = f"waits for block {', '.join(waiting)}" if waiting else "incomplete"
-        return {"cells": cells, "table": [], "claims": [{"claim": claim, "directions": 0, "share": None,
-                                                         "verdict": verdict} for claim, _, _ in H4_CLAIMS]}
-    table = []
-    for pair, form, measure, set_name, name in H4_CELLS:
-        runs = [s for s in sets[set_name] if s["configuration"] == name and s["seed"] in H4_SEEDS]
-        for direction in sorted({d for s in runs for d in s.get("directions", {})}):
-            per_seed = [s["directions"][direction]["terms"] for s in runs if direction in s.get("directions", {})]
-            terms = {t: seed_mean([p[t] for p in per_seed]) for t in per_seed[0]}
-            table.append({"pair": pair, "form": form, "measure": measure, "direction": direction,
-                          "seeds": len(per_seed), "terms": terms, "dominant": dominant(terms)})
-    claims = []
-    for claim, pairs, term in H4_CLAIMS:
-        directions = [r for r in table if r["pair"] in pairs]
-        share = sum(r["dominant"] == term for r in directions) / len(directions) if directions else None
-        verdict = ("not run" if not directions else "supported" if share == 1 else "refuted" if share <= 0.5 else
-                   "mixed")
-        claims.append({"claim": claim, "directions": len(directions), "share": share, "verdict": verdict})
-    return {"cells": cells, "table": table, "claims": claims}
 
 
 def load_sets(root: Path) -> dict[str, list[dict]]:
@@ -296,7 +266,7 @@ def analyze(sets: dict[str, list[dict]], cfg: ma.AnalysisConfig = ma.AnalysisCon
 
     def waiting(blocks: tuple[str, ...]) -> list[str]:
         return [b for b in blocks if not families[b]["rows"]]
-    return {"config": ma.asdict(cfg), "families": families, "h4": h4(sets, waiting(H4_WAITS)),
+    return {"config": ma.asdict(cfg), "families": families, "h4": h4.analyze(sets, waiting(H4_WAITS)),
             "h5": h5.analyze(sets.get("matrix", []), cfg, waiting(H5_WAITS), records), "h3": h3.analyze(sets, cfg)}
 
 
@@ -325,24 +295,27 @@ def markdown(result: dict) -> str:
     lines = ["# The matrix, blocks 2-6: the analysis of its run summaries\n",
              "Primary metric: area under the held-out greedy curve, points; paired differences seed by seed, "
              "Holm within each family (results/preregistration-matrix.md); two runs of a seed paired only where they "
-             "started from the same weights (results/preregistration-repair.md); the exact sign-flip p beside the "
-             "registered bootstrap p and the t interval beside its percentile interval are descriptive.\n"]
+             "started from the same weights (results/preregistration-repair.md). Each contrast is called by its registered "
+             "rule (the bootstrap p with Holm, the percentile interval) and again at its n (results/reporting-rule.md: "
+             "Holm over the family's exact sign-flip p-values, the t interval); the verdict reported is the word both "
+             "give.\n"]
     for block, f in result["families"].items():
         seeds = f["seeds"][1] - f["seeds"][0] + 1
         lines.append(heading(block, f))
         if f["rows"]:
             lines += ["| contrast | policy | per-seed difference | mean | SD | 95% interval | t interval | p "
-                      "| sign-flip p | Holm p | interval at Holm's level | verdict |", "|---" * 12 + "|"]
+                      "| sign-flip p | Holm p | interval at Holm's level | sign-flip Holm p | registered verdict "
+                      "| verdict at n | reported |", "|---" * 15 + "|"]
         for r in f["rows"]:
             per_seed = " ".join(f"{seed}: {d:+.2f}" for seed, d in r["differences"].items())
             (low, high), (h_low, h_high) = r["interval"], r["holm_interval"]
             t_low, t_high = r["t_interval"]
+            underpowered = " (underpowered, as registered)" if r["underpowered"] else ""
             lines.append(f"| {r['contrast']} | {r['policy']} | {per_seed} | {r['mean']:+.2f} | {r['sd']:.2f} "
-                         f"| [{low:+.2f}, "
-                         f"{high:+.2f}] | [{t_low:+.2f}, {t_high:+.2f}] | {r['p']:.4f} "
-                         f"| {stats.p_text(r['sign_flip_p'])} | {r['holm_p']:.4f} "
-                         f"| [{h_low:+.2f}, {h_high:+.2f}] "
-                         f"| {r['verdict']}{' (underpowered, as registered)' if r['underpowered'] else ''} |")
+                         f"| [{low:+.2f}, {high:+.2f}] | [{t_low:+.2f}, {t_high:+.2f}] | {r['p']:.4f} "
+                         f"| {stats.p_text(r['sign_flip_p'])} | {r['holm_p']:.4f} | [{h_low:+.2f}, {h_high:+.2f}] "
+                         f"| {stats.p_text(r['exact_holm_p'])} | {r['verdict']}{underpowered} | {r['verdict_at_n']} "
+                         f"| {r['reported']}{underpowered} |")
         if not f["ran"]:
             lines.append("No run of this set yet.")
         elif f["missing"]:
@@ -380,21 +353,7 @@ def markdown(result: dict) -> str:
                 f"{name} " + ", ".join(f"{s} {v:.0f}" for s, v in per_seed.items())
                 for name, per_seed in f["seconds"].items()) + ".")
         lines.append("")
-    lines += ["## H4: mean raw term per direction (over its diagnosed offers, then seeds)\n"]
-    if not result["h4"]["table"]:
-        lines.append(f"Not called and no term shown before every cell ran on seeds {H4_SEEDS.start}-"
-                     f"{H4_SEEDS.stop - 1} and blocks {', '.join(H4_WAITS)} are complete; seeds so far: "
-                     + ", ".join(f"{cell} {len(s)}" for cell, s in result["h4"]["cells"].items()) + ".")
-    else:
-        lines += ["| pair | steps | TBD measure | direction | seeds | TBD | CCM | RSD | dominant |", "|---" * 9 + "|"]
-    for r in result["h4"]["table"]:
-        terms = " | ".join(f"{r['terms'].get(t, math.nan):.4f}" for t in ("tbd", "ccm", "rsd"))
-        lines.append(f"| {r['pair']} | {r['form']} | {r['measure']} | {r['direction']} | {r['seeds']} | {terms} "
-                     f"| {r['dominant']} |")
-    lines.append("")
-    for c in result["h4"]["claims"]:
-        lines.append(f"- {c['claim']}: {c['verdict']} ({c['share']:.0%} of {c['directions']} directions)"
-                     if c["directions"] else f"- {c['claim']}: {c['verdict']}")
+    lines += [*h4.markdown(result["h4"], H4_WAITS)]
     lines += ["", *h5.markdown(result["h5"]), "", *h3.markdown(result["h3"])]
     return "\n".join(lines) + "\n"
 

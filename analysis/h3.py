@@ -26,7 +26,7 @@ from dataclasses import replace
 import numpy as np
 
 from analysis import matrix as ma
-from analysis import pairing, stats
+from analysis import pairing, stats, verdicts
 from analysis.sets import H3_CONFIGURATIONS, H3_GROUPINGS as GROUPINGS, H3_SEEDS
 
 SETS = {grouping: f"h3-{grouping}" for grouping in GROUPINGS}
@@ -129,7 +129,9 @@ def ratio_row(policy: str, configuration: str, by_grouping: dict[str, dict[int, 
     one-sided p-value (the share of resampled ratios at or below DIMINISHING; an undefined 0 / 0 counts there, and
     leaves the interval undefined, so not called), the denominator's own interval and the additive form's. The
     seeds are resampled once for every quantity: one bootstrap seed draws the same seeds for values of one length
-    (stats.bootstrap_means)."""
+    (stats.bootstrap_means). Beside them, the readings valid at n (results/reporting-rule.md, 5): Fieller's 95%
+    interval of R, and the one-sided exact sign-flip p of the per-seed trio - 0.5 x sum, turned by the sign of
+    the sum's mean (for a positive sum, R > 0.5 is a positive mean of it)."""
     pair1, pair2 = pairs_of(policy)
     trio = np.array(list(by_grouping["trio"].values()))                                             # [seeds]
     pair_sum = np.array(list(by_grouping[pair1].values())) + np.array(list(by_grouping[pair2].values()))   # [seeds]
@@ -147,7 +149,10 @@ def ratio_row(policy: str, configuration: str, by_grouping: dict[str, dict[int, 
             "ratio": ratio, "interval": stats.percentile_interval(ratios, level),
             "p": float(np.mean(~(ratios > DIMINISHING))),
             "additive": float((trio - pair_sum).mean()),
-            "additive_interval": stats.percentile_interval(additive_means, level)}
+            "additive_interval": stats.percentile_interval(additive_means, level),
+            "fieller_interval": stats.fieller_interval(list(trio), list(pair_sum), level),
+            "exact_p": stats.sign_flip_p(list(np.sign(pair_sum.mean()) * (trio - DIMINISHING * pair_sum)),
+                                         alternative="greater")}
 
 
 def holds(interval: tuple[float, float], value: float) -> bool:
@@ -155,20 +160,49 @@ def holds(interval: tuple[float, float], value: float) -> bool:
     return low <= value <= high
 
 
+def bounded(interval: tuple[float, float]) -> bool:
+    return bool(np.isfinite(interval).all())
+
+
+def registered_labels(row: dict) -> verdicts.Labels:
+    """The registered call and its descriptive reading: about linear where Holm rejects R <= 0.5 and the 95%
+    interval holds 1, unless the denominator's interval holds 0 (a ratio over a sum of gains not told from 0 is not
+    read); diminishing returns where the interval lies wholly below 1, superlinear wholly above."""
+    low, high = row["interval"]
+    if holds(row["denominator_interval"], 0.0):
+        return None, None
+    linear = row["holm_rejected"] and holds(row["interval"], 1.0)
+    return ("about linear" if linear else None,
+            "diminishing returns" if high < 1 else "superlinear" if low > 1 else None)
+
+
+def labels_at_n(row: dict) -> verdicts.Labels:
+    """The same read validly at n (results/reporting-rule.md, 5): Holm over the exact one-sided sign-flip p-values
+    of trio - 0.5 x sum, Fieller's interval (no word where it is unbounded)."""
+    interval = row["fieller_interval"]
+    if not bounded(interval):
+        return None, None
+    low, high = interval
+    return ("about linear" if row["exact_rejected"] and holds(interval, 1.0) else None,
+            "diminishing returns" if high < 1 else "superlinear" if low > 1 else None)
+
+
+def labels_text(parts: verdicts.Labels) -> str:
+    return "; ".join(p for p in parts if p) or "not resolved"
+
+
 def call(row: dict) -> str:
     """The registered call: about linear where Holm rejects R <= 0.5 and the 95% interval holds 1, unless the
-    denominator's interval holds 0 (a ratio over a sum of gains not told from 0 is not read)."""
-    linear = row["holm_rejected"] and holds(row["interval"], 1.0) and not holds(row["denominator_interval"], 0.0)
-    return "about linear" if linear else "not resolved"
+    denominator's interval holds 0."""
+    return registered_labels(row)[0] or "not resolved"
 
 
 def reading(row: dict) -> str:
     """Descriptive, beside the call: an interval wholly below 1 reads as diminishing returns, one wholly above as
     superlinear; no reading where the denominator's interval holds 0."""
-    low, high = row["interval"]
     if holds(row["denominator_interval"], 0.0):
         return "not read (the sum of pair gains is not told from 0)"
-    return "diminishing returns" if high < 1 else "superlinear" if low > 1 else "—"
+    return registered_labels(row)[1] or "—"
 
 
 def mean_aucs(runs: Runs, seeds: list[int]) -> list[dict]:
@@ -203,13 +237,18 @@ def analyze(sets: dict[str, list[dict]], cfg: ma.AnalysisConfig) -> dict:
 
 def called_rows(runs: Runs, seeds: list[int], unpaired: dict[tuple[str, str], dict[int, str]],
                 cfg: ma.AnalysisConfig) -> list[dict]:
-    """The 9 ratios over their paired seeds, with Holm over them, each called and read."""
+    """The 9 ratios over their paired seeds, with Holm over them, each called and read, by the registered rule and
+    at n, and the call the reporting rule reports (the call and the reading where both readings give them)."""
     rows = [ratio_row(p, c, gains(runs, p, c, [s for s in seeds if s not in unpaired.get((p, c), {})]), cfg)
             for p in POLICIES for c in CONFIGURATIONS]
     adjusted, _, rejected = stats.holm([r["p"] for r in rows], cfg.alpha)
-    for row, p, reject in zip(rows, adjusted, rejected):
-        row.update(holm_p=p, holm_rejected=reject, underpowered=row["policy"] in UNDERPOWERED)
-        row.update(call=call(row), reading=reading(row))
+    exact_adjusted, _, exact_rejected = stats.holm([r["exact_p"] for r in rows], cfg.alpha)
+    for row, p, reject, exact_p, exact_reject in zip(rows, adjusted, rejected, exact_adjusted, exact_rejected):
+        row.update(holm_p=p, holm_rejected=reject, exact_holm_p=exact_p, exact_rejected=exact_reject,
+                   underpowered=row["policy"] in UNDERPOWERED)
+        registered, at_n = registered_labels(row), labels_at_n(row)
+        row.update(call=call(row), reading=reading(row), call_at_n=labels_text(at_n),
+                   reported=verdicts.reported(registered, at_n, labels_text))
     return rows
 
 
@@ -227,7 +266,9 @@ def markdown(result: dict) -> list[str]:
              f"p = share of resampled ratios at or below {DIMINISHING}, Holm over the 9; about linear where Holm "
              "rejects and the interval holds 1, not resolved otherwise and wherever the sum's own interval holds 0. "
              f"The call again under {OTHER_BOOTSTRAP_SEEDS} other bootstrap seeds (the registered one is "
-             "AnalysisConfig's), the reading, trio - sum and the mean AUCs are descriptive, not tested.\n"]
+             "AnalysisConfig's), trio - sum and the mean AUCs are descriptive, not tested. At n "
+             "(results/reporting-rule.md): Fieller's 95% interval of R and Holm over the exact one-sided sign-flip "
+             "p-values of trio - 0.5 x sum; reported: the call and the reading where both readings give them.\n"]
     if not result["rows"]:
         total = sum(result["ran"].values())
         per_set = len(seeds) * len(H3_CONFIGURATIONS)
@@ -238,7 +279,7 @@ def markdown(result: dict) -> list[str]:
     else:
         lines += ["| policy | configuration | seeds | trio gain | pair gains | sum of pair gains [95%] | R [95%] | p "
                   f"| Holm p | call | about linear under {OTHER_BOOTSTRAP_SEEDS} other bootstrap seeds | reading "
-                  "| trio - sum [95%] |", "|---" * 13 + "|"]
+                  "| trio - sum [95%] | Fieller [95%] | sign-flip Holm p | at n | reported |", "|---" * 17 + "|"]
     for r in result["rows"]:
         pairs = ", ".join(f"{g} {v:+.2f}" for g, v in r["pair_gains"].items())
         lines.append(f"| {r['policy']} | {r['configuration']} | {len(r['seeds'])} | {r['trio_gain']:+.2f} | {pairs} "
@@ -247,7 +288,9 @@ def markdown(result: dict) -> list[str]:
                      f"| {stats.p_text(r['holm_p'])} | {r['call']}"
                      f"{' (underpowered, as registered)' if r['underpowered'] else ''} "
                      f"| {r['linear_elsewhere']} of {OTHER_BOOTSTRAP_SEEDS} | {r['reading']} "
-                     f"| {r['additive']:+.2f} {interval_text(r['additive_interval'])} |")
+                     f"| {r['additive']:+.2f} {interval_text(r['additive_interval'])} "
+                     f"| {interval_text(r['fieller_interval'], '.2f')} | {stats.p_text(r['exact_holm_p'])} "
+                     f"| {r['call_at_n']} | {r['reported']} |")
     for u in result["unpaired"]:
         lines.append(f"\nUnpaired, left out of {u['policy']} {u['configuration']}: seed {u['seed']} ({u['why']}).")
     fresh = [s for s in seeds if s not in H3_SEEDS]

@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 
 from analysis import matrix as ma
-from analysis import pairing, stats
+from analysis import pairing, stats, verdicts
 from analysis.curves import reward_variance
 
 LEVELS = ("prp", "xgrpo", "sgt")
@@ -42,20 +42,33 @@ def plane_point(run: dict, policy: str) -> tuple[float, float]:
 
 def plane_gap(x: dict[int, dict], y: dict[int, dict], policy: str, cfg: ma.AnalysisConfig) -> dict:
     """Runs x (seed -> summary) less runs y in the plane, over the seeds where they are paired: "received" and
-    "variance", each (mean, low, high) with its 95% bootstrap interval, and the variance differences' exact
-    sign-flip p (descriptive)."""
+    "variance", each (mean, low, high) with its 95% bootstrap interval, and each one's exact two-sided sign-flip p
+    (the reading valid at its n, results/reporting-rule.md, 6)."""
     seeds = pairing.paired_seeds(x, y, cfg.pair_by_start)
     if len(seeds) < 2:   # no interval: a single difference would read as one of zero width
         return {"seeds": len(seeds)}
     received, variance = ([plane_point(x[s], policy)[k] - plane_point(y[s], policy)[k] for s in seeds] for k in (0, 1))
     return {"seeds": len(seeds), "received": interval(received, cfg), "variance": interval(variance, cfg),
-            "variance_sign_flip_p": stats.sign_flip_p(variance)}
+            "received_sign_flip_p": stats.sign_flip_p(received), "variance_sign_flip_p": stats.sign_flip_p(variance)}
 
 
 def dominates(gap: dict) -> bool:
     """Whether a plane_gap's x dominates its y: more received per iteration and less reward variance, each paired
     difference's 95% interval excluding 0 (never over fewer than two paired seeds)."""
     return gap["seeds"] >= 2 and gap["received"][1] > 0 and gap["variance"][2] < 0
+
+
+def dominates_at_n(gap: dict, alpha: float) -> bool:
+    """The same read validly at its n (results/reporting-rule.md, 6): more received and less reward variance, each
+    paired difference's exact two-sided sign-flip p at most `alpha`."""
+    return (gap["seeds"] >= 2 and gap["received"][0] > 0 and gap["received_sign_flip_p"] <= alpha
+            and gap["variance"][0] < 0 and gap["variance_sign_flip_p"] <= alpha)
+
+
+def plane_call(beaten: list[str], beats: list[str]) -> str:
+    """The registered call from the levels that dominate adaptive curation and those it dominates."""
+    return (f"refuted (dominated by {', '.join(beaten)})" if beaten else
+            f"supported (dominates {', '.join(beats)})" if beats else "not resolved")
 
 
 def analyze(runs: list[dict], cfg: ma.AnalysisConfig, waiting: list[str] = (), records: dict[int, dict] | None = None
@@ -65,7 +78,8 @@ def analyze(runs: list[dict], cfg: ma.AnalysisConfig, waiting: list[str] = (), r
     variance over the seeds, each with its 95% bootstrap interval), adaptive cross-fidelity's path over its
     windows where `records` (seed -> its per-iteration record, h5_path) holds every H5 seed, and the call:
     supported where adaptive cross-fidelity is dominated by none of the fixed levels and dominates one, refuted
-    where one dominates it, otherwise not resolved."""
+    where one dominates it, otherwise not resolved; "verdict" by the registered intervals, "verdict_at_n" by the
+    exact sign-flip tests, "reported" the word both give (results/reporting-rule.md)."""
     by_config: dict[str, dict[int, dict]] = {}
     for s in runs:
         if s["seed"] in SEEDS:
@@ -86,13 +100,18 @@ def analyze(runs: list[dict], cfg: ma.AnalysisConfig, waiting: list[str] = (), r
                            "variance": interval(list(variance), cfg)})
         adaptive = by_config[ADAPTIVE]
         gaps = {c: plane_gap(by_config[c], adaptive, policy, cfg) for c in LEVELS}
-        beaten = [c for c in LEVELS if dominates(gaps[c])]
-        beats = [c for c in LEVELS if dominates(plane_gap(adaptive, by_config[c], policy, cfg))]
-        verdict = (f"refuted (dominated by {', '.join(beaten)})" if beaten else
-                   f"supported (dominates {', '.join(beats)})" if beats else "not resolved")
+        inverse = {c: plane_gap(adaptive, by_config[c], policy, cfg) for c in LEVELS}
+        registered = plane_call([c for c in LEVELS if dominates(gaps[c])], [c for c in LEVELS if dominates(inverse[c])])
+        at_n = plane_call([c for c in LEVELS if dominates_at_n(gaps[c], cfg.alpha)],
+                          [c for c in LEVELS if dominates_at_n(inverse[c], cfg.alpha)])
         out.append({"policy": policy, "points": points, "gaps": [{"configuration": c, **g} for c, g in gaps.items()],
-                    "path": adaptive_path(adaptive, records or {}, policy, cfg), "verdict": verdict})
+                    "path": adaptive_path(adaptive, records or {}, policy, cfg), "verdict": registered,
+                    "verdict_at_n": at_n, "reported": verdicts.reported((registered,), (at_n,), plane_text)})
     return out
+
+
+def plane_text(parts: verdicts.Labels) -> str:
+    return parts[0] or "not resolved"
 
 
 def adaptive_path(adaptive: dict[int, dict], records: dict[int, dict], policy: str, cfg: ma.AnalysisConfig
@@ -127,14 +146,16 @@ def markdown(result: list[dict]) -> list[str]:
     """H5's section of the blocks report: per policy its call, points, gaps and path."""
     lines = ["## H5: the stability-support plane\n"]
     for h in result:
-        lines.append(f"- {h['policy']}: {h['verdict']}")
+        lines.append(f"- {h['policy']}: {h['reported']}; registered {h['verdict']}, at n {h['verdict_at_n']}"
+                     if h["points"] else f"- {h['policy']}: {h['verdict']}")
         lines += [f"  - {p['configuration']}: received {p['received'][0]:.2f} [{p['received'][1]:.2f}, "
                   f"{p['received'][2]:.2f}] an iteration, reward variance {p['variance'][0]:.4f} "
                   f"[{p['variance'][1]:.4f}, {p['variance'][2]:.4f}]" for p in h["points"]]
         lines += [f"  - {g['configuration']} less {ADAPTIVE}, paired over {g['seeds']} seeds: received "
                   f"{g['received'][0]:+.2f} [{g['received'][1]:+.2f}, {g['received'][2]:+.2f}], reward variance "
-                  f"{g['variance'][0]:+.5f} [{g['variance'][1]:+.5f}, {g['variance'][2]:+.5f}] (exact sign-flip p "
-                  f"{stats.p_text(g['variance_sign_flip_p'])}, descriptive)" if g["seeds"] >= 2 else
+                  f"{g['variance'][0]:+.5f} [{g['variance'][1]:+.5f}, {g['variance'][2]:+.5f}] (exact sign-flip p: received "
+                  f"{stats.p_text(g['received_sign_flip_p'])}, variance {stats.p_text(g['variance_sign_flip_p'])})"
+                  if g["seeds"] >= 2 else
                   f"  - {g['configuration']} less {ADAPTIVE}, paired over {g['seeds']} seeds: fewer than two, "
                   "not compared" for g in h["gaps"]]
         if h["points"] and h["path"]:

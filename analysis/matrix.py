@@ -22,13 +22,13 @@ H1 by the primary contrast cross-fidelity - sgt: supported where Holm rejects 0 
 where the 95% interval lies below the proposal's smallest hoped gain (2 points); both are said where both hold.
 H2 by the ratio of training reward variances cross-fidelity / sgt: the geometric mean of the per-seed ratios
 with its 95% bootstrap interval, supported where the interval lies below 0.7, refuted where it lies above; not
-computable where a run's reward variance is 0.
+computable where a run's reward variance is 0. Each is called again by a reading valid at its n
+(results/reporting-rule.md: Holm over the family's exact sign-flip p-values, Student's t interval, for H2 that of
+the log ratios), and the verdict reported is the word both readings give.
 
-Runs are paired only within one class of metric-equivalent commits: each summary lists the commits its sittings
-trained at, and FOLDER/equivalent-commits.txt declares classes (a line of commit hashes, a comment after #).
-Several folders pool their summaries (one registration's runs of new seeds beside an earlier one's, as the matrix
-registration pools its main block with the pilot): each run once over all of them, one class of commits over all
-of them by the declarations of any, the analysis written in the last.
+Runs are paired only within one class of metric-equivalent commits, as FOLDER/equivalent-commits.txt declares
+(a line of commit hashes, a comment after #). Folders pool their summaries (as the matrix registration pools its
+main block with the pilot): each run once, one class of commits over all, the analysis written in the last.
 """
 
 from __future__ import annotations
@@ -39,11 +39,11 @@ import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from analysis import plots
+from analysis import plots, verdicts
 from analysis.curves import POINTS, area_under
 from analysis.pairing import paired_seeds, unpaired_seeds
 from analysis.stats import (bootstrap_means, bootstrap_p, fewest_seeds, holm, p_text, percentile_interval,
-                            sd_interval, sd_upper_bound, sign_flip_p, t_quantile)
+                            sd_interval, sd_upper_bound, sign_flip_p, t_interval, t_quantile)
 GRPO_BUDGETS = ("none", "none-g16")
 PRIMARY = (("cross-fidelity", "sgt"), ("cross-fidelity", "cross-fidelity-random"), ("cross-fidelity", GRPO_BUDGETS))
 """the pre-registered primary contrasts A - B (results/preregistration.md); a tuple B is the better of its
@@ -249,11 +249,15 @@ def analyze(summaries: list[dict], cfg: AnalysisConfig = AnalysisConfig()) -> di
 
 def holm_family(rows: list[dict], cfg: AnalysisConfig, absent: int = 0) -> None:
     """Holm over a family's contrast rows (and `absent` hypotheses that count at p = 1): each row gets its
-    adjusted p-value, its interval at the level Holm tests it at, and whether it is rejected."""
+    adjusted p-value, its interval at the level Holm tests it at, and whether it is rejected; and the same Holm
+    over the rows' exact sign-flip p-values, the reading valid at its n (results/reporting-rule.md, 2)."""
     adjusted, levels, rejected = holm([r["p"] for r in rows] + [1.0] * absent, cfg.alpha)
-    for row, p, level, reject in zip(rows, adjusted, levels, rejected):
+    exact_adjusted, _, exact_rejected = holm([r["sign_flip_p"] for r in rows] + [1.0] * absent, cfg.alpha)
+    for row, p, level, reject, exact_p, exact_reject in zip(rows, adjusted, levels, rejected, exact_adjusted,
+                                                           exact_rejected):
         means = bootstrap_means(list(row["differences"].values()), cfg.resamples, cfg.bootstrap_seed)
-        row.update(holm_p=p, holm_interval=percentile_interval(means, 1 - level), holm_rejected=reject)
+        row.update(holm_p=p, holm_interval=percentile_interval(means, 1 - level), holm_rejected=reject,
+                   exact_holm_p=exact_p, exact_rejected=exact_reject)
 
 
 def admission(runs: list[dict], policy: str) -> dict[str, tuple[float, float]]:
@@ -276,18 +280,35 @@ def admission_table(curated: list[tuple[str, str, dict]]) -> list[str]:
     return lines
 
 
+def h1_text(parts: verdicts.Labels) -> str:
+    """H1's call as printed from its (Holm label, margin label)."""
+    supported, refuted = parts
+    if supported and refuted:
+        return f"supported above {H1[1]}, refuted at +{H1[2]:g} points or more"
+    return supported or refuted or "not resolved"
+
+
+def h2_text(parts: verdicts.Labels) -> str:
+    return parts[0] or "not resolved"
+
+
 def hypotheses(by_config: dict, auc_rows: list[dict], policy: str, cfg: AnalysisConfig) -> list[dict]:
-    """H1 and H2 for `policy`, where both of their configurations ran on at least two common seeds."""
+    """H1 and H2 for `policy`, where both of their configurations ran on at least two common seeds: each with its
+    registered verdict, its verdict at n (results/reporting-rule.md: H1 by Holm over the exact sign-flip p-values
+    and the t interval, H2 by the t interval of the log ratios) and the verdict the rule reports."""
     rows = []
     a, b, gain = H1
     h1 = [r for r in auc_rows if r["contrast"] == f"{a} - {b}" and r["policy"] == policy]
     if h1:
         r = h1[0]
-        supported, refuted = r["holm_rejected"] and r["mean"] > 0, r["interval"][1] < gain
-        verdict = (f"supported above {b}, refuted at +{gain:g} points or more" if supported and refuted else
-                   "supported" if supported else "refuted" if refuted else "not resolved")
+        registered = ("supported" if r["holm_rejected"] and r["mean"] > 0 else None,
+                      "refuted" if r["interval"][1] < gain else None)
+        at_n = ("supported" if r["exact_rejected"] and r["mean"] > 0 else None,
+                "refuted" if r["t_interval"][1] < gain else None)
         rows.append({"hypothesis": "H1", "policy": policy, "estimate": r["mean"], "interval": r["interval"],
-                     "seeds": len(r["differences"]), "verdict": verdict})
+                     "t_interval": r["t_interval"], "sign_flip_p": r["sign_flip_p"], "seeds": len(r["differences"]),
+                     "verdict": h1_text(registered), "verdict_at_n": h1_text(at_n),
+                     "reported": verdicts.reported(registered, at_n, h1_text)})
     a, b, bound = H2
     common = paired_seeds(by_config.get(a, {}), by_config.get(b, {}), cfg.pair_by_start)
     if len(common) < 2:
@@ -295,14 +316,23 @@ def hypotheses(by_config: dict, auc_rows: list[dict], policy: str, cfg: Analysis
     pairs = [(by_config[a][s]["policies"][policy]["reward_variance"],
               by_config[b][s]["policies"][policy]["reward_variance"]) for s in common]
     if not all(math.isfinite(x) and x > 0 for pair in pairs for x in pair):
+        verdict = "not computable: a run's reward variance is 0 or not finite"
         return rows + [{"hypothesis": "H2", "policy": policy, "estimate": math.nan, "interval": (math.nan, math.nan),
-                        "seeds": len(common), "verdict": "not computable: a run's reward variance is 0 or not finite"}]
+                        "t_interval": (math.nan, math.nan), "sign_flip_p": math.nan, "seeds": len(common),
+                        "verdict": verdict, "verdict_at_n": verdict, "reported": verdict}]
     logs = [math.log(x / y) for x, y in pairs]
     low, high = (math.exp(x) for x in percentile_interval(
         bootstrap_means(logs, cfg.resamples, cfg.bootstrap_seed), 1 - cfg.alpha))
-    verdict = "supported" if high < bound else "refuted" if low > bound else "not resolved"
+    t_low, t_high = (math.exp(x) for x in t_interval(logs, 1 - cfg.alpha))
+
+    def label(low: float, high: float) -> verdicts.Labels:
+        return ("supported" if high < bound else "refuted" if low > bound else None),
+    registered, at_n = label(low, high), label(t_low, t_high)
     rows.append({"hypothesis": "H2", "policy": policy, "estimate": math.exp(sum(logs) / len(logs)),
-                 "interval": (low, high), "seeds": len(common), "verdict": verdict})
+                 "interval": (low, high), "t_interval": (t_low, t_high),
+                 "sign_flip_p": sign_flip_p([x - math.log(bound) for x in logs]), "seeds": len(common),
+                 "verdict": h2_text(registered), "verdict_at_n": h2_text(at_n),
+                 "reported": verdicts.reported(registered, at_n, h2_text)})
     return rows
 
 
@@ -326,9 +356,8 @@ def contrast_row(a: str, b: str, policy: str, differences: dict[int, float], cfg
     mean, sd = mean_sd(values)
     means = bootstrap_means(values, cfg.resamples, cfg.bootstrap_seed)
     upper = sd_upper_bound(sd, len(values), cfg.sd_confidence)
-    half = t_quantile(1 - cfg.alpha / 2, len(values) - 1) * sd / math.sqrt(len(values))
     return {"contrast": f"{a} - {b}", "policy": policy, "differences": differences, "mean": mean, "sd": sd,
-            "t_interval": (mean - half, mean + half), "sd_interval": sd_interval(sd, len(values), 1 - cfg.alpha),
+            "t_interval": t_interval(values, 1 - cfg.alpha), "sd_interval": sd_interval(sd, len(values), 1 - cfg.alpha),
             "interval": percentile_interval(means, 1 - cfg.alpha), "p": bootstrap_p(means),
             "sign_flip_p": sign_flip_p(values), "sd_upper": upper,
             "seeds_for_matrix": seeds_for_power(upper, cfg) if upper > 0 else 2}
@@ -365,8 +394,8 @@ def markdown(result: dict) -> str:
     for view, rows in result["contrasts"].items():
         lines += ["", f"## Primary contrasts, {view}: paired differences seed by seed, points\n",
                   "| contrast | policy | per-seed difference | unpaired, left out | mean | SD | 95% interval | p "
-                  "| sign-flip p | Holm p | Holm interval | Holm rejects | SD 95% interval | SD upper 80% "
-                  "| seeds for the matrix |", "|---" * 15 + "|"]
+                  "| sign-flip p | Holm p | Holm interval | Holm rejects | sign-flip Holm p | SD 95% interval "
+                  "| SD upper 80% | seeds for the matrix |", "|---" * 16 + "|"]
         for r in rows:
             seeds = " ".join(f"{d:+.2f}" for d in r["differences"].values())
             left_out = " ".join(map(str, r["unpaired"])) or "—"
@@ -374,7 +403,7 @@ def markdown(result: dict) -> str:
                          f"| [{r['interval'][0]:+.2f}, {r['interval'][1]:+.2f}] | {pv(r['p'])} "
                          f"| {p_text(r['sign_flip_p'])} | {pv(r['holm_p'])} "
                          f"| [{r['holm_interval'][0]:+.2f}, {r['holm_interval'][1]:+.2f}] | {r['holm_rejected']} "
-                         f"| [{r['sd_interval'][0]:.2f}, {r['sd_interval'][1]:.2f}] | {r['sd_upper']:.2f} "
+                         f"| {p_text(r['exact_holm_p'])} | [{r['sd_interval'][0]:.2f}, {r['sd_interval'][1]:.2f}] | {r['sd_upper']:.2f} "
                          f"| {r['seeds_for_matrix']} |")
         lines += unpaired_notes(rows)
         if result["missing"][view]:
@@ -389,11 +418,18 @@ def markdown(result: dict) -> str:
     lines += ["", "## Hypotheses\n",
               f"H1: {H1[0]} - {H1[1]}, points (hoped: +{H1[2]:g} or more). H2: reward variance {H2[0]} / {H2[1]}, "
               f"geometric mean over seeds (hoped: below {H2[2]:g}).\n",
-              "| hypothesis | policy | seeds | estimate | 95% interval | verdict |", "|---|---|---|---|---|---|"]
+              "The registered verdict, the verdict at n (H1: Holm over the exact sign-flip p-values of the primary "
+              "family and the t interval; H2: the t interval of the log ratios; the sign-flip p is H1's against 0 and "
+              f"H2's against {H2[2]:g}) and the verdict reported (results/reporting-rule.md: a word where both give "
+              "it).\n",
+              "| hypothesis | policy | seeds | estimate | 95% interval | t interval | sign-flip p | registered verdict "
+              "| verdict at n | reported |", "|---" * 10 + "|"]
     for h in result["hypotheses"]:
         form = "+.2f" if h["hypothesis"] == "H1" else ".3f"     # a difference in points, a ratio
         lines.append(f"| {h['hypothesis']} | {h['policy']} | {h['seeds']} | {h['estimate']:{form}} "
-                     f"| [{h['interval'][0]:{form}}, {h['interval'][1]:{form}}] | {h['verdict']} |")
+                     f"| [{h['interval'][0]:{form}}, {h['interval'][1]:{form}}] "
+                     f"| [{h['t_interval'][0]:{form}}, {h['t_interval'][1]:{form}}] | {p_text(h['sign_flip_p'])} "
+                     f"| {h['verdict']} | {h['verdict_at_n']} | {h['reported']} |")
     return "\n".join(lines) + "\n"
 
 

@@ -51,7 +51,7 @@ def block1(root: Path, cfg: ma.AnalysisConfig) -> list[dict]:
             form = "+.2f" if h["hypothesis"] == "H1" else ".3f"
             rows.setdefault(f"{h['hypothesis']} ({h['policy']})", {})[view] = (
                 f"{h['estimate']:{form}} [{h['interval'][0]:{form}}, {h['interval'][1]:{form}}], {h['seeds']} seeds: "
-                f"{h['verdict']}")
+                f"{h['reported']}")
         for r in result["contrasts"]["auc"]:
             rows.setdefault(f"{r['contrast']} ({r['policy']})", {})[view] = (
                 f"{r['mean']:+.2f} [{r['interval'][0]:+.2f}, {r['interval'][1]:+.2f}], {len(r['differences'])} seeds, "
@@ -71,7 +71,7 @@ def block6(runs: list[dict], cfg: ma.AnalysisConfig) -> list[dict]:
         for r in called["rows"]:
             rows.setdefault(f"{r['contrast']} ({r['policy']})", {})[view] = (
                 f"{r['mean']:+.2f} [{r['interval'][0]:+.2f}, {r['interval'][1]:+.2f}], {len(r['differences'])} seeds, "
-                f"sign-flip p {stats.p_text(r['sign_flip_p'])}: {r['verdict']}")
+                f"sign-flip p {stats.p_text(r['sign_flip_p'])}: {r['reported']}")
     return [{"block": 6, "question": q, **views} for q, views in rows.items()]
 
 
@@ -98,7 +98,8 @@ def markdown(rows: list[dict], pooled_rows: list[dict]) -> list[str]:
              f"Each verdict of an affected block: as published (the registered seeds, the unpaired one included), on "
              f"the paired seeds alone, and with the repair (the paired seeds and fresh seed "
              f"{', '.join(map(str, mb.REPAIRS['main']))}, run in full on one machine; the registered call once its "
-             f"runs are in). Mean [95% bootstrap interval], seeds, and the call or the test's p.\n",
+             f"runs are in). Mean [95% bootstrap interval], seeds, and the call the reporting rule reports (results/"
+             f"reporting-rule.md: the word both the registered call and the reading at n give) or the test's p.\n",
              "| block | question | " + " | ".join(VIEWS) + " |", "|---" * (2 + len(VIEWS)) + "|"]
     lines += [f"| {r['block']} | {r['question']} | " + " | ".join(r.get(v, "not yet run") for v in VIEWS) + " |"
               for r in rows]

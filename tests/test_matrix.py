@@ -4,6 +4,7 @@ directories and summaries, against hand-computed cases; nothing trains."""
 import itertools
 import json
 import math
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -399,6 +400,30 @@ def test_a_steady_gain_below_two_points_is_both_supported_and_refuted_and_a_zero
     assert h["H2"][0].startswith("not computable") and h["H1"][0] == "refuted"      # differences 0 and +1
 
 
+def test_the_hypotheses_at_n_drop_a_word_the_exact_readings_do_not_carry():
+    runs = []
+    for seed, (cf, sgt, cf_var) in enumerate(zip([43.0, 42.0, 44.0], [40.0] * 3, [0.05, 0.016, 0.03]), start=1001):
+        for name, auc, variance in (("cross-fidelity", cf, cf_var), ("sgt", sgt, 0.02)):
+            runs.append(summary(name, seed, auc))
+            runs[-1]["policies"]["p"]["reward_variance"] = variance
+    rows = analysis.analyze(runs, analysis.AnalysisConfig(resamples=20_000))["hypotheses"]
+    h1, h2 = (next(h for h in rows if h["policy"] == "p" and h["hypothesis"] == k) for k in ("H1", "H2"))
+    # H1: +3, +2, +4 over three seeds: the bootstrap rejects 0 (p = 0), but the sign-flip p of three same-signed
+    # differences is 2 / 8, so Holm over the family cannot reject at n; the t interval, 3 -+ 4.303 / sqrt(3), is
+    # not below 2 either: the registered "supported" is not carried
+    assert h1["verdict"] == "supported" and h1["sign_flip_p"] == pytest.approx(0.25)
+    assert h1["t_interval"] == pytest.approx((3 - 4.303 / math.sqrt(3), 3 + 4.303 / math.sqrt(3)), abs=1e-3)
+    assert h1["verdict_at_n"] == "not resolved" and h1["reported"] == "not resolved (registered: supported)"
+    # H2: log ratios log 2.5, log 0.8, log 1.5; their bootstrap interval lies above log 0.7, but their t interval,
+    # mean -+ 4.303 SD / sqrt(3), reaches below it
+    logs = [math.log(2.5), math.log(0.8), math.log(1.5)]
+    mean, sd = sum(logs) / 3, statistics.stdev(logs)
+    assert h2["t_interval"] == pytest.approx((math.exp(mean - 4.303 * sd / math.sqrt(3)),
+                                              math.exp(mean + 4.303 * sd / math.sqrt(3))), rel=1e-3)
+    assert h2["verdict"] == "refuted" and h2["t_interval"][0] < 0.7
+    assert h2["reported"] == "not resolved (registered: refuted)"
+
+
 def test_the_curators_admissions_are_shown_per_receiver_over_seeds():
     def curated(prp):
         return {"fidelity/offered": 100.0, "fidelity/could_matter": 0.5, "fidelity/admitted_prp": prp,
@@ -692,6 +717,46 @@ def test_the_sign_flip_p_value_equals_a_naive_enumeration_of_signs(differences):
     observed = abs(sum(differences))
     naive = sum(total >= observed - 1e-9 for total in sums) / len(sums)
     assert stats.sign_flip_p(differences) == pytest.approx(naive)
+
+
+@pytest.mark.parametrize("differences", [[1.0, 2.0, 3.0], [0.85, 0.1, -0.2, 1.3, 2.0, 0.4], [-0.5, 0.2, -1.0]])
+def test_the_one_sided_sign_flip_p_value_equals_a_naive_enumeration_of_signs(differences):
+    sums = [sum(s * d for s, d in zip(signs, differences)) for signs in itertools.product((1, -1), repeat=len(differences))]
+    naive = sum(total >= sum(differences) - 1e-9 for total in sums) / len(sums)
+    assert stats.sign_flip_p(differences, alternative="greater") == pytest.approx(naive)
+
+
+@pytest.mark.parametrize("numerators, denominators", [([2.0, 3.0, 1.5, 2.5, 4.0], [3.0, 3.5, 2.0, 4.0, 5.5]),
+                                                      ([1.0, -0.5, 2.0, 0.3], [2.0, 1.0, 3.5, 1.2]),
+                                                      ([0.4, 2.2, -1.0, 1.1, 0.9, 3.0], [1.0, 2.5, 0.1, 2.0, 0.8, 3.1])])
+def test_fiellers_interval_is_the_set_of_ratios_the_paired_t_test_keeps_by_a_grid(numerators, denominators):
+    # by definition: r is in the interval where the paired t test of numerator - r denominator does not reject 0
+    n, t = len(numerators), stats.t_quantile(0.975, len(numerators) - 1)
+
+    def kept(r):
+        d = [x - r * y for x, y in zip(numerators, denominators)]
+        mean = sum(d) / n
+        sd = math.sqrt(sum((v - mean) ** 2 for v in d) / (n - 1))
+        return abs(mean) <= t * sd / math.sqrt(n)
+    low, high = stats.fieller_interval(numerators, denominators, 0.95)
+    grid = [k / 1000 for k in range(-20000, 20001)]
+    inside = [r for r in grid if kept(r)]
+    assert low == pytest.approx(min(inside), abs=2e-3) and high == pytest.approx(max(inside), abs=2e-3)
+    ratio = sum(numerators) / sum(denominators)
+    assert low < ratio < high
+
+
+def test_fiellers_interval_is_unbounded_where_the_denominator_is_not_told_from_0():
+    # denominators -1, 1, 0.5, -0.2: their mean 0.075 lies well within t * SE of 0, so every large r is kept
+    assert stats.fieller_interval([1.0, 2.0, 1.5, 0.5], [-1.0, 1.0, 0.5, -0.2], 0.95) == (-math.inf, math.inf)
+    with pytest.raises(ValueError, match="two or more pairs"):
+        stats.fieller_interval([1.0], [2.0], 0.95)
+
+
+def test_the_t_interval_by_hand():
+    # 1, 2, 3: mean 2, SD 1, t(0.975, 2) = 4.303 from the printed table
+    assert stats.t_interval([1.0, 2.0, 3.0], 0.95) == pytest.approx((2 - 4.303 / math.sqrt(3),
+                                                                     2 + 4.303 / math.sqrt(3)), abs=1e-3)
 
 
 def test_beyond_twenty_differences_the_sign_flip_p_value_is_drawn_and_never_0():

@@ -1,8 +1,9 @@
-"""The matrix's blocks 2-6, H4 and H5 (analysis/blocks.py) on summaries built by hand: each registered
+"""The matrix's blocks 2-6, H4 and H5 (analysis/blocks.py, h4.py, h5.py) on summaries built by hand: each registered
 rule called on its boundary cases, a family's Holm over its registered seeds alone, H4's dominant terms and
 claims, H5's dominance, HACPO-official's seeds owed in place of an unpaired one and its registered commit, and
 `python eval.py --blocks` end to end (H3's: test_matrix_h3.py)."""
 
+import itertools
 import json
 import math
 import statistics
@@ -17,7 +18,7 @@ from test_matrix import ROOT, summary, write_summaries   # it puts benchmarks/ o
 import h5_path  # noqa: E402
 from analysis import blocks as mb  # noqa: E402
 from analysis import h3 as matrix_h3  # noqa: E402
-from analysis import h5, plots, stats  # noqa: E402
+from analysis import h4, h5, plots, stats, verdicts  # noqa: E402
 from analysis import matrix as ma  # noqa: E402
 
 
@@ -51,6 +52,36 @@ def test_each_registered_rule_calls_its_boundary_cases(rule, r, verdict):
     assert mb.call(rule, r) == verdict
 
 
+def test_the_tbd_block_on_three_same_signed_seeds_is_hurts_by_the_bootstrap_and_not_resolved_at_n():
+    # three seeds, cross-fidelity 1.0, 1.5 and 0.5 points below its TBD ablation for p: the registered bootstrap p is
+    # 0 (every resample's mean is negative) and its interval lies in (-2, 0); at n, the exact sign-flip p of three
+    # same-signed differences is 2 / 8 and the t interval, -1 -+ 4.303 x 0.5 / sqrt(3), crosses -2
+    cfg = ma.AnalysisConfig(resamples=2000)
+    _, seeds, contrasts = mb.FAMILIES["tbd"]
+    runs = [summary(name, seed, 50.0 + gap * (name == "cross-fidelity"))
+            for seed, gap in zip(seeds, (-1.0, -1.5, -0.5)) for name in ("cross-fidelity", "cross-fidelity-ablate-tbd")]
+    [p, _] = mb.family(runs, tuple(seeds), contrasts, cfg)["rows"]
+    assert p["sign_flip_p"] == pytest.approx(2 / 8) and p["exact_holm_p"] == pytest.approx(min(1.0, 2 * 2 / 8))
+    assert p["t_interval"] == pytest.approx((-1 - 4.303 * 0.5 / 3 ** 0.5, -1 + 4.303 * 0.5 / 3 ** 0.5), abs=1e-3)
+    assert p["verdict"] == "hurts (Holm), and matters by less than 2 points (the 2-point margin)"
+    assert p["verdict_at_n"] == "not resolved"
+    assert p["reported"] == ("not resolved (registered: hurts (Holm), and matters by less than 2 points (the 2-point "
+                             "margin))")
+
+
+@pytest.mark.parametrize("registered, at_n, reported", [
+    (("matters", "matters by less than 2 points"), ("matters", "matters by less than 2 points"),
+     "matters (Holm), and matters by less than 2 points (the 2-point margin)"),
+    (("matters", "matters by less than 2 points"), (None, "matters by less than 2 points"),
+     "matters by less than 2 points (registered: matters (Holm), and matters by less than 2 points (the 2-point "
+     "margin))"),
+    (("hurts", None), ("matters", None), "not resolved (registered: hurts)"),      # the other sign is no agreement
+    ((None, None), ("matters", None), "not resolved"),                             # at n alone says nothing
+])
+def test_the_reported_call_keeps_each_label_both_readings_give(registered, at_n, reported):
+    assert verdicts.reported(registered, at_n, mb.call_text) == reported
+
+
 def test_the_families_are_the_registrations():
     # transcribed from results/preregistration-matrix.md, blocks 2, 3, 4 and 6: (set, seeds, contrasts A - B)
     registered = {
@@ -68,7 +99,7 @@ def test_the_families_are_the_registrations():
                                                                  ("hacpo-official", "hacpo", "lead")}),
     }
     assert {k: (s, seeds, set(c)) for k, (s, seeds, c) in mb.FAMILIES.items()} == registered
-    assert len(mb.H4_CELLS) == 10 and list(mb.H4_SEEDS) == [1009, 1010] and list(h5.SEEDS) == list(range(1009, 1015))
+    assert len(h4.H4_CELLS) == 10 and list(h4.H4_SEEDS) == [1009, 1010] and list(h5.SEEDS) == list(range(1009, 1015))
 
 
 def estimate_runs(gaps, seeds, sgt=38.0):
@@ -222,7 +253,7 @@ def h4_sets(table_for, seeds=(1009, 1010, 1011)):
     """Every H4 cell's runs on `seeds` (1011 is not one of H4's), each direction's terms table_for(pair)[d] times
     the seed's scale (1, 3, 100)"""
     sets = {}
-    for pair, form, measure, set_name, name in mb.H4_CELLS:
+    for pair, form, measure, set_name, name in h4.H4_CELLS:
         for seed in seeds:
             s = summary(name, seed, 40.0)
             scale = {1009: 1.0, 1010: 3.0, 1011: 100.0}[seed]
@@ -238,7 +269,7 @@ CROSS = {"qwen->llama": {"tbd": 0.5, "ccm": 0.2, "rsd": 0.1}, "llama->qwen": {"t
 
 def test_h4_averages_each_direction_over_seeds_and_calls_each_claim_by_the_share_it_dominates():
     sets = h4_sets(lambda pair: QQ if pair == "qwen-qwen" else CROSS)
-    result = mb.h4(sets)
+    result = h4.analyze(sets)
     assert len(result["table"]) == 20                                       # 10 cells x 2 directions
     assert result["cells"]["trio prose credit"] == [1009, 1010] and len(result["cells"]) == 10
     by = {(r["pair"], r["form"], r["measure"], r["direction"]): r for r in result["table"]}
@@ -253,22 +284,38 @@ def test_h4_averages_each_direction_over_seeds_and_calls_each_claim_by_the_share
     # TBD measured on one seed only (NaN on the other) is that seed's value, and dominates
     for s in sets["matrix"]:
         s["directions"]["llama->qwen"]["terms"]["tbd"] = math.nan if s["seed"] == 1009 else 5.0
-    row = next(r for r in mb.h4(sets)["table"] if r["pair"] == "qwen-llama" and r["measure"] == "credit"
+    row = next(r for r in h4.analyze(sets)["table"] if r["pair"] == "qwen-llama" and r["measure"] == "credit"
                and r["form"] == "line" and r["direction"] == "llama->qwen")
     assert row["terms"]["tbd"] == pytest.approx(5.0) and row["dominant"] == "tbd"
     # TBD now dominates qwen->llama in all six cross-family cells and llama->qwen in the two of set matrix: 8 of 12
-    assert {c["claim"]: c["verdict"] for c in mb.h4(sets)["claims"]}["cross family mainly TBD"] == "mixed"
+    assert {c["claim"]: c["verdict"] for c in h4.analyze(sets)["claims"]}["cross family mainly TBD"] == "mixed"
+
+
+def test_h4_reports_a_claims_call_only_where_each_seed_alone_repeats_it():
+    sets = h4_sets(lambda pair: QQ if pair == "qwen-qwen" else CROSS)
+    claims = {c["claim"]: c for c in h4.analyze(sets)["claims"]}
+    assert claims["cross family mainly TBD"]["per_seed"] == {1009: "refuted", 1010: "refuted"}
+    assert claims["cross family mainly TBD"]["reported"] == "refuted"
+    # TBD far above the rest in llama->qwen on seed 1010 alone, in every cross-family cell: over both seeds TBD
+    # dominates all 12 cross-family directions ("supported"), seed 1010 alone too, but seed 1009 alone only 6
+    for name in ("matrix", "matrix-h4-trio-line", "matrix-trio-prose", "matrix-h4-qwen-llama-prose"):
+        for s in sets[name]:
+            if s["seed"] == 1010:
+                s["directions"]["llama->qwen"]["terms"]["tbd"] = 50.0
+    cross = {c["claim"]: c for c in h4.analyze(sets)["claims"]}["cross family mainly TBD"]
+    assert cross["verdict"] == "supported" and cross["per_seed"] == {1009: "refuted", 1010: "supported"}
+    assert cross["reported"] == "not resolved (registered: supported)"
 
 
 def test_h4_names_a_tie_and_waits_for_every_cell_on_both_seeds():
     tie = {"qwen-a->qwen-b": {"tbd": 0.0, "ccm": 0.2, "rsd": 0.2},
            "qwen-b->qwen-a": {"tbd": 0.0, "ccm": 0.3, "rsd": 0.1}}
     sets = h4_sets(lambda pair: tie if pair == "qwen-qwen" else CROSS)
-    result = mb.h4(sets)
+    result = h4.analyze(sets)
     assert {r["dominant"] for r in result["table"] if r["direction"] == "qwen-a->qwen-b"} == {"tie: ccm, rsd"}
     assert {c["claim"]: c["share"] for c in result["claims"]}["same family mainly CCM"] == 0.5
     sets["matrix-h4-trio-line"] = [s for s in sets["matrix-h4-trio-line"] if s["seed"] != 1010]
-    result = mb.h4(sets)
+    result = h4.analyze(sets)
     assert result["table"] == [] and {c["verdict"] for c in result["claims"]} == {"incomplete"}
     assert result["cells"]["trio line credit"] == [1009] and result["cells"]["qwen-qwen line hidden"] == [1009, 1010]
 
@@ -314,6 +361,32 @@ def test_h5_calls_adaptive_curation_by_dominance_in_the_plane_once_every_level_r
                                                                   "verdict": "waits for block ablations"}
 
 
+def test_h5_at_n_needs_each_difference_exact_sign_flip_p_at_most_alpha_and_reports_only_what_both_readings_give():
+    gap = {"seeds": 6, "received": (1.0, 0.5, 1.5), "variance": (-0.01, -0.02, -0.001)}
+    # every sign shared in both: each exact p is 2 / 2^6, below 0.05; one flipped sign leaves 6 of 64 as far out
+    assert h5.dominates(gap) and h5.dominates_at_n({**gap, "received_sign_flip_p": 2 / 64,
+                                                   "variance_sign_flip_p": 2 / 64}, 0.05)
+    assert not h5.dominates_at_n({**gap, "received_sign_flip_p": 2 / 64, "variance_sign_flip_p": 4 / 64}, 0.05)
+    assert not h5.dominates_at_n({**gap, "variance": (0.01, 0.001, 0.02), "received_sign_flip_p": 2 / 64,
+                                  "variance_sign_flip_p": 2 / 64}, 0.05)      # less variance is the wrong sign
+    cfg = ma.AnalysisConfig(resamples=2000)
+    seeds = range(1009, 1015)
+    levels = [plane_run(name, s, received + s % 2, 0.030) for s in seeds
+              for name, received in (("prp", 2.0), ("xgrpo", 5.0), ("sgt", 9.0))]
+    # adaptive's variance below prp's on five seeds, above on one: the bootstrap interval of the gap can exclude 0
+    # while the exact p of the variances, (2 + 2 x 1) / 64 on these values, cannot go under 0.05
+    variance = {1009: 0.020, 1010: 0.021, 1011: 0.022, 1012: 0.023, 1013: 0.024, 1014: 0.0305}
+    adaptive = [plane_run(h5.ADAPTIVE, s, 4.0 + s % 2, variance[s]) for s in seeds]
+    [p, _] = h5.analyze(levels + adaptive, cfg)
+    prp = {g["configuration"]: g for g in p["gaps"]}["prp"]
+    differences = [0.030 - variance[s] for s in seeds]
+    naive = sum(abs(sum(x * d for x, d in zip(signs, differences))) >= abs(sum(differences)) - 1e-12
+                for signs in itertools.product((1, -1), repeat=6)) / 64
+    assert prp["variance_sign_flip_p"] == pytest.approx(naive) and naive > 0.05
+    assert p["verdict"] == "supported (dominates prp)" and p["verdict_at_n"] == "not resolved"
+    assert p["reported"] == "not resolved (registered: supported (dominates prp))"
+
+
 def test_h5_compares_levels_over_the_seeds_paired_by_start_and_never_over_one():
     cfg = ma.AnalysisConfig(resamples=500)
     seeds = range(1009, 1015)
@@ -353,7 +426,7 @@ def test_a_computed_h5_is_reported_with_its_points_and_drawn_once_the_blocks_it_
     text = mb.report(tmp_path, cfg)
     assert "  - prp: received 2.50 [" in text and "reward variance 0.0295 [" in text
     assert f"  - prp less {h5.ADAPTIVE}, paired over 6 seeds: received -2.00 [-2.00, -2.00], reward variance " \
-           "+0.00000 [+0.00000, +0.00000] (exact sign-flip p 1.000, descriptive)" in text
+           "+0.00000 [+0.00000, +0.00000] (exact sign-flip p: received 0.031, variance 1.000)" in text
     assert (tmp_path / "matrix" / "h5-plane.png").stat().st_size > 0
 
 

@@ -4,6 +4,7 @@ computed by hand; a seed whose runs started a policy elsewhere left out, named a
 alone before every run is in; each call again under other bootstrap seeds; and H3's sets read by `python eval.py
 --blocks` at one class of commits of their own, that of the registered commit."""
 
+import itertools
 import json
 import math
 
@@ -14,6 +15,7 @@ from test_matrix import summary, write_summaries   # it puts benchmarks/ on the 
 from analysis import blocks as mb  # noqa: E402
 from analysis import h3 as matrix_h3  # noqa: E402
 from analysis import matrix as ma  # noqa: E402
+from analysis import verdicts  # noqa: E402
 from analysis.sets import H3_CONFIGURATIONS, H3_SEEDS, SETS  # noqa: E402
 
 
@@ -105,6 +107,10 @@ def test_h3_ratio_interval_p_holm_and_calls_by_hand():
     assert r["additive"] == 0.0 and r["additive_interval"] == (0.0, 0.0)
     assert r["call"] == "about linear" and r["reading"] == "—"
     assert r["linear_elsewhere"] == matrix_h3.OTHER_BOOTSTRAP_SEEDS     # every resample of every seed gives 1
+    # at n: trio - 0.5 x sum is half the sum, positive on all 8 seeds, so the one-sided exact p is 1 / 2^8; T = S
+    # seed by seed makes Fieller's (m_S^2 - q v_SS)(r - 1)^2 <= 0, the single point 1
+    assert r["exact_p"] == pytest.approx(1 / 256) and r["fieller_interval"] == pytest.approx((1.0, 1.0))
+    assert r["exact_rejected"] and r["call_at_n"] == "about linear" and r["reported"] == "about linear"
     # half the sum with noise: the ratio of resampled means is 0.375 + a / 32, a ~ Binomial(8, 1/2) the draws of
     # even seeds; its 2.5% and 97.5% quantiles at a = 1 and 7 (P(a <= 1) = 9/256 > 0.025 > P(a = 0)), its p
     # P(a <= 4) = 163/256: wholly below 1, yet Holm cannot reject R <= 0.5
@@ -115,6 +121,11 @@ def test_h3_ratio_interval_p_holm_and_calls_by_hand():
                                                                              "qwen-mistral": pytest.approx(4 * UNIT)}
     assert r["call"] == "not resolved" and r["reading"] == "diminishing returns"
     assert r["linear_elsewhere"] == 0            # p near 163/256 under any seed's resamples, never near Holm's bar
+    # at n: the sum is 8 units on every seed (no variance, no covariance), so Fieller's interval is the trio
+    # gain's t interval over 8 units: 0.5 -+ t(0.975, 7) x SD(5, 3, ...) / sqrt(8) / 8, SD sqrt(8 / 7), t 2.3646
+    half = 2.3646 * math.sqrt(8 / 7) / math.sqrt(8) / 8
+    assert r["fieller_interval"] == pytest.approx((0.5 - half, 0.5 + half), abs=1e-4)
+    assert r["call_at_n"] == "diminishing returns" and r["reported"] == "diminishing returns"
     # pair gains summing to 0: the denominator's interval (a - 4) / 2 units at a = 1 and 7 holds 0, so not read; p
     # = P(a <= 3) = 93/256 (a negative denominator gives a negative ratio; a = 4 gives +inf, a > 4 at least 1)
     r = rows["qwen", "cross-fidelity"]
@@ -186,6 +197,33 @@ def test_each_condition_of_the_call_decides_it_alone():
     for denominator in ((-0.2, 3), (0.0, 3)):                                            # the sum not told from 0
         assert called(True, (0.6, 1.2), denominator) == (
             "not resolved", "not read (the sum of pair gains is not told from 0)")
+
+
+def test_h3_at_n_tests_trio_less_half_the_sum_by_its_signs_and_reads_fiellers_interval():
+    # four seeds: trio gains 3, 2, 4, 1 over pair sums 3, 3, 3, 2; trio - 0.5 x sum = 1.5, 0.5, 2.5, 0.0, whose
+    # one-sided sign-flip p counts the sign assignments whose sum is at least the observed 4.5, by a naive loop
+    pair1, pair2 = matrix_h3.pairs_of("llama")
+    seeds = (6001, 6002, 6003, 6004)
+    by_grouping = {"trio": dict(zip(seeds, (3.0, 2.0, 4.0, 1.0))), pair1: dict(zip(seeds, (2.0, 1.0, 2.0, 1.0))),
+                   pair2: dict(zip(seeds, (1.0, 2.0, 1.0, 1.0)))}
+    differences = (1.5, 0.5, 2.5, 0.0)
+    naive = sum(sum(x * d for x, d in zip(signs, differences)) >= 4.5 - 1e-12
+                for signs in itertools.product((1, -1), repeat=4)) / 16
+    row = matrix_h3.ratio_row("llama", "sgt", by_grouping, ma.AnalysisConfig(resamples=500))
+    assert row["exact_p"] == pytest.approx(naive) and naive == 2 / 16      # 0 lets either sign of its seed count
+    # each condition of the call at n decides it alone: a bounded Fieller interval, the test, where 1 lies
+    def at_n(rejected, interval):
+        return matrix_h3.labels_at_n({"exact_rejected": rejected, "fieller_interval": interval})
+    assert at_n(True, (0.6, 1.2)) == ("about linear", None)
+    assert at_n(False, (0.6, 1.2)) == (None, None)
+    assert at_n(True, (0.4, 0.9)) == (None, "diminishing returns")
+    assert at_n(True, (1.1, 1.9)) == (None, "superlinear")
+    assert at_n(True, (-math.inf, math.inf)) == (None, None)                # an unbounded interval reads nothing
+    registered = matrix_h3.registered_labels({"holm_rejected": True, "interval": (0.6, 1.2),
+                                             "denominator_interval": (1.0, 3.0)})
+    assert registered == ("about linear", None)
+    assert verdicts.reported(registered, at_n(True, (-math.inf, math.inf)), matrix_h3.labels_text) == (
+        "not resolved (registered: about linear)")
 
 
 def test_a_zero_sum_of_pair_gains_divides_by_the_numerators_sign_however_its_mean_rounds():
