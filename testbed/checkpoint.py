@@ -8,7 +8,8 @@ reloaded from where it came from). On --resume the metric lines logged after the
 resumed run repeats none and loses none, and a resume with other settings than the run's is refused.
 
 start.json records what each sitting of the run started from: a fingerprint of every policy's weights as built
-(warm-up, base model, adapters) and as training went on (after the checkpoint's load). A tiny warm-up made by
+(warm-up, base model, adapters) and as training went on (after the checkpoint's load), and where a tiny policy's
+warm-up came from when the trainer's process built it (the packaged file, the cache, or made then). A warm-up made by
 another machine's CPU kernels is another policy, and under LoRA a checkpoint restores the adapters onto whatever
 base was built, so a resume that builds other weights than the run began with is refused unless allowed.
 """
@@ -100,7 +101,8 @@ def record_sitting(run_dir: Path, iteration: int, built: dict[str, str], weights
     and as training goes on (after a checkpoint's load). A sitting whose policies are built to other weights than
     the run's first sitting's is refused, unless `allow_other_start` (then marked so). A sitting at iteration 0
     begins the record anew. Returns the record, whose "fingerprints" are the weights training began from (None for
-    a run begun before start.json existed)."""
+    a run begun before start.json existed). Where this process built the policies, the sitting also says where each
+    tiny one took its warm-up from (policies.warm_starts: packaged, cached or warmed up now), each note taken once."""
     path = run_dir / START
     sittings = json.loads(path.read_text())["sittings"] if path.exists() else []
     first = sittings[0]["built"] if sittings else built
@@ -112,7 +114,9 @@ def record_sitting(run_dir: Path, iteration: int, built: dict[str, str], weights
                            "the run would not go on from the policies it began with. Resume it on the machine that "
                            "started it, start it again under a new --name, or pass --allow-other-start to go on "
                            "anyway (start.json marks the sitting)")
-    sitting = {"iteration": iteration, "built": built, "weights": weights, **({"other_start": other} if other else {})}
+    warm_up = {name: policies.warm_starts.pop(name) for name in built if name in policies.warm_starts}
+    sitting = {"iteration": iteration, "built": built, "weights": weights, **({"warm_up": warm_up} if warm_up else {}),
+               **({"other_start": other} if other else {})}
     sittings = [*(sittings if iteration > 0 else []), sitting]
     record = {"fingerprints": sittings[0]["weights"] if sittings[0]["iteration"] == 0 else None, "sittings": sittings}
     path.write_text(json.dumps(record, indent=1) + "\n")

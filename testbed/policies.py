@@ -18,6 +18,7 @@ import hashlib
 import importlib.util
 import json
 import random
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
@@ -165,7 +166,7 @@ def default_dtype(device: torch.device) -> torch.dtype:
 
 def load_tiny_policy(spec: PolicySpec, task_cfg: arith.TaskConfig, seed: int, cache_dir: str | None,
                      warmup_scale: float) -> Policy:
-    """Build a tiny policy and warm it up, or load its warm-up from the on-disk cache (tiny.py)."""
+    """Build a tiny policy and warm it up, or load its stored warm-up (`warm_up_cached`)."""
     tokenizer = tiny.tiny_tokenizer(spec.family, task_cfg.step_format, cache_dir)
     policy = Policy(spec.name, tiny.tiny_model(spec.family, spec.tiny, len(tokenizer), seed), tokenizer,
                     use_chat_template=False)
@@ -174,9 +175,11 @@ def load_tiny_policy(spec: PolicySpec, task_cfg: arith.TaskConfig, seed: int, ca
 
 
 def supervised_warmup(policy: Policy, steps: int, task_cfg: arith.TaskConfig, seed: int, premature_share: float = 0.0,
-                      batch_size: int = 32, lr: float = 3e-3) -> list[float]:
+                      batch_size: int = 32, lr: float = 3e-3, after_step: Callable[[int], None] | None = None
+                      ) -> list[float]:
     """Teacher-forced NLL on reference solutions of training problems, a `premature_share` of them stopped after
-    their first step (arith.premature_solution); returns the loss curve."""
+    their first step (arith.premature_solution); returns the loss curve. `after_step(steps_done)`, if given, is
+    called after each step (benchmarks/warmup_curve.py snapshots the weights along the way)."""
     problems = arith.generate_problems(4000, "train", seed=seed + 7919, cfg=task_cfg)
     optimizer = torch.optim.AdamW(policy.model.parameters(), lr=lr, weight_decay=0.0, foreach=True)  # as learner.py
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / 50) * max(0.1, 1 - s / max(steps, 1)))
@@ -207,22 +210,34 @@ def supervised_warmup(policy: Policy, steps: int, task_cfg: arith.TaskConfig, se
         schedule.step()
         losses.append(loss.item())
         bar.set_postfix(loss=f"{losses[-1]:.3f}", refresh=False)
+        if after_step:
+            after_step(len(losses))
     optimizer.zero_grad(set_to_none=True)   # no stale gradient outlives the warm-up (LoRA then freezes these weights)
     return losses
 
 
 def warm_up_cached(policy: Policy, spec: PolicySpec, task_cfg: arith.TaskConfig, seed: int, cache_dir: str | None,
                    warmup_scale: float) -> None:
-    """Warm up a freshly built tiny policy (policies.Policy) in place, or load its warm-up from the on-disk cache,
-    keyed by everything the warm-up depends on (`warmup_key`)."""
+    """Warm up a freshly built tiny policy (policies.Policy) in place, or load its warm-up where one is stored under
+    the key of everything the warm-up depends on (`warmup_key`): the repository's packaged warm-ups (the default
+    run's), else the on-disk cache (tiny.stored_warmup). Prints where it came from and notes it in `warm_starts`."""
     steps = round(spec.tiny.warmup_steps * warmup_scale)
-    key = warmup_key(spec, task_cfg, seed, steps, len(policy.tokenizer))
-    path = tiny.cache_root(cache_dir) / "warmup" / f"{spec.name}-{key}.pt"
-    if path.exists():
+    file_name = f"{spec.name}-{warmup_key(spec, task_cfg, seed, steps, len(policy.tokenizer))}.pt"
+    stored = tiny.stored_warmup(file_name, cache_dir)
+    if stored:
+        path, source = stored
         policy.model.load_state_dict(torch.load(path, map_location="cpu"))
-        return
-    supervised_warmup(policy, steps, task_cfg, seed, spec.tiny.premature_share)
-    tiny.atomic_write(path, lambda handle: torch.save(policy.model.state_dict(), handle))
+    else:
+        path, source = tiny.cache_root(cache_dir) / "warmup" / file_name, f"warmed up now ({steps} steps)"
+        supervised_warmup(policy, steps, task_cfg, seed, spec.tiny.premature_share)
+        tiny.atomic_write(path, lambda handle: torch.save(policy.model.state_dict(), handle))
+    warm_starts[spec.name] = f"{source}: {path}"
+    print(f"{spec.name}: warm-up {warm_starts[spec.name]}")
+
+
+warm_starts: dict[str, str] = {}
+"""where each tiny policy built in this process last took its warm-up from, by name (packaged, cached or warmed up
+now, and the file): checkpoint.record_sitting writes a run's into its start.json"""
 
 
 def warmup_key(spec: PolicySpec, task_cfg: arith.TaskConfig, seed: int, steps: int, vocab_size: int) -> str:
