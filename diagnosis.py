@@ -82,7 +82,7 @@ class CuratorConfig:
             raise ValueError(f"lambdas must be three non-negative weights summing to 1, got {self.lambdas}")
         if (self.theta1 is None) != (self.theta2 is None):
             raise ValueError("give both theta1 and theta2, or neither (the calibration's)")
-        if self.theta1 is not None and not 0 <= self.theta1 <= self.theta2:
+        if self.theta1 is not None and self.theta2 is not None and not 0 <= self.theta1 <= self.theta2:
             raise ValueError(f"need 0 <= theta1 <= theta2, got {self.theta1}, {self.theta2}")
         if self.calibration not in CALIBRATIONS:
             raise ValueError(f"calibration is one of {CALIBRATIONS}, got {self.calibration!r}")
@@ -199,9 +199,9 @@ def make_offer(source: sharing.Experience, index: int, receiver: policies.Policy
     src, tgt, alignment = aligned
     steps = tokalign.step_byte_spans(src.data, task.step_spans)
     process = reward_drift.process_rewards(task, example, source.rollouts.texts[index])
-    kept = [(span, reachability.step_token_ranges(tgt.offsets, [at_receiver]), p)
-            for span, at_receiver, p in zip(steps, tokalign.in_target(src, tgt, steps), process)]
-    kept = [(span, ranges[0], p) for span, ranges, p in kept if ranges]
+    located = [(span, reachability.step_token_ranges(tgt.offsets, [at_receiver]), p)
+               for span, at_receiver, p in zip(steps, tokalign.in_target(src, tgt, steps), process)]
+    kept = [(span, ranges[0], p) for span, ranges, p in located if ranges]
     if not kept:
         return None
     steps, ranges, process = (list(x) for x in zip(*kept))

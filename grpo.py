@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
+from testbed import lora
 from testbed.sequences import (PromptGroups, cache_keyword, completion_logprobs, pack_sequences, prompt_groups,
                        token_logprobs_and_entropy)
 
@@ -203,7 +204,7 @@ MAX_GRAD_NORM = 1.0
 
 def grpo_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: TrainBatch, cfg: LossConfig,
               epochs: int = 1, micro_batch: int = MICRO_BATCH, max_grad_norm: float = MAX_GRAD_NORM,
-              ref_model: torch.nn.Module | None = None, temperature: float = 1.0, measure_kl: bool = False,
+              ref_model: lora.Reference | None = None, temperature: float = 1.0, measure_kl: bool = False,
               minibatches: int = 1) -> dict[str, float]:
     """`epochs` passes over one batch, each `minibatches` clipped updates on consecutive parts of it
     (minibatch_rows); pi_old is the model before the first update (so the first has ratio 1), the same for every
@@ -231,7 +232,7 @@ def grpo_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: T
     chunks = [chunk for step, _ in steps for chunk in step]
     def cut(name: str, groups: PromptGroups) -> torch.Tensor | None:
         return tensors[name][groups.rows].gather(1, groups.columns) if tensors[name] is not None else None  # [n, C]
-    def logprobs(m: torch.nn.Module, groups: PromptGroups) -> tuple[torch.Tensor, torch.Tensor]:
+    def logprobs(m: torch.nn.Module | lora.Reference, groups: PromptGroups) -> tuple[torch.Tensor, torch.Tensor]:
         return completion_logprobs(m, groups, temperature, cache)
     # pi_old of the first step's chunks is read off its first forward; the later steps' before the first update
     old_logp, ref_logp = [None] * len(chunks), [None] * len(chunks)

@@ -42,7 +42,11 @@ class WithoutAdapters:
             return self.model(**inputs)
 
 
-def reference_policy(model: torch.nn.Module) -> torch.nn.Module | WithoutAdapters:
+Reference = torch.nn.Module | WithoutAdapters
+"""the KL reference: a frozen copy of the policy, or under LoRA the policy without its adapters"""
+
+
+def reference_policy(model: torch.nn.Module) -> Reference:
     """The KL reference: the adapter-free view under LoRA, else a frozen copy of the model as it is now."""
     return WithoutAdapters(model) if has_adapters(model) else frozen_copy(model)
 
