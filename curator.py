@@ -29,6 +29,7 @@ import time
 from collections import defaultdict, deque
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
+from typing import Protocol
 
 import torch
 
@@ -159,6 +160,20 @@ def admit(offers: list[Offer], bands: list[int | None], receiver: sharing.Experi
     return decisions, picks, advantages
 
 
+class Side(Protocol):
+    """One receiver's side of an iteration's curation, where its model is (diagnosis.ReceiverSide's steps, in the
+    order `Curator._receive` calls them): a ReceiverSide, the receiver's worker (learner.PolicyWorker) in this
+    process, or that worker in its Ray actor (train_ray.ActorSide)."""
+
+    def offers(self, examples: list, stats: dict[str, reward_drift.StepStats]) -> tuple[list[Offer], list[dict]]: ...
+
+    def reach(self, positions: list[int], window: list[torch.Tensor]
+              ) -> tuple[list[diagnosis.Diagnosis], torch.Tensor]: ...
+
+    def cross(self, credit: dict[int, float], advantages: torch.Tensor, stats: reward_drift.StepStats
+              ) -> tuple[dict[int, dict], sharing.Received]: ...
+
+
 class Curator:
     """The curator across iterations: each policy's step statistics, each pair's recent degradation, each
     receiver's calibration sample, the thresholds (fixed or co-evolving) and the fidelity predictor. `exchange`
@@ -170,8 +185,9 @@ class Curator:
         self.stats = {n: reward_drift.StepStats(cfg.step_window) for n in names}
         self.pairs = {(a, b): i for i, (a, b) in enumerate((a, b) for a in names for b in names if a != b)}
         self.recent = {pair: (0.0, 0.0) for pair in self.pairs}     # EMA of D and CCM per pair: predictor features
-        self.own_norms = {n: deque(maxlen=cfg.reach_window - 1) for n in names}   # past iterations' own norms [S]
-        self.term_rows = {n: deque(maxlen=cfg.calibration_window) for n in names}  # per iteration: its offers' terms
+        # past iterations' own norms [S]; per iteration, its offers' terms
+        self.own_norms: dict[str, deque[torch.Tensor]] = {n: deque(maxlen=cfg.reach_window - 1) for n in names}
+        self.term_rows: dict[str, deque[list[tuple]]] = {n: deque(maxlen=cfg.calibration_window) for n in names}
         self.base: dict[str, tuple[float, float]] = {}                      # receiver -> its last level-0 thresholds
         self.bandit = coevolution.ThresholdBandit(bandit, seed) if bandit else None
         self.predictor = (coevolution.FidelityPredictor(len(diagnosis.FEATURES) + len(self.pairs), predictor, seed)
@@ -185,8 +201,10 @@ class Curator:
         """The iteration's diagnosed offers' raw terms (rows, each [3]) join the receiver's calibration sample; its
         scales (None: raw terms) and its level-0 thresholds (the given ones, else the share rule on the sample)."""
         cfg = self.cfg
+        given = (cfg.theta1, cfg.theta2) if cfg.theta1 is not None and cfg.theta2 is not None else None
         if cfg.calibration == "none":
-            self.base[receiver] = (cfg.theta1, cfg.theta2)
+            assert given is not None, "CuratorConfig refuses calibration 'none' without both thresholds"
+            self.base[receiver] = given
             return None
         window = self.term_rows[receiver]
         if rows:
@@ -195,7 +213,7 @@ class Curator:
         if not sample:
             return None
         scales = term_scales.Calibration(sample)
-        self.base[receiver] = (cfg.theta1, cfg.theta2) if cfg.theta1 is not None else scales.thresholds(cfg.weights)
+        self.base[receiver] = given if given is not None else scales.thresholds(cfg.weights)
         return scales
 
     def updated(self, receiver: str, update: dict[str, float]) -> None:
@@ -211,13 +229,13 @@ class Curator:
         return self.bandit.judge(receiver, grpo.rewards_stats(rewards)) if self.bandit else None
 
     def exchange(self, experiences: list[sharing.Experience], task: tasks.Task, examples: list,
-                 share: sharing.ShareConfig, iteration: int, sides: dict[str, ReceiverSide] | None = None
+                 share: sharing.ShareConfig, iteration: int, sides: dict[str, Side] | None = None
                  ) -> tuple[dict[str, sharing.Received], list[dict]]:
         """Curate what every policy receives from every other one. examples [B]: the iteration's prompts' items.
 
-        `sides`: each receiver's side of the curation (diagnosis.ReceiverSide), by name, where its model is; by
-        default made here, from the experiences' own policies. train_ray.py passes its actors', and what is then
-        returned holds no crossings: those stay with the receiver, which trains on them.
+        `sides`: each receiver's side of the curation (`Side`), by name, where its model is; by default made here
+        (diagnosis.ReceiverSide), from the experiences' own policies. train.run passes its team's workers', and
+        what is then returned holds no crossings: those stay with the receiver's worker, which trains on them.
 
         Returns per receiver what it trains on (metrics under fidelity/ and sharing/) and one record per offered
         trajectory (fidelity.jsonl)."""
@@ -233,7 +251,8 @@ class Curator:
         out, records = {}, []
         for receiver in experiences:
             peers = [e for e in experiences if e is not receiver]
-            side = sides[receiver.policy.name] if sides else ReceiverSide(receiver, peers, task, self.cfg, share)
+            side: Side = (sides[receiver.policy.name] if sides
+                          else ReceiverSide(receiver, peers, task, self.cfg, share))
             out[receiver.policy.name], its_records = self._receive(receiver, side, peers, examples, share, iteration)
             metrics = out[receiver.policy.name].metrics
             metrics["fidelity/time_s/statistics"] = stats_s / len(experiences)
@@ -265,7 +284,7 @@ class Curator:
             skipped.append(skip and auditable[k] and self.cfg.admission == "diagnosis")
         return features, predicted, prob, auditable, skipped
 
-    def _receive(self, receiver: sharing.Experience, side: ReceiverSide, peers: list[sharing.Experience],
+    def _receive(self, receiver: sharing.Experience, side: Side, peers: list[sharing.Experience],
                  examples: list, share: sharing.ShareConfig, iteration: int) -> tuple[sharing.Received, list[dict]]:
         """The curation of one receiver, phase by phase: the receiver's side diagnoses every offer cheaply, the
         curator predicts which need no gradient norms, the receiver's side measures the rest, the curator scores
@@ -309,7 +328,7 @@ class Curator:
                    "fidelity/time_s/curation": sum(timer.seconds.values())}
         return sharing.Received(received.advantages, received.crossings, metrics), records
 
-    def _measure(self, name: str, side: ReceiverSide, offers: list[Offer], measured: list[int]) -> list[Offer]:
+    def _measure(self, name: str, side: Side, offers: list[Offer], measured: list[int]) -> list[Offer]:
         """`offers` with those at `measured` diagnosed in full: their gradient norms, R calibrated on the receiver's
         own norms of its last `reach_window` iterations, this one's and the `reach_window - 1` before it kept in
         `own_norms`, which this one's then join."""
@@ -325,8 +344,9 @@ class Curator:
         score of each measured offer (None for the others), on the calibration its terms have just joined."""
         scales = self.calibrate(name, [offers[k].diagnosis.terms(self.cfg) for k in measured])
         step = self.bandit.cfg.step if self.bandit else 0.0
-        thetas = ({source: tuple(t + level * step for t in self.base[name]) for source, level in levels.items()}
-                  if name in self.base else {})
+        base = self.base.get(name)
+        thetas = ({source: (base[0] + level * step, base[1] + level * step) for source, level in levels.items()}
+                  if base is not None else {})
         scores: list[Score | None] = [None] * len(offers)
         for k in measured:
             scores[k] = score(offers[k], self.cfg, thetas[offers[k].source.policy.name], scales)
@@ -336,11 +356,12 @@ class Curator:
                        scores: list[Score | None], measured: list[int]) -> None:
         """The predictor learns the measured offers' bands, and is audited on the measured predictions that were
         sure enough to skip and could have (`_predict`)."""
+        bands = {k: s.band for k, s in enumerate(scores) if s is not None}     # the measured offers'
         if self.predictor and measured:
-            self.predictor.learn(features[measured], torch.tensor([scores[k].band for k in measured]))
+            self.predictor.learn(features[measured], torch.tensor([bands[k] for k in measured]))
             for k in measured:
                 if auditable[k]:
-                    self.predictor.audited(name, int(predicted[k]) == scores[k].band)
+                    self.predictor.audited(name, int(predicted[k]) == bands[k])
 
     def _records(self, name: str, offers: list[Offer], scores: list[Score | None], bands: list[int | None],
                  decisions: list, crossed: dict, thetas: dict, predicted: torch.Tensor, prob: torch.Tensor,
@@ -356,7 +377,8 @@ class Curator:
             if s is not None:
                 pair = (o.source.policy.name, name)
                 ccm = s.terms["ccm"] if math.isfinite(s.terms["ccm"]) else 0.0
-                self.recent[pair] = tuple(0.9 * old + 0.1 * new for old, new in zip(self.recent[pair], (s.D, ccm)))
+                recent_d, recent_ccm = self.recent[pair]
+                self.recent[pair] = (0.9 * recent_d + 0.1 * s.D, 0.9 * recent_ccm + 0.1 * ccm)
             records.append(fidelity_record.offer_record(o, asdict(s) if s else None, level, what, reason,
                                                         crossed.get(k), thetas.get(o.source.policy.name),
                                                         int(predicted[k]), prob[k].item(), skipped[k]))

@@ -19,7 +19,7 @@ import time
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Iterator
 
 import torch
 
@@ -28,7 +28,8 @@ import grpo
 import sharing
 from args import Args
 from baselines import graft, hacpo
-from diagnosis import ReceiverSide
+from diagnosis import Diagnosis, Offer, ReceiverSide
+from reward_drift import StepStats
 from testbed import checkpoint, costs, lora, policies, tasks
 
 
@@ -36,7 +37,7 @@ from testbed import checkpoint, costs, lora, policies, tasks
 class Learner:
     policy: policies.Policy
     optimizer: torch.optim.Optimizer
-    reference: torch.nn.Module | None    # the KL reference (beta > 0), the policy as it was after warm-up
+    reference: lora.Reference | None    # the KL reference (beta > 0), the policy as it was after warm-up
     seed: int
 
     @property
@@ -57,11 +58,6 @@ def generator(learner: Learner, phase: str, iteration: int) -> torch.Generator:
     """The learner's draws for one phase of one iteration (module docstring)."""
     seed = random.Random(f"{phase}/{learner.seed}/{iteration}/{learner.name}").getrandbits(63)
     return torch.Generator(learner.policy.device).manual_seed(seed)
-
-
-def longest_prompt(learner: Learner, texts: list[str]) -> int:
-    """The most tokens any of the prompt texts takes in the learner's tokenizer and prompt format."""
-    return max(len(learner.policy.encode_prompt(t)) for t in texts)
 
 
 def rollout(learner: Learner, args: Args, iteration: int, prompts: list[str]
@@ -148,15 +144,6 @@ def evaluate(learner: Learner, args: Args, task: tasks.Task, transfer: tasks.Tas
     return record
 
 
-def fingerprint(learner: Learner) -> str:
-    """The fingerprint of the learner's weights as they are now (checkpoint.weights_fingerprint)."""
-    return checkpoint.weights_fingerprint(learner.policy.model)
-
-
-def save(learner: Learner, folder: Path) -> None:
-    checkpoint.save_policy(folder, learner.policy, learner.optimizer)
-
-
 def load(learner: Learner, folder: Path) -> None:
     checkpoint.load_policy(folder, learner.policy, learner.optimizer)
 
@@ -175,15 +162,17 @@ class Peer:
 def as_shared(experience: sharing.Experience) -> sharing.Experience:
     """An experience as it leaves its worker: the policy's name for the policy, and the rollouts without the prompt
     ids and byte offsets, which no peer reads (a receiver encodes the prompts and aligns the completions itself)."""
-    return replace(experience, policy=Peer(experience.policy.name),
+    # Experience.policy is typed for an experience in its own worker; away from it, a Peer stands in
+    return replace(experience, policy=Peer(experience.policy.name),  # type: ignore[arg-type]
                    rollouts=replace(experience.rollouts, prompt_ids=[], offsets=[]))
 
 
 class PolicyWorker:
     """One policy in training and, between the phases of an iteration, its state: the prompts and rollouts, its
     experience, its peers' as they shared it, its side of curation (diagnosis.ReceiverSide) and what it received.
-    Each method is a policy's part of one phase; what goes in and out of them is what would cross a process
-    boundary (experiences as `as_shared` makes them, metrics, decisions), never weights."""
+    Each method is a policy's part of one phase (train.Team's method of the same name, or under the curator one
+    step of its side, curator.Side); what goes in and out of the phases is what would cross a process boundary
+    (experiences as `as_shared` makes them, metrics, decisions), never weights."""
 
     def __init__(self, args: Args, scale: str, index: int, device: str | torch.device, task: tasks.Task,
                  transfer: tasks.Task | None):
@@ -208,7 +197,8 @@ class PolicyWorker:
         self.peers = {p.name: p for p in peers if p.name != self.name}
 
     def longest_prompt(self, texts: list[str]) -> int:
-        return longest_prompt(self.learner, texts)
+        """The most tokens any of the prompt texts takes in the policy's tokenizer and prompt format."""
+        return max(len(self.learner.policy.encode_prompt(t)) for t in texts)
 
     def estimate(self, work: costs.Workload) -> tuple[str, str, int, int | None]:
         return costs.policy_estimate(self.learner.policy, work)
@@ -222,75 +212,57 @@ class PolicyWorker:
     def experience(self, problems: list) -> sharing.Experience:
         """Phase 2, and the experience as it is shared (the hidden TBD measure's states cross with it)."""
         a = self.args
+        assert self.rollouts is not None, "phase 2 before phase 1"
         self.own = experience(self.learner, a, self.task, problems, self.prompts, self.rollouts)
         if a.share == "cross-fidelity" and a.curator_config.measures_hidden_tbd:
             self.own = sharing.with_hidden_states(self.own)
         return as_shared(self.own)
 
     def accept_shared(self, *peers: sharing.Experience) -> None:
-        """Phase 3 begins: the peers' shared experience arrives."""
-        self.from_peers = [replace(e, policy=self.peers[e.policy.name]) for e in peers]
+        """Phase 3 begins: the peers' shared experience arrives, each with its policy's Peer (`as_shared`)."""
+        assert self.own is not None, "phase 3 before phase 2"
+        self.from_peers = [replace(e, policy=self.peers[e.policy.name]) for e in peers]  # type: ignore[arg-type]
         if self.args.share == "cross-fidelity":
             self.side = ReceiverSide(self.own, self.from_peers, self.task, self.args.curator_config,
                                      self.args.share_config)
 
     def receive(self, capability: dict[str, float] | None) -> sharing.Received:
         """Phase 3 at a fixed level; the crossings stay here, where the update trains on them."""
+        assert self.own is not None, "phase 3 before phase 2"
         self.received = receive(self.own, self.from_peers, self.args.share_config, capability)
         return replace(self.received, crossings=[])
 
-    def offers(self, examples: list, stats: dict) -> tuple[list, list[dict]]:
-        """diagnosis.ReceiverSide.offers; each offer goes back with its source's name in place of its source's
-        experience, which the loop holds already."""
-        offers, records = self.side.offers(examples, stats)
-        return [replace(o, source=o.source.policy.name) for o in offers], records
+    def offers(self, examples: list, stats: dict[str, StepStats]) -> tuple[list[Offer], list[dict]]:
+        assert self.side is not None, "curation before the peers' experience arrived"
+        return self.side.offers(examples, stats)
 
-    def reach(self, positions: list[int], window: list[torch.Tensor]):
-        """diagnosis.ReceiverSide.reach; each offer's norms in storage of their own, since a pickled view would
-        carry every offer's."""
-        diagnoses, own = self.side.reach(positions, window)
-        return [replace(d, norms=d.norms.clone()) if d.norms is not None else d for d in diagnoses], own
+    def reach(self, positions: list[int], window: list[torch.Tensor]) -> tuple[list[Diagnosis], torch.Tensor]:
+        assert self.side is not None, "curation before the peers' experience arrived"
+        return self.side.reach(positions, window)
 
-    def cross(self, credit: dict[int, float], advantages: torch.Tensor, stats) -> tuple[dict, sharing.Received]:
+    def cross(self, credit: dict[int, float], advantages: torch.Tensor, stats: StepStats
+              ) -> tuple[dict[int, dict], sharing.Received]:
         """diagnosis.ReceiverSide.cross; the crossings stay here, where the update trains on them."""
+        assert self.side is not None, "curation before the peers' experience arrived"
         crossed, self.received = self.side.cross(credit, advantages, stats)
         return crossed, replace(self.received, crossings=[], metrics=dict(self.received.metrics))
 
     def update(self, measure_kl: bool) -> dict[str, float]:
+        assert self.rollouts is not None and self.received is not None, "phase 4 before phase 3"
         return update(self.learner, self.args, self.rollouts, self.received, measure_kl)
 
     def evaluate(self, iteration: int) -> dict[str, float]:
         return evaluate(self.learner, self.args, self.task, self.transfer, iteration)
 
-    def save(self, folder: Path) -> None:
-        save(self.learner, folder)
-
     def fingerprint(self) -> str:
-        return fingerprint(self.learner)
+        """The fingerprint of the policy's weights as they are now (checkpoint.weights_fingerprint)."""
+        return checkpoint.weights_fingerprint(self.learner.policy.model)
+
+    def save(self, folder: Path) -> None:
+        checkpoint.save_policy(folder, self.learner.policy, self.learner.optimizer)
 
     def load(self, folder: Path) -> None:
         load(self.learner, folder)
-
-
-class WorkerSide:
-    """A receiver's side of curation (diagnosis.ReceiverSide) as the curator calls it: in the receiver's worker,
-    through `call(method, *args)` (a plain call, or a Ray actor's call waited for), each step waiting for its
-    result since the next depends on it. The offers come back with their sources' names, swapped back here for
-    the loop's copies of the sources' experiences."""
-
-    def __init__(self, call: Callable[..., Any], experiences: list[sharing.Experience]):
-        self.call = call
-        self.sources = {e.policy.name: e for e in experiences}
-
-    def offers(self, examples: list, stats: dict) -> tuple[list, list[dict]]:
-        offers, records = self.call("offers", examples, stats)
-        return [replace(o, source=self.sources[o.source]) for o in offers], records
-
-    def reach(self, positions: list[int], window: list[torch.Tensor]):
-        return self.call("reach", positions, window)
-
-    def cross(self, credit: dict[int, float], advantages: torch.Tensor, stats) -> tuple[dict, sharing.Received]:
-        return self.call("cross", credit, advantages, stats)
 
 
 @contextmanager

@@ -8,8 +8,8 @@
     python train.py --share cross-fidelity            # the curator (curator.py): diagnose, repair, admit
     python train.py --name my-run --resume            # continue a killed run from its last checkpoint
 
-The flags are args.py's. One iteration, read top to bottom in `run`; each policy's part of a phase is its worker's
-(learner.PolicyWorker), every worker in this process (`LocalTeam`) or each in a Ray actor (train_ray.py):
+The flags are args.py's. One iteration, read top to bottom in `run`, calls its `Team` phase by phase; each policy's
+part of a phase is its worker's (learner.PolicyWorker), in this process (`LocalTeam`) or a Ray actor (train_ray.py):
   1. rollouts     one set of prompts for all policies (so groups on the same prompt exist for sharing), G
                   completions per prompt from every policy;
   2. rewards      outcome rewards and each policy's own group advantages (grpo.py);
@@ -35,6 +35,7 @@ import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
+from typing import Protocol
 
 import tyro
 from tqdm import tqdm
@@ -148,8 +149,8 @@ def start_state(args: Args, run_dir: Path, names: list[str]
                          f"a run is not shortened; resume with --iterations {start} or more, or start afresh under "
                          "another --name")
     print(f"resumed from iteration {start}")
-    return (start, folder, (saved or curation) if curation is not None else None,
-            (saved or capabilities) if capabilities is not None else None)
+    return (start, folder, saved if curation is not None and isinstance(saved, curator.Curator) else curation,
+            saved if capabilities is not None and isinstance(saved, hacpo.Capabilities) else capabilities)
 
 
 def open_metrics(args: Args, run_dir: Path, start: int) -> metrics_log.MetricsLog:
@@ -223,9 +224,54 @@ def finish(run_dir: Path, metrics: metrics_log.MetricsLog, started: float) -> Pa
     return run_dir
 
 
+class Team(Protocol):
+    """What train.run's loop needs of its policies: each phase of an iteration for every policy, the results in the
+    policies' order. `LocalTeam` holds every policy's worker (learner.PolicyWorker) in this process,
+    train_ray.RayTeam each in a Ray actor of its own; each phase is that worker's method of the same name."""
+
+    backend: str           # "local" or "ray", as config.json records it
+    scale: str             # the preset's scale (policies.devices_and_scale)
+    placement: str         # where the policies run, in words
+
+    @property
+    def names(self) -> list[str]: ...
+
+    def start(self, task: tasks.Task, transfer: tasks.Task | None) -> None:
+        """One worker per policy (built, warmed up or loaded), then every policy's token table to every other."""
+
+    # the start-up estimate (costs.policy_estimate) and the checkpoints
+    def longest_prompt(self, texts: list[str]) -> list[int]: ...
+    def estimate(self, work: costs.Workload) -> list[tuple[str, str, int, int | None]]: ...
+    def fingerprint(self) -> list[str]: ...
+    def load(self, folder: Path) -> None: ...
+    def save(self, folder: Path) -> None: ...
+
+    def rollout(self, iteration: int, prompts: list[str]) -> list[dict[str, float]]:
+        """Phase 1, learner.rollout: G completions per prompt, kept by each worker; their speed (perf/rollout_*)."""
+
+    def experience(self, problems: list) -> list[sharing.Experience]:
+        """Phase 2, learner.experience: the rewards and each policy's own group advantages, as they are shared."""
+
+    def share(self) -> None:
+        """Phase 3 begins: each policy receives every other one's experience of this iteration."""
+
+    def receive(self, capability: dict[str, float] | None) -> list[sharing.Received]:
+        """Phase 3 at a fixed level or a baseline, learner.receive: what each policy trains on (its crossings stay
+        with its worker)."""
+
+    def sides(self, experiences: list[sharing.Experience]) -> dict[str, curator.Side]:
+        """Phase 3 under the curator: each receiver's side of curation, by name (curator.Curator.exchange)."""
+
+    def update(self, measure_kl: bool) -> list[dict[str, float]]:
+        """Phase 4, learner.update: each policy's GRPO update on its own rollouts and what it received."""
+
+    def evaluate(self, iteration: int) -> list[dict[str, float]]:
+        """Phase 5's evaluation, learner.evaluate."""
+
+
 class LocalTeam:
-    """Every policy in this process, one learner.PolicyWorker each, its part of a phase called policy by policy;
-    train_ray.RayTeam is the same team with each worker in a Ray actor of its own."""
+    """Every policy in this process, one learner.PolicyWorker each, its part of a phase called policy by policy
+    (the `Team` train.run's loop calls)."""
 
     backend = "local"
 
@@ -234,42 +280,62 @@ class LocalTeam:
         self.devices, self.scale = policies.devices_and_scale(args.pair, args.devices, args.scale)
         self.placement = f"devices={','.join(map(str, self.devices))}"
         self.workers: list[learner.PolicyWorker] = []
+        self.shared: list[sharing.Experience] = []
 
     @property
     def names(self) -> list[str]:
         return [w.name for w in self.workers]
 
     def start(self, task: tasks.Task, transfer: tasks.Task | None) -> None:
-        """One worker per policy (its policy built, warmed up or loaded); then every policy's token table to every
-        other one."""
         self.workers = [learner.PolicyWorker(self.args, self.scale, i, device, task, transfer)
                         for i, device in enumerate(self.devices)]
         peers = [w.as_peer() for w in self.workers]
         for w in self.workers:
             w.set_peers(*peers)
 
-    def submit(self, method: str, *args) -> list:
-        """`method` of every worker with the same arguments: here, done as it returns."""
-        return [getattr(w, method)(*args) for w in self.workers]
+    def longest_prompt(self, texts: list[str]) -> list[int]:
+        return [w.longest_prompt(texts) for w in self.workers]
 
-    def get(self, results: list) -> list:
-        return results
+    def estimate(self, work: costs.Workload) -> list[tuple[str, str, int, int | None]]:
+        return [w.estimate(work) for w in self.workers]
 
-    def call(self, method: str, *args) -> list:
-        return self.get(self.submit(method, *args))
+    def fingerprint(self) -> list[str]:
+        return [w.fingerprint() for w in self.workers]
 
-    def share(self, shared: list) -> None:
-        """Each worker receives every other one's shared experience (phase 3 begins)."""
+    def load(self, folder: Path) -> None:
+        for w in self.workers:
+            w.load(folder)
+
+    def rollout(self, iteration: int, prompts: list[str]) -> list[dict[str, float]]:
+        return [w.rollout(iteration, prompts) for w in self.workers]
+
+    def experience(self, problems: list) -> list[sharing.Experience]:
+        self.shared = [w.experience(problems) for w in self.workers]
+        return self.shared
+
+    def share(self) -> None:
         for i, w in enumerate(self.workers):
-            w.accept_shared(*(e for j, e in enumerate(shared) if j != i))
+            w.accept_shared(*(e for j, e in enumerate(self.shared) if j != i))
 
-    def sides(self, experiences: list[sharing.Experience]) -> dict[str, learner.WorkerSide]:
-        """Each receiver's side of curation, in its worker (curator.Curator.exchange)."""
-        return {w.name: learner.WorkerSide(lambda method, *a, w=w: getattr(w, method)(*a), experiences)
-                for w in self.workers}
+    def receive(self, capability: dict[str, float] | None) -> list[sharing.Received]:
+        return [w.receive(capability) for w in self.workers]
+
+    def sides(self, experiences: list[sharing.Experience]) -> dict[str, curator.Side]:
+        """Each worker is its policy's side of curation, here in this process."""
+        return {w.name: w for w in self.workers}
+
+    def update(self, measure_kl: bool) -> list[dict[str, float]]:
+        return [w.update(measure_kl) for w in self.workers]
+
+    def evaluate(self, iteration: int) -> list[dict[str, float]]:
+        return [w.evaluate(iteration) for w in self.workers]
+
+    def save(self, folder: Path) -> None:
+        for w in self.workers:
+            w.save(folder)
 
 
-def run(args: Args, team: LocalTeam | None = None) -> Path:
+def run(args: Args, team: Team | None = None) -> Path:
     """One run of `team`'s policies (default: every policy in this process)."""
     team = team or LocalTeam(args)
     # ---- set-up: tasks, run directory, policies, curator; a resumed run restores its last checkpoint ----------
@@ -279,41 +345,42 @@ def run(args: Args, team: LocalTeam | None = None) -> Path:
     team.start(task, transfer)
     names = team.names
     warn_off_task(args, team.scale, names)
-    work = workload(args, max(team.call("longest_prompt", prompt_samples(task))), len(names))
-    print_estimates(team.call("estimate", work))
-    built = dict(zip(names, team.call("fingerprint")))
+    work = workload(args, max(team.longest_prompt(prompt_samples(task))), len(names))
+    print_estimates(team.estimate(work))
+    built = dict(zip(names, team.fingerprint()))
     start, folder, curation, capabilities = start_state(args, run_dir, names)
     if folder is not None:
-        team.call("load", folder)
-    checkpoint.record_sitting(run_dir, start, built, dict(zip(names, team.call("fingerprint")))
+        team.load(folder)
+    checkpoint.record_sitting(run_dir, start, built, dict(zip(names, team.fingerprint()))
                               if folder is not None else built, args.allow_other_start)
     metrics = open_metrics(args, run_dir, start)
     accuracy = {name: float("nan") for name in names}
     # iteration 0's evaluation, or the last one of a run shortened to its checkpoint, which the loop will not reach
     if start == 0 or (start == args.iterations and not evaluated(run_dir, start)):
-        evaluations = team.call("evaluate", start)
+        evaluations = team.evaluate(start)
         log_lines(metrics, start, started, names, evaluations)
         accuracy = accuracies(names, evaluations)
-    # the stability guard reads losses/update_kl, which costs one more forward per update
-    guarded = curation is not None and curation.bandit is not None
+    # the curator whose stability guard (adaptive thresholds) judges each update, which then also measures
+    # losses/update_kl, one more forward pass
+    guarded = curation if curation is not None and curation.bandit is not None else None
 
     bar = tqdm(range(start, args.iterations), initial=start, total=args.iterations, desc="train")
     for it in bar:
-        # ---- 1. rollouts, every policy on the same prompts ------------------------------------------------------
+        # ---- 1. rollouts, every policy on the same prompts (learner.rollout) -------------------------------------
         iteration_started = time.time()
         problems, prompts = draw_problems(args, task, it)
-        sampled = team.submit("rollout", it, prompts)
+        rollout_perf = team.rollout(it, prompts)
 
-        # ---- 2. rewards and advantages ---------------------------------------------------------------------------
-        shared = team.submit("experience", problems)   # on Ray, futures handed on to the peers as they are
-        rollout_perf = team.get(sampled)      # first, so that a failed rollout is the error reported
-        experiences = team.get(shared)
+        # ---- 2. rewards and each policy's own group advantages (learner.experience) --------------------------
+        experiences = team.experience(problems)
         # the stability guard judges each policy's last cycle now that the rollouts its update produced exist
-        verdicts = {e.policy.name: curation.judge(e.policy.name, e.rewards) for e in experiences} if guarded else {}
+        verdicts = ({e.policy.name: guarded.judge(e.policy.name, e.rewards) for e in experiences}
+                    if guarded is not None else {})
 
-        # ---- 3. exchange: trajectories cross to every peer; a fixed level per receiver, or the curator -----------
+        # ---- 3. exchange: what each policy trains on, with its advantages; a fixed level per receiver
+        # (learner.receive), or the curator (curator.Curator.exchange) ------------------------------------------
         if args.share != "none":
-            team.share(shared)
+            team.share()
         if curation is not None:
             received, decisions = curation.exchange(experiences, task, problems, args.share_config, it + 1,
                                                     team.sides(experiences))
@@ -322,25 +389,25 @@ def run(args: Args, team: LocalTeam | None = None) -> Path:
         else:
             capability = (capabilities.update({e.policy.name: e.rewards for e in experiences})
                           if capabilities is not None else None)
-            received = dict(zip(names, team.call("receive", capability)))
+            received = dict(zip(names, team.receive(capability)))
 
-        # ---- 4. updates ----------------------------------------------------------------------------------------
-        updates = team.call("update", guarded)
+        # ---- 4. updates: GRPO on own rollouts and what was received (learner.update) ---------------------------
+        updates = team.update(guarded is not None)
 
         # ---- 5. log, evaluate, checkpoint ----------------------------------------------------------------------
         iteration_s = time.time() - iteration_started
         records = iteration_records(experiences, rollout_perf, updates, received, verdicts, iteration_s)
-        if guarded:   # each policy's update (its KL, gradient norm, reward spread) joins the cycle the guard judges
-            for name, record in zip(names, records):
-                curation.updated(name, record)
+        if guarded is not None:   # each policy's update (its KL, gradient norm, reward spread) joins the cycle the
+            for name, record in zip(names, records):   # guard judges
+                guarded.updated(name, record)
         log_lines(metrics, it + 1, started, names, records)
         evaluate_now, save_now = evaluation_and_checkpoint_due(args, it + 1)
         if evaluate_now:
-            evaluations = team.call("evaluate", it + 1)
+            evaluations = team.evaluate(it + 1)
             log_lines(metrics, it + 1, started, names, evaluations)
             accuracy = accuracies(names, evaluations)
         if save_now:
-            team.call("save", checkpoint.checkpoint_folder(run_dir, it + 1))
+            team.save(checkpoint.checkpoint_folder(run_dir, it + 1))
             checkpoint.commit_checkpoint(run_dir, it + 1, names, curation if curation is not None else capabilities)
         progress(bar, experiences, accuracy)
     return finish(run_dir, metrics, started)

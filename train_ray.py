@@ -11,7 +11,7 @@ seed at the same threads per policy (train.py's torch threads, here --cpus-per-p
 What crosses an actor's boundary: in, the iteration's prompts and problems, its peers' trajectories (completion ids,
 behaviour log-probs, texts, rewards, advantages; sent from their actors' object stores) and the curator's decisions;
 out, its trajectories, its metrics and, under cross-fidelity, its diagnoses of its peers' trajectories
-(learner.WorkerSide). Token tables cross once, at start; weights and gradients never do.
+(`ActorSide`). Token tables cross once, at start; weights and gradients never do.
 What Ray adds: joining a cluster or starting a Ray for the run; each actor's declared resources, and a run refused
 at start where no node has room for an actor (Ray would wait forever); an actor that dies ends the run at the
 first result the loop waits for, with `PolicyLost` naming its policy; an actor that raises hands its exception to
@@ -23,17 +23,21 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import ray
 import torch
 
+import curator
 import learner
 import sharing
 import train
 from args import Args
-from testbed import presets, tasks
+from diagnosis import Diagnosis, Offer
+from reward_drift import StepStats
+from testbed import costs, presets, tasks
 
 REPO = str(Path(__file__).resolve().parent)
 
@@ -63,12 +67,45 @@ class PolicyLost(RuntimeError):
 
 
 class PolicyActor(learner.PolicyWorker):
-    """A policy's worker (learner.PolicyWorker) in a Ray actor of its own, with the torch threads its CPUs allow."""
+    """A policy's worker (learner.PolicyWorker) in a Ray actor of its own, with the torch threads its CPUs allow,
+    its side of curation sending back what the loop does not hold already."""
 
     def __init__(self, args: RayArgs, scale: str, index: int, device: str, task: tasks.Task,
                  transfer: tasks.Task | None):
         torch.set_num_threads(args.cpus_per_policy)
         super().__init__(args, scale, index, device, task, transfer)
+
+    def offers(self, examples: list, stats: dict[str, StepStats]) -> tuple[list[Offer], list[dict]]:
+        """Each offer with its source's name in place of its source's experience, which the loop holds already
+        (`ActorSide` puts it back)."""
+        offers, records = super().offers(examples, stats)
+        return [replace(o, source=o.source.policy.name) for o in offers], records  # type: ignore[arg-type]
+
+    def reach(self, positions: list[int], window: list[torch.Tensor]) -> tuple[list[Diagnosis], torch.Tensor]:
+        """Each offer's norms in storage of their own, since a pickled view would carry every offer's."""
+        diagnoses, own = super().reach(positions, window)
+        return [replace(d, norms=d.norms.clone()) if d.norms is not None else d for d in diagnoses], own
+
+
+class ActorSide:
+    """A receiver's side of curation (curator.Side) as the curator calls it here: in the receiver's actor, each
+    step waited for, since the next depends on it; the offers' sources, sent by name, swapped back for the loop's
+    copies of their experiences."""
+
+    def __init__(self, team: RayTeam, actor: Any, experiences: list[sharing.Experience]):
+        self.team, self.actor = team, actor
+        self.sources = {e.policy.name: e for e in experiences}
+
+    def offers(self, examples: list, stats: dict[str, StepStats]) -> tuple[list[Offer], list[dict]]:
+        offers, records = self.team.get(self.actor.offers.remote(examples, stats))
+        return [replace(o, source=self.sources[o.source]) for o in offers], records
+
+    def reach(self, positions: list[int], window: list[torch.Tensor]) -> tuple[list[Diagnosis], torch.Tensor]:
+        return self.team.get(self.actor.reach.remote(positions, window))
+
+    def cross(self, credit: dict[int, float], advantages: torch.Tensor, stats: StepStats
+              ) -> tuple[dict[int, dict], sharing.Received]:
+        return self.team.get(self.actor.cross.remote(credit, advantages, stats))
 
 
 def room(nodes: list[dict[str, float]], cpus: float, gpus: float) -> int:
@@ -79,14 +116,15 @@ def room(nodes: list[dict[str, float]], cpus: float, gpus: float) -> int:
 
 
 class RayTeam:
-    """The run's Ray and its policies' actors, one learner.PolicyWorker each, the team train.run's loop calls (as
-    it calls train.LocalTeam); a context manager, which stops what it started."""
+    """The run's Ray and its policies' actors, one learner.PolicyWorker each, the `train.Team` that train.run's loop
+    calls, its phases side by side; a context manager, which stops what it started."""
 
     backend = "ray"
 
     def __init__(self, args: RayArgs):
         self.actors: list = []
         self.names: list[str] = []
+        self.shared: list = []          # this iteration's experiences, as futures (`experience`)
         count = len(presets.preset(args.pair, args.scale or "tiny"))     # every scale has as many policies
         self.started = not ray.is_initialized()     # a Ray started by the caller (a test) is the caller's to stop
         if self.started:
@@ -98,7 +136,7 @@ class RayTeam:
         if gpus is None:
             gpus = 1.0 if ray.cluster_resources().get("GPU", 0.0) >= 1 else 0.0
         self.args, self.gpus = args, gpus
-        self.scale = args.scale or ("small" if gpus else "tiny")
+        self.scale: str = args.scale or ("small" if gpus else "tiny")
         try:   # a pair with no preset at this scale is refused before the run writes anything, as LocalTeam does
             presets.preset(args.pair, self.scale)
         except ValueError:
@@ -140,18 +178,45 @@ class RayTeam:
             raise PolicyLost(self.lost(err)) from err
         return values if isinstance(futures, list) else values[0]
 
-    def submit(self, method: str, *args) -> list:
-        """`method` of every actor with the same arguments, started: their futures, every actor at once."""
-        return [getattr(a, method).remote(*args) for a in self.actors]
+    def longest_prompt(self, texts: list[str]) -> list[int]:
+        return self.get([a.longest_prompt.remote(texts) for a in self.actors])
 
-    def call(self, method: str, *args) -> list:
-        """`method` of every actor with the same arguments, waited for."""
-        return self.get(self.submit(method, *args))
+    def estimate(self, work: costs.Workload) -> list[tuple[str, str, int, int | None]]:
+        return self.get([a.estimate.remote(work) for a in self.actors])
 
-    def share(self, shared: list) -> None:
-        """Each actor receives every other one's shared experience, sent from their object stores as they are."""
-        self.get([a.accept_shared.remote(*(s for j, s in enumerate(shared) if j != i))
+    def fingerprint(self) -> list[str]:
+        return self.get([a.fingerprint.remote() for a in self.actors])
+
+    def load(self, folder: Path) -> None:
+        self.get([a.load.remote(folder) for a in self.actors])
+
+    def rollout(self, iteration: int, prompts: list[str]) -> list[dict[str, float]]:
+        return self.get([a.rollout.remote(iteration, prompts) for a in self.actors])
+
+    def experience(self, problems: list) -> list[sharing.Experience]:
+        """Every policy's experience; its future kept, to be handed on to the peers as it is (`share`)."""
+        self.shared = [a.experience.remote(problems) for a in self.actors]
+        return self.get(self.shared)
+
+    def share(self) -> None:
+        """Each actor receives every other one's experience, sent from their object stores as they are."""
+        self.get([a.accept_shared.remote(*(s for j, s in enumerate(self.shared) if j != i))
                   for i, a in enumerate(self.actors)])
+
+    def receive(self, capability: dict[str, float] | None) -> list[sharing.Received]:
+        return self.get([a.receive.remote(capability) for a in self.actors])
+
+    def sides(self, experiences: list[sharing.Experience]) -> dict[str, curator.Side]:
+        return {name: ActorSide(self, actor, experiences) for name, actor in zip(self.names, self.actors)}
+
+    def update(self, measure_kl: bool) -> list[dict[str, float]]:
+        return self.get([a.update.remote(measure_kl) for a in self.actors])
+
+    def evaluate(self, iteration: int) -> list[dict[str, float]]:
+        return self.get([a.evaluate.remote(iteration) for a in self.actors])
+
+    def save(self, folder: Path) -> None:
+        self.get([a.save.remote(folder) for a in self.actors])
 
     def lost(self, err: ray.exceptions.RayActorError) -> str:
         """What to tell of a dead actor: its policy, Ray's reason (where its constructor raised, that error with
@@ -163,11 +228,6 @@ class RayTeam:
         reasons = [line.strip() for line in str(err).splitlines() if "because" in line or "Error" in line]
         return (f"{name}'s Ray actor died ({' '.join(reasons[:2]) or type(err).__name__}); the run stops here. "
                 f"Once the cause is gone, the same command with --resume continues it from its last checkpoint")
-
-    def sides(self, experiences: list[sharing.Experience]) -> dict[str, learner.WorkerSide]:
-        """Each receiver's side of curation, in its actor (curator.Curator.exchange)."""
-        return {name: learner.WorkerSide(lambda method, *a, actor=actor: self.get(getattr(actor, method).remote(*a)),
-                                         experiences) for name, actor in zip(self.names, self.actors)}
 
     def close(self) -> None:
         for actor in self.actors:
