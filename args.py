@@ -54,9 +54,17 @@ class Args:
     calibration_window: int = diagnosis.CuratorConfig.calibration_window
     """cross-fidelity: iterations of each receiver's diagnosed offers, the current one included, in its
     calibration sample (an iteration that diagnosed none is not counted)"""
-    admission: Literal["diagnosis", "random"] = diagnosis.CuratorConfig.admission
+    admission: Literal["diagnosis", "random", "ranked"] = diagnosis.CuratorConfig.admission
     """cross-fidelity: each offer at the band of its diagnosis, or the control: the bands permuted at random among
-    each source's offers of the iteration (same shares, same rescues)"""
+    each source's offers of the iteration (same shares, same rescues); or ranked: each receiver's offers that could
+    matter ordered by --rank-by, the first --admit-share of them at PRP, the rest rejected (no rescue): one signal
+    against another, or against chance, at the same rate and level (benchmarks/branches.py)"""
+    rank_by: Literal["d", "tbd", "ccm", "rsd", "reward", "advantage", "chance"] = diagnosis.CuratorConfig.rank_by
+    """--admission ranked: the order, lowest first for D and each raw term, highest first for the offer's reward and
+    advantage; chance: a seeded random order"""
+    admit_share: float = diagnosis.CuratorConfig.admit_share
+    """--admission ranked: the share of each receiver's offers that could matter admitted at PRP, an iteration's
+    count rounded to the nearest"""
     ccm_beta: float = diagnosis.CuratorConfig.ccm_beta
     """cross-fidelity: the CCM repair's exponent, A_k <- A_k R_k^beta"""
     ablate: tuple[Literal["tbd", "ccm", "rsd"], ...] = diagnosis.CuratorConfig.ablate
@@ -265,8 +273,8 @@ class Args:
     @property
     def curator_config(self) -> diagnosis.CuratorConfig:
         return diagnosis.CuratorConfig(self.fidelity_lambdas, self.theta1, self.theta2, self.calibration,
-                                     self.calibration_window, self.admission, self.ccm_beta, self.ablate,
-                                     tbd_measure=self.tbd_measure,
+                                     self.calibration_window, self.admission, self.rank_by, self.admit_share,
+                                     self.ccm_beta, self.ablate, tbd_measure=self.tbd_measure,
                                      process_signal=self.process_signal, ccm_estimate=self.ccm_estimate)
 
 

@@ -16,9 +16,8 @@ crosses at every level.
 
 An offer that could change nothing at any level is inert and is not diagnosed: every reward on its prompt, in the
 receiver's group and in every peer's, is the same, so it carries no advantage, rescues nothing, and moves no baseline.
-`--admission random` is the control for the diagnosis: the same offers, the same band shares per source and
-iteration and the same rescues, with the bands permuted at random among the iteration's offers of each source.
-§2.3 (threshold co-evolution, the fidelity predictor) is in coevolution.py.
+What each band lets cross, and the controls that band offers otherwise (`--admission random`, `--admission
+ranked`), are admission.py's. §2.3 (threshold co-evolution, the fidelity predictor) is in coevolution.py.
 """
 
 from __future__ import annotations
@@ -40,52 +39,20 @@ import grpo
 import reward_drift
 import sharing
 import term_scales
+from admission import BAND_RULES, INERT, admit, crosses_tokens, inert_prompts, permuted_bands, ranked_bands
 from diagnosis import TERMS, CuratorConfig, Offer, ReceiverSide, with_diagnoses
 from sharing import LEVELS
 from term_scales import admission_band
 from testbed import arith, policies, tasks
 
-INERT = "every reward on its prompt is the same: no level could use it"   # the reason an inert offer records
 
 # ---------------------------------------------------------------------------------------------------------------
-# Scoring and admission
+# Scoring
 # ---------------------------------------------------------------------------------------------------------------
 
 def degradation(terms: torch.Tensor, weights: torch.Tensor) -> float:
     """D = sum_i lambda_i term_i; terms [3] in [0, 1], NaN for an ablated term (its weight is 0)."""
     return float((torch.nan_to_num(terms, nan=0.0) * weights).sum())
-
-
-def rescue_candidate(offer: Offer, own_rewards: torch.Tensor, success: float) -> bool:
-    """A verified success on a prompt where the receiver's whole group (own_rewards [B, G]) failed (SGT)."""
-    return offer.reward >= success and bool(sharing.failed_groups(own_rewards, success)[offer.prompt_index])
-
-
-def crosses_tokens(band: int, offer: Offer, own_rewards: torch.Tensor, success: float) -> bool:
-    """Whether the trajectory's tokens would enter the receiver's batch at this band: as a rescue at any band,
-    else at PRP with a non-zero advantage."""
-    return rescue_candidate(offer, own_rewards, success) or (band == 0 and offer.advantage != 0)
-
-
-def inert_prompts(groups: list[torch.Tensor]) -> torch.Tensor:
-    """[B] the prompts whose offers no level could use: every reward on the prompt, in the receiver's group and in
-    each peer's (groups, each [B, G_i]), is one value. Then every offer of it carries advantage 0, rescues nothing,
-    and pooling any of those rewards into the receiver's group leaves its advantages at 0. A peer's whole group
-    counts, offers that cannot cross included: their rewards set the advantages of those that can."""
-    rewards = torch.cat(groups, dim=1)                                                          # [B, sum G_i]
-    return (rewards == rewards[:, :1]).all(dim=1)
-
-
-def permuted_bands(bands: list[int | None], sources: list[str], rng: random.Random) -> list[int | None]:
-    """The random-admission control: the bands shuffled among the offers of each source (None stays in place)."""
-    out = list(bands)
-    for source in sorted(set(sources)):
-        positions = [k for k, (b, s) in enumerate(zip(bands, sources)) if s == source and b is not None]
-        shuffled = [bands[k] for k in positions]
-        rng.shuffle(shuffled)
-        for k, b in zip(positions, shuffled):
-            out[k] = b
-    return out
 
 
 @dataclass(frozen=True)
@@ -115,49 +82,18 @@ def score(offer: Offer, cfg: CuratorConfig, theta: tuple[float, float],
                  dict(zip(TERMS, scaled.tolist())))
 
 
-def admit(offers: list[Offer], bands: list[int | None], receiver: sharing.Experience, share: sharing.ShareConfig
-          ) -> tuple[list[tuple[str, str, str]], dict[int, tuple[Offer, float]], torch.Tensor]:
-    """Admission of every offer by its band, None for an inert one (DESIGN.md §4.1). Returns per offer (level,
-    what crosses, reason); the offers whose tokens cross, by position, with the advantage they carry; and the
-    receiver's advantages [B, G] with the XGRPO-admitted peer rewards in its groups' statistics.
+def rank_values(offers: list[Offer], scores: list[Score | None], rank_by: str, rng: random.Random
+                ) -> list[float | None]:
+    """Each scored offer's value of the signal `rank_by` (diagnosis.RANK_SIGNALS), None for an offer not scored
+    (inert): its D, a raw term, its reward or advantage, or a uniform draw (chance, from `rng`)."""
+    def value(o: Offer, s: Score) -> float:
+        if rank_by == "d":
+            return s.D
+        if rank_by in TERMS:
+            return s.terms[rank_by]
+        return o.reward if rank_by == "reward" else o.advantage if rank_by == "advantage" else rng.random()
+    return [None if s is None else value(o, s) for o, s in zip(offers, scores)]
 
-    A rescue (a verified success on a prompt the receiver's whole group failed) crosses as one at every band,
-    with its credit as a member of the receiver's failed group, pooled over the prompt's rescues; at XGRPO its
-    reward also joins the baseline. Any other PRP trajectory carries its own-group advantage."""
-    pooled: dict[int, list[float]] = defaultdict(list)                 # prompt -> XGRPO-admitted peer rewards
-    rescues: dict[int, list[int]] = defaultdict(list)                  # prompt -> positions of its rescues
-    picks: dict[int, tuple[Offer, float]] = {}
-    decisions = []
-    for k, (o, band) in enumerate(zip(offers, bands)):
-        if band is None:
-            decisions.append(("inert", "none", INERT))
-            continue
-        if band == 1:
-            pooled[o.prompt_index].append(o.reward)
-        rule = ("D < theta1", "theta1 <= D < theta2", "D >= theta2")[band]
-        if rescue_candidate(o, receiver.rewards, share.success):
-            rescues[o.prompt_index].append(k)
-            decisions.append((LEVELS[band], "tokens" if band != 1 else "tokens and reward",
-                              f"{rule}, a verified rescue"))
-        elif band == 0:
-            decisions.append(("prp", "tokens", rule) if o.advantage != 0 else
-                             ("prp", "none", f"{rule}, but A = 0 and no rescue: nothing to carry"))
-            if o.advantage != 0:
-                picks[k] = (o, o.advantage)
-        elif band == 1:
-            decisions.append(("xgrpo", "reward", rule))
-        else:
-            decisions.append(("rejected", "none", f"{rule}, not a verified success on a prompt the receiver failed"))
-    for b, ks in rescues.items():
-        credit = sharing.rescue_advantages(receiver.rewards[b], torch.tensor([offers[k].reward for k in ks]),
-                                           share.scale_by_std)
-        for k, a in zip(ks, credit.tolist()):
-            picks[k] = (offers[k], a)
-    advantages = receiver.advantages.clone()                                           # [B, G]
-    for b, rewards in pooled.items():
-        advantages[b] = sharing.xgrpo_advantages(receiver.rewards[b:b + 1], [torch.tensor([rewards])],
-                                                 share.scale_by_std)[0]
-    return decisions, picks, advantages
 
 
 class Side(Protocol):
@@ -311,10 +247,15 @@ class Curator:
             self._fit_predictor(name, features, predicted, auditable, scores, measured)
         with timer("admission"):
             bands = [None if inert[k] else int(predicted[k]) if sc is None else sc.band for k, sc in enumerate(scores)]
+            rng = random.Random(f"admission/{self.seed}/{iteration}/{name}")
             if self.cfg.admission == "random":
-                bands = permuted_bands(bands, [o.source.policy.name for o in offers],
-                                       random.Random(f"admission/{self.seed}/{iteration}/{name}"))
-            decisions, picks, advantages = admit(offers, bands, receiver, share)
+                bands = permuted_bands(bands, [o.source.policy.name for o in offers], rng)
+            rules: tuple[str, ...] = BAND_RULES
+            if self.cfg.admission == "ranked":
+                values = rank_values(offers, scores, self.cfg.rank_by, rng)
+                bands = ranked_bands(values, self.cfg.admit_share, diagnosis.RANK_SIGNALS[self.cfg.rank_by])
+                rules = (f"in the first {self.cfg.admit_share:.0%} by {self.cfg.rank_by}",)
+            decisions, picks, advantages = admit(offers, bands, receiver, share, rules)
         with timer("crossing"):
             crossed, received = side.cross({k: a for k, (_, a) in picks.items()}, advantages, self.stats[name])
         records += self._records(name, offers, scores, bands, decisions, crossed, thetas, predicted, prob, skipped)

@@ -43,7 +43,10 @@ import tokalign
 from term_scales import TERMS
 from testbed import policies, tasks
 
-ADMISSIONS = ("diagnosis", "random")
+ADMISSIONS = ("diagnosis", "random", "ranked")
+RANK_SIGNALS = {"d": 1, "tbd": 1, "ccm": 1, "rsd": 1, "reward": -1, "advantage": -1, "chance": 1}
+"""what `--admission ranked` can order the offers by, and its sense: 1 admits the lowest first (a degradation),
+-1 the highest (the offer's reward, its advantage); chance is a seeded random order, the control"""
 CALIBRATIONS = ("window", "none")
 
 
@@ -58,6 +61,8 @@ class CuratorConfig:
     calibration: str = "window"
     calibration_window: int = 8
     admission: str = "diagnosis"
+    rank_by: str = "d"
+    admit_share: float = 1 / 3
     ccm_beta: float = 1.0
     ablate: tuple[str, ...] = ()
     tbd_measure: str = "credit"
@@ -103,6 +108,12 @@ class CuratorConfig:
         grad_norms.estimate_blocks(self.ccm_estimate)
         if self.admission not in ADMISSIONS:
             raise ValueError(f"admission is one of {ADMISSIONS}, got {self.admission!r}")
+        if self.rank_by not in RANK_SIGNALS:
+            raise ValueError(f"rank_by is one of {tuple(RANK_SIGNALS)}, got {self.rank_by!r}")
+        if self.rank_by in self.ablate:
+            raise ValueError(f"cannot rank by {self.rank_by}, an ablated term: it is not computed")
+        if not 0 <= self.admit_share <= 1:
+            raise ValueError(f"admit_share is a share of the offers, in [0, 1], got {self.admit_share}")
 
     @property
     def measures_hidden_tbd(self) -> bool:

@@ -18,7 +18,6 @@ from hypothesis import strategies as st
 import coevolution
 import curator
 import diagnosis
-import grpo
 import reachability
 import sharing
 import term_scales
@@ -28,7 +27,6 @@ from testbed import arith, policies, tasks, tiny
 from test_term_scales import random_calibration, shifted_terms
 from test_train import MIXED, tiny_args
 
-EPS = 1e-4  # grpo.group_advantages' default
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -143,47 +141,6 @@ def test_the_dominant_term_is_the_largest_weighted_one_by_hand():
     assert equal.dominant == "ccm"
 
 
-def test_inert_prompts_are_those_where_every_reward_is_one_value_by_hand():
-    own = torch.tensor([[0.0, 0.0], [1.0, 1.0], [1.0, 0.0], [0.0, 0.0], [1.0, 1.0]])
-    peer = torch.tensor([[0.0, 0.0],                       # all 0: inert
-                         [1.0, 1.0],                       # all 1: inert
-                         [0.0, 0.0],                       # the receiver's group is mixed
-                         [0.0, 1.0],                       # a rescue beside a 0
-                         [1.0, 1.0]])
-    other = torch.tensor([[0.0], [1.0], [0.0], [0.0], [0.0]])   # a third policy's 0 on prompt 4
-    assert curator.inert_prompts([own, peer]).tolist() == [True, True, False, False, True]
-    assert curator.inert_prompts([own, peer, other]).tolist() == [True, True, False, False, False]
-    # the rule's reason: pooling any of an inert prompt's rewards leaves the receiver's advantages at 0
-    for b, extra in ((0, [0.0, 0.0]), (1, [1.0])):
-        pooled = grpo.group_advantages(torch.cat([own[b], torch.tensor(extra)]).unsqueeze(0))
-        assert (pooled == 0).all()
-
-
-@settings(max_examples=100, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from(["qwen", "mistral"]), st.one_of(st.none(), st.integers(0, 2))),
-                max_size=40), st.integers(0, 1000))
-def test_random_admission_keeps_each_sources_band_shares_and_leaves_inert_offers(offers, seed):
-    sources, bands = [s for s, _ in offers], [b for _, b in offers]
-    permuted = curator.permuted_bands(bands, sources, random.Random(seed))
-    for source in ("qwen", "mistral"):
-        mine = [k for k, s in enumerate(sources) if s == source]
-        assert sorted(b for k in mine if (b := bands[k]) is not None) == \
-            sorted(b for k in mine if (b := permuted[k]) is not None)
-    assert [b is None for b in permuted] == [b is None for b in bands]
-
-
-def test_random_admission_moves_bands_between_offers_of_a_source_and_never_across_sources():
-    # the identity keeps every share too: over seeds, each position of a source must take each of its bands
-    bands, sources = [0, 1, 2] * 5 + [2, 2], ["qwen"] * 15 + ["mistral"] * 2
-    seen = [set() for _ in bands]
-    for seed in range(200):
-        permuted = curator.permuted_bands(bands, sources, random.Random(seed))
-        assert permuted[15:] == [2, 2]
-        for k, b in enumerate(permuted):
-            seen[k].add(b)
-    assert all(s == {0, 1, 2} for s in seen[:15])
-
-
 # ---------------------------------------------------------------------------------------------------------------
 # Runs
 # ---------------------------------------------------------------------------------------------------------------
@@ -281,39 +238,6 @@ def test_only_the_sure_predictions_that_could_skip_are_audited(monkeypatch):
     # the diagnosis's bands: the crossing predictions right, offer 1's right, offer 2's wrong
     cur._fit_predictor("llama", features, predicted, auditable, [Offer(band=b) for b in (0, 0, 1, 2)], [0, 1, 2, 3])
     assert list(cur.predictor.audits["llama"]) == [True, False]
-
-
-def test_admission_routes_each_band_by_hand():
-    from types import SimpleNamespace as Offer
-    own = torch.tensor([[0.0, 0.0], [1.0, 0.0]])
-    receiver = Offer(rewards=own, advantages=grpo.group_advantages(own))
-    offers = [Offer(advantage=0.5, reward=1.0, prompt_index=1), Offer(advantage=0.0, reward=1.0, prompt_index=1),
-              Offer(advantage=0.3, reward=1.0, prompt_index=1), Offer(advantage=0.0, reward=1.0, prompt_index=0),
-              Offer(advantage=0.7, reward=1.0, prompt_index=0), Offer(advantage=-0.2, reward=0.0, prompt_index=0),
-              Offer(advantage=0.4, reward=1.0, prompt_index=1)]
-    bands = [0, 0, 1, 2, 2, 2, 2]
-    decisions, picks, advantages = curator.admit(offers, bands, receiver,
-                                                 sharing.ShareConfig("cross-fidelity", temperature=1.0))
-    assert [d[:2] for d in decisions] == [("prp", "tokens"), ("prp", "none"), ("xgrpo", "reward"), ("sgt", "tokens"),
-                                          ("sgt", "tokens"), ("rejected", "none"), ("rejected", "none")]
-    rescue = 0.5 / (0.5 + EPS)                                # prompt 0 pooled [0, 0, 1, 1]: mean 1/2, std 1/2
-    assert {k: a for k, (_, a) in picks.items()} == pytest.approx({0: 0.5, 3: rescue, 4: rescue})
-    s = math.sqrt(2) / 3                                      # prompt 1 pooled [1, 0, 1]: mean 2/3, std sqrt(2)/3
-    torch.testing.assert_close(advantages, torch.tensor([[0.0, 0.0], [(1 / 3) / (s + EPS), (-2 / 3) / (s + EPS)]]))
-
-
-@pytest.mark.parametrize("band", [0, 1, 2])
-def test_a_verified_rescue_crosses_at_every_band_even_with_a_zero_advantage(band):
-    # its own group all succeeded (A = 0); the receiver's whole group failed the prompt
-    from types import SimpleNamespace as Offer
-    own = torch.tensor([[0.0, 0.0, 0.0]])
-    receiver = Offer(rewards=own, advantages=grpo.group_advantages(own))
-    decisions, picks, advantages = curator.admit([Offer(advantage=0.0, reward=1.0, prompt_index=0)], [band], receiver,
-                                                 sharing.ShareConfig("cross-fidelity", temperature=1.0))
-    assert decisions[0][0] == sharing.LEVELS[band] and "tokens" in decisions[0][1]
-    assert picks[0][1] == pytest.approx(0.75 / (math.sqrt(3) / 4 + EPS))   # pooled [0, 0, 0, 1]: mean 1/4
-    if band == 1:                                                           # its reward joins the baseline too
-        torch.testing.assert_close(advantages, torch.full((1, 3), -0.25 / (math.sqrt(3) / 4 + EPS)))
 
 
 def untrained_pair():
