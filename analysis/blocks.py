@@ -295,10 +295,10 @@ def markdown(result: dict) -> str:
     lines = ["# The matrix, blocks 2-6: the analysis of its run summaries\n",
              "Primary metric: area under the held-out greedy curve, points; paired differences seed by seed, "
              "Holm within each family (results/preregistration-matrix.md); two runs of a seed paired only where they "
-             "started from the same weights (results/preregistration-repair.md). Each contrast is called by its registered "
-             "rule (the bootstrap p with Holm, the percentile interval) and again at its n (results/reporting-rule.md: "
-             "Holm over the family's exact sign-flip p-values, the t interval); the verdict reported is the word both "
-             "give.\n"]
+             "started from the same weights (results/preregistration-repair.md). Each contrast is called by its "
+             "registered rule (the bootstrap p with Holm, the percentile interval) and again at its n "
+             "(results/reporting-rule.md: Holm over the family's exact sign-flip p-values, the t interval); the "
+             "verdict reported is the word both give.\n"]
     for block, f in result["families"].items():
         seeds = f["seeds"][1] - f["seeds"][0] + 1
         lines.append(heading(block, f))

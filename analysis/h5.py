@@ -153,8 +153,9 @@ def markdown(result: list[dict]) -> list[str]:
                   f"[{p['variance'][1]:.4f}, {p['variance'][2]:.4f}]" for p in h["points"]]
         lines += [f"  - {g['configuration']} less {ADAPTIVE}, paired over {g['seeds']} seeds: received "
                   f"{g['received'][0]:+.2f} [{g['received'][1]:+.2f}, {g['received'][2]:+.2f}], reward variance "
-                  f"{g['variance'][0]:+.5f} [{g['variance'][1]:+.5f}, {g['variance'][2]:+.5f}] (exact sign-flip p: received "
-                  f"{stats.p_text(g['received_sign_flip_p'])}, variance {stats.p_text(g['variance_sign_flip_p'])})"
+                  f"{g['variance'][0]:+.5f} [{g['variance'][1]:+.5f}, {g['variance'][2]:+.5f}] "
+                  f"(exact sign-flip p: received {stats.p_text(g['received_sign_flip_p'])}, "
+                  f"variance {stats.p_text(g['variance_sign_flip_p'])})"
                   if g["seeds"] >= 2 else
                   f"  - {g['configuration']} less {ADAPTIVE}, paired over {g['seeds']} seeds: fewer than two, "
                   "not compared" for g in h["gaps"]]

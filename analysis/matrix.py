@@ -403,7 +403,8 @@ def markdown(result: dict) -> str:
                          f"| [{r['interval'][0]:+.2f}, {r['interval'][1]:+.2f}] | {pv(r['p'])} "
                          f"| {p_text(r['sign_flip_p'])} | {pv(r['holm_p'])} "
                          f"| [{r['holm_interval'][0]:+.2f}, {r['holm_interval'][1]:+.2f}] | {r['holm_rejected']} "
-                         f"| {p_text(r['exact_holm_p'])} | [{r['sd_interval'][0]:.2f}, {r['sd_interval'][1]:.2f}] | {r['sd_upper']:.2f} "
+                         f"| {p_text(r['exact_holm_p'])} | [{r['sd_interval'][0]:.2f}, {r['sd_interval'][1]:.2f}] "
+                         f"| {r['sd_upper']:.2f} "
                          f"| {r['seeds_for_matrix']} |")
         lines += unpaired_notes(rows)
         if result["missing"][view]:

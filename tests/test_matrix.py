@@ -721,14 +721,15 @@ def test_the_sign_flip_p_value_equals_a_naive_enumeration_of_signs(differences):
 
 @pytest.mark.parametrize("differences", [[1.0, 2.0, 3.0], [0.85, 0.1, -0.2, 1.3, 2.0, 0.4], [-0.5, 0.2, -1.0]])
 def test_the_one_sided_sign_flip_p_value_equals_a_naive_enumeration_of_signs(differences):
-    sums = [sum(s * d for s, d in zip(signs, differences)) for signs in itertools.product((1, -1), repeat=len(differences))]
+    sums = [sum(s * d for s, d in zip(signs, differences))
+            for signs in itertools.product((1, -1), repeat=len(differences))]
     naive = sum(total >= sum(differences) - 1e-9 for total in sums) / len(sums)
     assert stats.sign_flip_p(differences, alternative="greater") == pytest.approx(naive)
 
 
-@pytest.mark.parametrize("numerators, denominators", [([2.0, 3.0, 1.5, 2.5, 4.0], [3.0, 3.5, 2.0, 4.0, 5.5]),
-                                                      ([1.0, -0.5, 2.0, 0.3], [2.0, 1.0, 3.5, 1.2]),
-                                                      ([0.4, 2.2, -1.0, 1.1, 0.9, 3.0], [1.0, 2.5, 0.1, 2.0, 0.8, 3.1])])
+@pytest.mark.parametrize("numerators, denominators", [
+    ([2.0, 3.0, 1.5, 2.5, 4.0], [3.0, 3.5, 2.0, 4.0, 5.5]), ([1.0, -0.5, 2.0, 0.3], [2.0, 1.0, 3.5, 1.2]),
+    ([0.4, 2.2, -1.0, 1.1, 0.9, 3.0], [1.0, 2.5, 0.1, 2.0, 0.8, 3.1])])
 def test_fiellers_interval_is_the_set_of_ratios_the_paired_t_test_keeps_by_a_grid(numerators, denominators):
     # by definition: r is in the interval where the paired t test of numerator - r denominator does not reject 0
     n, t = len(numerators), stats.t_quantile(0.975, len(numerators) - 1)
