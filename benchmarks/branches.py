@@ -1,0 +1,181 @@
+"""Paired branches from one checkpoint (issue 68): what a shared trajectory does to its receiver, measured between
+the grains of one offer (below the noise of held-out reward) and of whole runs (16-21 points of AUC from seed to
+seed).
+
+    python benchmarks/branches.py --preset qwen-llama --seeds 3101 --points 10 30 --k 5 --arms none chance d reward
+
+A trunk (the default run's cross-fidelity, at the comparison's evaluation protocol) trains to each branch point in
+turn; at each, every arm continues it k iterations from a copy of its checkpoint: every policy's weights and
+optimizer and the curator's state (statistics, calibration samples, bandit, predictor) carry over. Every draw of a
+run is seeded by its seed, the iteration and the policy alone (train.prompt_sampler, learner.generator), so arms
+draw the same prompts, and the same rollouts wherever a policy's weights have not diverged: seed, history and
+starting point cancel between arms, which differ only in what is admitted. The measure, each receiver's greedy
+held-out accuracy on the protocol's 2,000 fixed problems at the branch's end, is chosen for its low variance: no
+sampling in the evaluation, the same problems for every arm, so an arm's difference from another is the change
+in the policy and nothing else.
+
+The arms: `none`; the shares as they run (sgt, hacpo, cross-fidelity); and ranked admission (curator.py,
+`--admission ranked`) at the default run's PRP share, ordered by D, each raw term, the offer's reward or
+advantage, or chance (the random arm), so that every signal admits as many offers at the same level and is
+compared with chance, not with another amount of data or another way of crediting it.
+
+One row per (preset, seed, point), written whole or not at all, results/branches/PRESET-sSEED-itPOINT.json: each
+arm's held-out accuracy per policy at point + k, and the trunk's at the point. Branches run on one thread each,
+resumable: a row already written is skipped, and a branch killed midway resumes from its checkpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+import tyro
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import eval as evaluation  # noqa: E402
+import power  # noqa: E402
+from analysis.sets import PROTOCOL  # noqa: E402
+from args import Args  # noqa: E402
+from testbed import checkpoint  # noqa: E402
+
+PRESETS = {"qwen-llama": ("--pair", "qwen-llama"), "trio-prose": ("--pair", "trio", "--step-format", "prose")}
+"""the testbeds branches run on: qwen-llama with line steps, and the trio with prose steps, where TBD varies"""
+TRUNK = ("--share", "cross-fidelity")
+"""the trunk every arm branches from: the default run's method"""
+RANKED = ("--share", "cross-fidelity", "--admission", "ranked")
+ARMS = {"none": ("--share", "none"), "sgt": ("--share", "sgt"),
+        "hacpo": ("--share", "hacpo", "--hacpo-variant", "ours"), "cross-fidelity": TRUNK,
+        **{signal: (*RANKED, "--rank-by", signal) for signal in ("d", "tbd", "ccm", "rsd", "reward", "advantage",
+                                                                  "chance")}}
+"""each arm's train.py flags over the preset's and the protocol's; the ranked arms admit --admit-share (its default,
+the default run's PRP share) at PRP"""
+
+
+def flags_of(preset: str, seed: int, arm: str, extra: list[str]) -> list[str]:
+    """train.py's flags for one arm's branch of a (preset, seed), or for its trunk (arm 'trunk'), with `extra`
+    flags after them (a smoke run's smaller settings); power.train_run adds --iterations, --name and --runs-dir."""
+    return [*PROTOCOL, *PRESETS[preset], *(TRUNK if arm == "trunk" else ARMS[arm]), "--seed", str(seed), *extra]
+
+
+def args_of(flags: list[str], iterations: int, name: str, runs_dir: Path) -> Args:
+    """The Args train.py will read from `flags` as power.train_run passes them."""
+    return tyro.cli(Args, args=[*flags, "--iterations", str(iterations), "--name", name, "--runs-dir", str(runs_dir)])
+
+
+def carried_state(state: object, trunk: Args, arm: Args) -> object:
+    """The state a branch resumes with beside its policies: the trunk's curator, with the arm's curator settings
+    where the arm curates too (its admission; what the curator has learnt carries over); none where the arm shares
+    otherwise (a HACPO arm begins its capability window afresh)."""
+    if arm.share != trunk.share:
+        return None
+    state.cfg = arm.curator_config       # the curator's memory is the trunk's, its decisions the arm's
+    return state
+
+
+def fork(trunk_dir: Path, branch_dir: Path, trunk: Args, arm: Args) -> None:
+    """A branch's run directory from the trunk's at its last checkpoint: the trunk's metrics, start record and
+    checkpoint, the arm's config.json (with the trunk's scale and backend) and the state it carries
+    (`carried_state`); made in a temporary folder and moved into place, so a killed fork leaves nothing half made."""
+    tmp = branch_dir.with_name(branch_dir.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    _, folder, state = checkpoint.latest_checkpoint(trunk_dir)
+    tmp.mkdir(parents=True)
+    for name in ("metrics.jsonl", "fidelity.jsonl", "start.json"):
+        if (trunk_dir / name).exists():
+            shutil.copy2(trunk_dir / name, tmp / name)
+    shutil.copytree(folder, tmp / "checkpoints" / folder.name)
+    (tmp / "checkpoints" / "latest").write_text(folder.name)
+    (tmp / "checkpoints" / folder.name / "state.pt").unlink(missing_ok=True)
+    carried = carried_state(state, trunk, arm) if state is not None else None
+    if carried is not None:
+        torch.save(carried, tmp / "checkpoints" / folder.name / "state.pt")
+    saved = json.loads((trunk_dir / "config.json").read_text())
+    config = {**json.loads(json.dumps(asdict(arm))), "scale": saved["scale"], "backend": saved["backend"]}
+    (tmp / "config.json").write_text(json.dumps(config, indent=2))
+    tmp.replace(branch_dir)
+
+
+def accuracy_at(run_dir: Path, iteration: int) -> dict[str, float]:
+    """Each policy's greedy held-out accuracy at `iteration`, as the run logged it."""
+    found = {r["policy"]: r["eval/heldout_accuracy"] for r in evaluation.load_metrics(run_dir)
+             if r["iteration"] == iteration and "eval/heldout_accuracy" in r}
+    if not found:
+        raise ValueError(f"{run_dir} logged no held-out evaluation at iteration {iteration}")
+    return found
+
+
+Train = Callable[[str, list[str], int, Path], tuple[bool, str]]
+"""how a run is trained (or resumed) to its iterations: power.train_run, a train.py process on one thread"""
+
+
+def trained(train: Train, name: str, flags: list[str], iterations: int, runs_dir: Path) -> Path:
+    """runs_dir/name trained (or resumed) to `iterations`; an error naming its log if it failed."""
+    done, line = train(name, flags, iterations, runs_dir)
+    if not done:
+        raise RuntimeError(line)
+    return runs_dir / name
+
+
+def branch_point(preset: str, seed: int, point: int, k: int, arms: list[str], runs_dir: Path,
+                 extra: list[str] = (), train: Train = power.train_run) -> dict:
+    """The row of one branch point: the trunk trained (or resumed) to `point`, then each arm forked from its
+    checkpoint and trained k iterations; each policy's held-out accuracy, the trunk's at the point and each arm's at
+    point + k. The trunk's next point resumes from this one's checkpoint, so its branches fork from the run this
+    one's continued."""
+    trunk_name, trunk_flags = f"branches-{preset}-s{seed}-trunk", flags_of(preset, seed, "trunk", list(extra))
+    trunk = args_of(trunk_flags, point, trunk_name, runs_dir)
+    if point % trunk.eval_every or k < 1:
+        raise ValueError(f"a branch point on the evaluation schedule (every {trunk.eval_every} iterations) and k >= 1, "
+                         f"got {point} and {k}")
+    trunk_dir = trained(train, trunk_name, trunk_flags, point, runs_dir)
+    outcome = {}
+    for arm in arms:
+        name, flags = f"branches-{preset}-s{seed}-it{point:03d}-{arm}", flags_of(preset, seed, arm, list(extra))
+        if not (runs_dir / name).exists():
+            fork(trunk_dir, runs_dir / name, trunk, args_of(flags, point + k, name, runs_dir))
+        outcome[arm] = accuracy_at(trained(train, name, flags, point + k, runs_dir), point + k)
+    return {"preset": preset, "seed": seed, "point": point, "k": k, "trunk": accuracy_at(trunk_dir, point),
+            "arms": outcome}
+
+
+def write_whole(path: Path, row: dict) -> None:
+    """A row written in full to a temporary file, then moved into place: a row file exists only complete."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(row, indent=1) + "\n")
+    tmp.replace(path)
+
+
+def main(argv: list[str] | None = None) -> list[Path]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--preset", choices=PRESETS, default="qwen-llama")
+    parser.add_argument("--seeds", type=int, nargs="+", required=True)
+    parser.add_argument("--points", type=int, nargs="+", required=True, help="branch points, multiples of 10")
+    parser.add_argument("--k", type=int, default=5, help="iterations each branch continues")
+    parser.add_argument("--arms", nargs="+", choices=ARMS, default=list(ARMS))
+    parser.add_argument("--runs-dir", type=Path, default=ROOT / "runs")
+    parser.add_argument("--out", type=Path, default=ROOT / "results" / "branches")
+    parser.add_argument("extra", nargs="*", help="train.py flags after --, for every run (a smoke run's settings)")
+    cli = parser.parse_args(argv)
+    written = []
+    for seed in cli.seeds:
+        for point in sorted(cli.points):
+            path = cli.out / f"{cli.preset}-s{seed}-it{point:03d}.json"
+            if not path.exists():
+                write_whole(path, branch_point(cli.preset, seed, point, cli.k, cli.arms, cli.runs_dir, cli.extra))
+            print(f"{path.name}: written")
+            written.append(path)
+    return written
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,101 @@
+"""Paired branches (benchmarks/branches.py, issue 68): a fork carries the trunk's checkpoint with the arm's settings
+and state, and end to end, a branch continued with the trunk's own arm is the run straight through, and an arm
+that admits no offer is `none`, bit for bit, so that arms differ in what they admit and in nothing else."""
+
+import json
+import sys
+from dataclasses import replace
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import branches  # noqa: E402
+import train  # noqa: E402
+from testbed import checkpoint  # noqa: E402
+from testbed.metrics_log import timeless  # noqa: E402
+from test_train import MIXED  # noqa: E402
+
+SMOKE = ["--prompts-per-iteration", "4", "--group-size", "4", "--max-new-tokens", "16", "--eval-size", "16",
+         "--eval-every", "2", "--train-size", "200", "--warmup-scale", "0.15"]
+
+
+def hand_trunk(folder: Path, share: str) -> None:
+    """A trunk's run directory as train.py leaves it at iteration 2, with a stand-in curator state."""
+    target = checkpoint.checkpoint_folder(folder, 2)
+    target.mkdir(parents=True)
+    torch.save({"model": {}, "optimizer": {}}, target / "qwen.pt")
+    torch.save(SimpleNamespace(cfg="the trunk's", memory=[1, 2, 3]), target / "state.pt")
+    (folder / "checkpoints" / "latest").write_text(target.name)
+    (folder / "metrics.jsonl").write_text('{"iteration": 2, "policy": "qwen", "eval/heldout_accuracy": 0.5}\n')
+    (folder / "start.json").write_text("[]")
+    (folder / "config.json").write_text(json.dumps({"share": share, "scale": "tiny", "backend": "local"}))
+
+
+@pytest.mark.parametrize("arm, carried", [("chance", True), ("none", False), ("hacpo", False)])
+def test_a_fork_carries_the_trunks_checkpoint_with_the_arms_settings_and_what_state_the_arm_shares(tmp_path, arm,
+                                                                                                  carried):
+    hand_trunk(tmp_path / "trunk", "cross-fidelity")
+    trunk = branches.args_of(branches.flags_of("qwen-llama", 7, "trunk", []), 2, "trunk", tmp_path)
+    args = branches.args_of(branches.flags_of("qwen-llama", 7, arm, []), 3, "branch", tmp_path)
+    branches.fork(tmp_path / "trunk", tmp_path / "branch", trunk, args)
+    config = json.loads((tmp_path / "branch" / "config.json").read_text())
+    assert config["share"] == args.share and config["iterations"] == 3 and config["scale"] == "tiny"
+    assert config["admission"] == ("ranked" if arm == "chance" else "diagnosis")
+    start, folder, state = checkpoint.latest_checkpoint(tmp_path / "branch")
+    assert start == 2 and (folder / "qwen.pt").exists()
+    assert (tmp_path / "branch" / "metrics.jsonl").read_text() == (tmp_path / "trunk" / "metrics.jsonl").read_text()
+    if carried:     # the trunk's memory, the arm's decisions
+        assert state.memory == [1, 2, 3] and state.cfg == args.curator_config
+    else:           # another share begins its own state afresh
+        assert state is None
+    assert not (tmp_path / "branch.tmp").exists()
+    assert torch.load(tmp_path / "trunk" / "checkpoints" / "iter-000002" / "state.pt",
+                      weights_only=False).cfg == "the trunk's"          # the trunk is left as it was
+
+
+def test_a_branch_point_off_the_evaluation_schedule_is_refused_before_anything_trains(tmp_path):
+    with pytest.raises(ValueError, match="evaluation schedule"):
+        branches.branch_point("qwen-llama", 7, 3, 1, ["none"], tmp_path, SMOKE)
+    assert list(tmp_path.iterdir()) == []
+
+
+def lines(run_dir: Path, name: str = "metrics.jsonl") -> list[dict]:
+    return [timeless(json.loads(line)) for line in (run_dir / name).read_text().splitlines()]
+
+
+def in_process(name: str, flags: list[str], iterations: int, runs_dir: Path) -> tuple[bool, str]:
+    """power.train_run's contract, trained in this process (so that its rewards can be scripted)."""
+    train.run(replace(branches.args_of(flags, iterations, name, runs_dir), resume=(runs_dir / name).exists()))
+    return True, name
+
+
+@pytest.mark.slow
+def test_branches_differ_in_what_they_admit_and_in_nothing_else(tmp_path, cache_dir, scripted_rewards):
+    # every group's rewards mixed, whatever was sampled: every offer could matter and carries an advantage
+    scripted_rewards(lambda policy, problems: torch.tensor([MIXED] * len(problems)))
+    extra = [*SMOKE, "--group-size", str(len(MIXED)), "--cache-dir", cache_dir, "--admit-share", "0"]
+    row = branches.branch_point("qwen-llama", 7, 2, 1, ["cross-fidelity", "none", "chance"], tmp_path, extra,
+                                in_process)
+    # the trunk's own arm from its checkpoint at 2 is the run straight through to 3, every line bit for bit
+    in_process("straight", branches.flags_of("qwen-llama", 7, "cross-fidelity", extra), 3, tmp_path)
+    branch = tmp_path / "branches-qwen-llama-s7-it002-cross-fidelity"
+    assert lines(branch) == lines(tmp_path / "straight")
+    assert lines(branch, "fidelity.jsonl") == lines(tmp_path / "straight", "fidelity.jsonl")
+    crossed = [r for r in lines(branch, "fidelity.jsonl") if r["iteration"] == 3 and r["level"] == "prp"]
+    assert crossed                                          # the curator admitted offers in the branch's iteration
+    # a ranked admission of no offer (--admit-share 0) rejects every one of them, and trains as `none`: the same
+    # updates, rewards and accuracy, though the curator diagnosed every offer
+    ranked = tmp_path / "branches-qwen-llama-s7-it002-chance"
+    decided = [r for r in lines(ranked, "fidelity.jsonl") if r["iteration"] == 3]
+    assert decided and all(r["level"] == "rejected" for r in decided)
+    assert row["arms"]["chance"] == row["arms"]["none"]
+    kept = ("losses/", "charts/", "eval/")
+    none = tmp_path / "branches-qwen-llama-s7-it002-none"
+    assert [{k: v for k, v in r.items() if k.startswith(kept)} for r in lines(ranked)] == \
+        [{k: v for k, v in r.items() if k.startswith(kept)} for r in lines(none)]
+    assert row["trunk"] == branches.accuracy_at(tmp_path / "branches-qwen-llama-s7-trunk", 2)
