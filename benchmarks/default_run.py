@@ -1,10 +1,12 @@
 """Does the default run learn on any machine? `python train.py --pair qwen-llama` on several seeds and thread
 counts, each from an empty warm-up cache, then a table per run and policy: held-out greedy pass@1 at the start
 and the end with its standard error, held-out accuracy sampled at the training temperature, and the training
-reward's trend (mean of the first and of the last 20 iterations).
+reward's trend (mean of the first and of the last 20 iterations); last, each run's wall time and where its
+warm-ups came from (start.json).
 
 A seeded CPU run repeats only on one machine; 1 and 2 threads reduce in different orders, so they stand in for
-another machine's kernels (the warm-up, and everything after it, differ).
+another machine's kernels (the warm-up, where one is made, and everything after it differ). On the default seed
+the packaged warm-ups (testbed/warmups/) serve every thread count, so there only the training differs.
 
     python benchmarks/default_run.py                                  # seeds 1 2 3 x threads 1 2, two at a time
     python benchmarks/default_run.py --seeds 1 --threads 2 --jobs 1   # one cold default run, timed alone
@@ -29,6 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import eval as evaluation  # noqa: E402
+from testbed import checkpoint  # noqa: E402
 
 
 def run_one(seed: int, threads: int, runs_dir: Path, train_args: list[str]) -> tuple[Path, float]:
@@ -61,6 +64,13 @@ def rows(run_dir: Path) -> list[str]:
     return out
 
 
+def warm_ups(run_dir: Path) -> str:
+    """Where the run's first sitting took each warm-up from (its start.json: the packaged file, the cache, or made
+    then), in words: a cold run on the default seed pays no warm-up where the packaged ones served it."""
+    taken = json.loads((run_dir / checkpoint.START).read_text())["sittings"][0].get("warm_up", {})
+    return ", ".join(f"{name} {where.split(':')[0]}" for name, where in taken.items()) or "not recorded"
+
+
 def main() -> None:
     cli = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     cli.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
@@ -77,7 +87,8 @@ def main() -> None:
           "last 20 |\n|---|---|---|---|---|---|---|")
     for run_dir, _ in done:
         print("\n".join(rows(run_dir)))
-    print("\n" + "\n".join(f"{run_dir.name}: {wall:.0f} s wall, warm-up included" for run_dir, wall in done))
+    print("\n" + "\n".join(f"{run_dir.name}: {wall:.0f} s wall, start-up included; warm-ups: {warm_ups(run_dir)}"
+                           for run_dir, wall in done))
 
 
 if __name__ == "__main__":

@@ -110,6 +110,8 @@ def test_the_default_run_check_runs_twice_into_one_folder(tmp_path):
         done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
         assert done.returncode == 0, done.stderr[-2000:]
         assert re.search(r"default-s1-t1: \d+ s wall", done.stdout)
+        # each check's cache is empty, and a short warm-up is not the packaged one: both are made then
+        assert "warm-ups: qwen warmed up now (20 steps), llama warmed up now (16 steps)" in done.stdout
     assert len(re.findall(r"\| default-s1-t1 \| \w+ \| [\d.]+ ± [\d.]+ \|", done.stdout)) == 2   # a row a policy
 
 
