@@ -366,19 +366,18 @@ def run(args: Args, team: Team | None = None) -> Path:
 
     bar = tqdm(range(start, args.iterations), initial=start, total=args.iterations, desc="train")
     for it in bar:
-        # ---- 1. rollouts, every policy on the same prompts (learner.rollout) -------------------------------------
+        # ---- 1. rollouts, every policy on the same prompts (learner.rollout) -----------------------------------------
         iteration_started = time.time()
         problems, prompts = draw_problems(args, task, it)
         rollout_perf = team.rollout(it, prompts)
 
-        # ---- 2. rewards and each policy's own group advantages (learner.experience) --------------------------
+        # ---- 2. rewards and each policy's own group advantages (learner.experience) ----------------------------------
         experiences = team.experience(problems)
         # the stability guard judges each policy's last cycle now that the rollouts its update produced exist
         verdicts = ({e.policy.name: guarded.judge(e.policy.name, e.rewards) for e in experiences}
                     if guarded is not None else {})
 
-        # ---- 3. exchange: what each policy trains on, with its advantages; a fixed level per receiver
-        # (learner.receive), or the curator (curator.Curator.exchange) ------------------------------------------
+        # ---- 3. exchange: a fixed level per receiver (learner.receive), or the curator (curator.Curator.exchange) ----
         if args.share != "none":
             team.share()
         if curation is not None:
@@ -391,14 +390,15 @@ def run(args: Args, team: Team | None = None) -> Path:
                           if capabilities is not None else None)
             received = dict(zip(names, team.receive(capability)))
 
-        # ---- 4. updates: GRPO on own rollouts and what was received (learner.update) ---------------------------
-        updates = team.update(guarded is not None)
+        # ---- 4. updates: GRPO on own rollouts and what was received (learner.update) ---------------------------------
+        updates = team.update(measure_kl=guarded is not None)
 
-        # ---- 5. log, evaluate, checkpoint ----------------------------------------------------------------------
+        # ---- 5. log, evaluate, checkpoint ----------------------------------------------------------------------------
         iteration_s = time.time() - iteration_started
         records = iteration_records(experiences, rollout_perf, updates, received, verdicts, iteration_s)
-        if guarded is not None:   # each policy's update (its KL, gradient norm, reward spread) joins the cycle the
-            for name, record in zip(names, records):   # guard judges
+        # each policy's update (its KL, gradient norm, reward spread) joins the cycle the stability guard judges
+        if guarded is not None:
+            for name, record in zip(names, records):
                 guarded.updated(name, record)
         log_lines(metrics, it + 1, started, names, records)
         evaluate_now, save_now = evaluation_and_checkpoint_due(args, it + 1)
