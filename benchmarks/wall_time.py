@@ -46,8 +46,8 @@ PHASES = {   # phase -> (module, qualified name) of the functions timed as it, w
                             ("grad_norms", "_weight_sq_norms"), ("grad_norms", "_scale_grads")],
     "updates": [("backends", "PolicyWorker.update"), ("learner", "update")],
     "evaluation": [("backends", "PolicyWorker.evaluate"), ("learner", "evaluate")],
-    "checkpoints": [("backends", "PolicyWorker.save"), ("learner", "save"), ("checkpoint", "commit_checkpoint"),
-                    ("testbed.checkpoint", "commit_checkpoint")],
+    "checkpoints": [("backends", "PolicyWorker.save"), ("learner", "save"), ("learner", "PolicyWorker.save"),
+                    ("checkpoint", "commit_checkpoint"), ("testbed.checkpoint", "commit_checkpoint")],
     "report": [("eval", "write_report")],
 }
 CURATION_PHASES = {
@@ -63,14 +63,24 @@ NESTED = {"warm-up": "start-up", "gradient norms": "curation", "norms: forward":
           "norms: from factors": "gradient norms", **dict.fromkeys(CURATION_PHASES, "curation")}
 
 
+TIMING: set[str] = set()
+"""the phases a timed call is under way in"""
+
+
 def timed(seconds: dict[str, float], phase: str, fn):
+    """fn, its calls' seconds added to seconds[phase], but for a call inside another timed call of the same phase
+    (a commit may have one of a phase's functions call another: learner.PolicyWorker.save called learner.save)."""
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
+        if phase in TIMING:
+            return fn(*args, **kwargs)
+        TIMING.add(phase)
         start = time.perf_counter()
         try:
             return fn(*args, **kwargs)
         finally:
             seconds[phase] += time.perf_counter() - start
+            TIMING.discard(phase)
     return wrapper
 
 
