@@ -64,7 +64,10 @@ class Args:
     advantage; chance: a seeded random order"""
     admit_share: float = diagnosis.CuratorConfig.admit_share
     """--admission ranked: the share of each receiver's offers that could matter admitted at PRP, an iteration's
-    count rounded to the nearest"""
+    count rounded half up"""
+    negate_credit: bool = diagnosis.CuratorConfig.negate_credit
+    """cross-fidelity: a control that must hurt (benchmarks/branches.py): every admitted offer crosses with its
+    credit negated (the same offers, the same tokens, the opposite advantage)"""
     ccm_beta: float = diagnosis.CuratorConfig.ccm_beta
     """cross-fidelity: the CCM repair's exponent, A_k <- A_k R_k^beta"""
     ablate: tuple[Literal["tbd", "ccm", "rsd"], ...] = diagnosis.CuratorConfig.ablate
@@ -274,7 +277,7 @@ class Args:
     def curator_config(self) -> diagnosis.CuratorConfig:
         return diagnosis.CuratorConfig(self.fidelity_lambdas, self.theta1, self.theta2, self.calibration,
                                      self.calibration_window, self.admission, self.rank_by, self.admit_share,
-                                     self.ccm_beta, self.ablate, tbd_measure=self.tbd_measure,
+                                     self.negate_credit, self.ccm_beta, self.ablate, tbd_measure=self.tbd_measure,
                                      process_signal=self.process_signal, ccm_estimate=self.ccm_estimate)
 
 

@@ -63,6 +63,7 @@ class CuratorConfig:
     admission: str = "diagnosis"
     rank_by: str = "d"
     admit_share: float = 1 / 3
+    negate_credit: bool = False
     ccm_beta: float = 1.0
     ablate: tuple[str, ...] = ()
     tbd_measure: str = "credit"
@@ -373,6 +374,8 @@ class ReceiverSide:
                            self.offered[k].alignment) for i, (k, _) in by_index.items()}
             picks = [(i, a) for i, (_, a) in sorted(by_index.items())]
             repaired = {i: repair_credit(self.offered[k], a, stats, cfg) for i, (k, a) in by_index.items()}
+            if cfg.negate_credit:      # the control that must hurt: the same tokens, every token's credit reversed
+                repaired = {i: (-tokens, record) for i, (tokens, record) in repaired.items()}
             for c in sharing.cross(peer, picks, self.receiver.policy, self.share, aligned,
                                    {i: tokens for i, (tokens, _) in repaired.items()}):
                 crossed[by_index[c.index][0]] = repaired[c.index][1]

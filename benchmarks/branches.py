@@ -2,7 +2,8 @@
 the grains of one offer (below the noise of held-out reward) and of whole runs (16-21 points of AUC from seed to
 seed).
 
-    python benchmarks/branches.py --preset qwen-llama --seeds 3101 --points 10 30 --k 5 --arms none chance d reward
+    python benchmarks/branches.py run --preset qwen-llama --seeds 3101 --points 10 30 --k 5 --arms none chance d
+    python benchmarks/branches.py report results/branches      # analysis/branches.py: report.md, report.png
 
 A trunk (the default run's cross-fidelity, at the comparison's evaluation protocol) trains to each branch point in
 turn; at each, every arm continues it k iterations from a copy of its checkpoint: every policy's weights and
@@ -14,7 +15,9 @@ held-out accuracy on the protocol's 2,000 fixed problems at the branch's end, is
 sampling in the evaluation, the same problems for every arm, so an arm's difference from another is the change
 in the policy and nothing else.
 
-The arms: `none`; the shares as they run (sgt, hacpo, cross-fidelity); and ranked admission (curator.py,
+The arms: `none`; the shares as they run (sgt, hacpo, cross-fidelity); a control that must hurt (negated: the
+trunk's own admission, every admitted offer's credit negated), beside SGT's rescues of failed prompts, the
+candidate control that must help; and ranked admission (admission.py,
 `--admission ranked`) at the default run's PRP share, ordered by D, each raw term, the offer's reward or
 advantage, or chance (the random arm), so that every signal admits as many offers at the same level and is
 compared with chance, not with another amount of data or another way of crediting it.
@@ -43,6 +46,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import eval as evaluation  # noqa: E402
 import power  # noqa: E402
+from analysis import branches as branches_report  # noqa: E402
 from analysis.sets import PROTOCOL  # noqa: E402
 from args import Args  # noqa: E402
 from testbed import checkpoint  # noqa: E402
@@ -54,6 +58,7 @@ TRUNK = ("--share", "cross-fidelity")
 RANKED = ("--share", "cross-fidelity", "--admission", "ranked")
 ARMS = {"none": ("--share", "none"), "sgt": ("--share", "sgt"),
         "hacpo": ("--share", "hacpo", "--hacpo-variant", "ours"), "cross-fidelity": TRUNK,
+        "negated": (*TRUNK, "--negate-credit"),
         **{signal: (*RANKED, "--rank-by", signal) for signal in ("d", "tbd", "ccm", "rsd", "reward", "advantage",
                                                                   "chance")}}
 """each arm's train.py flags over the preset's and the protocol's; the ranked arms admit --admit-share (its default,
@@ -157,15 +162,22 @@ def write_whole(path: Path, row: dict) -> None:
 
 def main(argv: list[str] | None = None) -> list[Path]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--preset", choices=PRESETS, default="qwen-llama")
-    parser.add_argument("--seeds", type=int, nargs="+", required=True)
-    parser.add_argument("--points", type=int, nargs="+", required=True, help="branch points, multiples of 10")
-    parser.add_argument("--k", type=int, default=5, help="iterations each branch continues")
-    parser.add_argument("--arms", nargs="+", choices=ARMS, default=list(ARMS))
-    parser.add_argument("--runs-dir", type=Path, default=ROOT / "runs")
-    parser.add_argument("--out", type=Path, default=ROOT / "results" / "branches")
-    parser.add_argument("extra", nargs="*", help="train.py flags after --, for every run (a smoke run's settings)")
+    commands = parser.add_subparsers(dest="command", required=True)
+    run = commands.add_parser("run", help="train the trunks and their branches, a row per (seed, point)")
+    run.add_argument("--preset", choices=PRESETS, default="qwen-llama")
+    run.add_argument("--seeds", type=int, nargs="+", required=True)
+    run.add_argument("--points", type=int, nargs="+", required=True, help="branch points on the evaluation schedule")
+    run.add_argument("--k", type=int, default=5, help="iterations each branch continues")
+    run.add_argument("--arms", nargs="+", choices=ARMS, default=list(ARMS))
+    run.add_argument("--runs-dir", type=Path, default=ROOT / "runs")
+    run.add_argument("--out", type=Path, default=ROOT / "results" / "branches")
+    run.add_argument("extra", nargs="*", help="train.py flags after --, for every run (a smoke run's settings)")
+    report = commands.add_parser("report", help="the report of a folder's rows (analysis/branches.py)")
+    report.add_argument("folder", type=Path)
     cli = parser.parse_args(argv)
+    if cli.command == "report":
+        print(branches_report.report(cli.folder))
+        return [cli.folder / "report.md"]
     written = []
     for seed in cli.seeds:
         for point in sorted(cli.points):

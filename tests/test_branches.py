@@ -15,6 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import branches  # noqa: E402
+from analysis import branches as branches_report  # noqa: E402
 import train  # noqa: E402
 from testbed import checkpoint  # noqa: E402
 from testbed.metrics_log import timeless  # noqa: E402
@@ -62,6 +63,29 @@ def test_a_branch_point_off_the_evaluation_schedule_is_refused_before_anything_t
     with pytest.raises(ValueError, match="evaluation schedule"):
         branches.branch_point("qwen-llama", 7, 3, 1, ["none"], tmp_path, SMOKE)
     assert list(tmp_path.iterdir()) == []
+
+
+def row(seed: int, point: int, arms: dict[str, float]) -> dict:
+    return {"preset": "qwen-llama", "seed": seed, "point": point, "k": 5, "trunk": {"qwen": 0.2},
+            "arms": {arm: {"qwen": accuracy} for arm, accuracy in arms.items()}}
+
+
+def test_the_report_averages_a_seeds_points_first_then_tests_over_seeds_by_hand(tmp_path):
+    rows = [row(1, 10, {"none": 0.30, "chance": 0.31, "d": 0.33}), row(1, 20, {"none": 0.40, "chance": 0.40,
+                                                                                 "d": 0.44}),
+            row(2, 10, {"none": 0.50, "chance": 0.52, "d": 0.53}), row(3, 10, {"none": 0.1, "chance": 0.1, "d": 0.12})]
+    for r in rows:
+        (tmp_path / f"qwen-llama-s{r['seed']}-it{r['point']:03d}.json").write_text(json.dumps(r))
+    branches.main(["report", str(tmp_path)])
+    result = {r["arm"]: r for r in branches_report.analyze(branches_report.load(tmp_path))}
+    # d - chance: seed 1 (2 + 4) / 2 = 3 points, seed 2 1 point, seed 3 2 points; all positive: p = 2 / 8
+    d = result["d"]["against chance"]
+    assert d["differences"] == pytest.approx({1: 3.0, 2: 1.0, 3: 2.0}) and d["mean"] == pytest.approx(2.0)
+    assert d["sign_flip_p"] == pytest.approx(0.25)
+    assert d["t_interval"] == pytest.approx((2 - 4.303 / 3 ** 0.5, 2 + 4.303 / 3 ** 0.5), abs=1e-3)  # SD 1
+    assert "against chance" not in result["chance"]
+    assert (tmp_path / "report.md").read_text().count("| qwen-llama | qwen |") == 3
+    assert (tmp_path / "report.png").stat().st_size > 0
 
 
 def lines(run_dir: Path, name: str = "metrics.jsonl") -> list[dict]:

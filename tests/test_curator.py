@@ -284,6 +284,23 @@ def test_an_exchange_between_untrained_policies_admits_repairs_and_logs_every_of
     assert llama.metrics["fidelity/admitted_prp"] == 1.0 and llama.metrics["sharing/received"] == 4
 
 
+def test_the_negated_control_crosses_the_same_offers_with_every_credit_negated_and_the_ranked_admission_by_hand():
+    _, plain, _ = hand_exchange(diagnosis.CuratorConfig(theta1=0.9, theta2=0.95))
+    _, negated, records = hand_exchange(diagnosis.CuratorConfig(theta1=0.9, theta2=0.95, negate_credit=True))
+    pairs = list(zip(plain["llama"].crossings, negated["llama"].crossings))
+    assert pairs and all(a.index == b.index and a.completion_ids == b.completion_ids for a, b in pairs)
+    for a, b in pairs:                          # the repairs scale a credit; negating it negates every token's
+        torch.testing.assert_close(b.advantages, -a.advantages)
+    # ranked by reward, half admitted: of llama's 6 offers from qwen (rewards 1, 0, 1, 1, 0, 1), 3 at PRP, the
+    # first three 1s in order (offers 0, 2, 3); the rest rejected whole, offer 5 too, a rescue (llama failed its
+    # prompt) that every band would let cross. Of the three, only offer 0 carries credit (a rescue): offers 2 and 3
+    # come from a prompt qwen's whole group solved, so their advantage is 0 and nothing crosses with them
+    _, ranked, records = hand_exchange(diagnosis.CuratorConfig(admission="ranked", rank_by="reward", admit_share=0.5))
+    mine = [r for r in records if r["receiver"] == "llama"]
+    assert [r["level"] for r in mine] == ["prp", "rejected", "prp", "prp", "rejected", "rejected"]
+    assert [c.index for c in ranked["llama"].crossings] == [0]
+
+
 def test_a_crossing_whose_every_step_is_in_reach_lists_no_ccm_repair(monkeypatch):
     monkeypatch.setattr(reachability, "reachability", lambda norms, calibration: torch.ones_like(norms))
     _, received, records = hand_exchange(diagnosis.CuratorConfig(theta1=0.9, theta2=0.95))
