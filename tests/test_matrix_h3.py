@@ -125,7 +125,8 @@ def test_h3_ratio_interval_p_holm_and_calls_by_hand():
     # gain's t interval over 8 units: 0.5 -+ t(0.975, 7) x SD(5, 3, ...) / sqrt(8) / 8, SD sqrt(8 / 7), t 2.3646
     half = 2.3646 * math.sqrt(8 / 7) / math.sqrt(8) / 8
     assert r["fieller_interval"] == pytest.approx((0.5 - half, 0.5 + half), abs=1e-4)
-    assert r["call_at_n"] == "diminishing returns" and r["reported"] == "diminishing returns"
+    assert r["reading_at_n"] == "diminishing returns"      # described beside the call, never reported as one
+    assert r["call_at_n"] == "not resolved" and r["reported"] == "not resolved"
     # pair gains summing to 0: the denominator's interval (a - 4) / 2 units at a = 1 and 7 holds 0, so not read; p
     # = P(a <= 3) = 93/256 (a negative denominator gives a negative ratio; a = 4 gives +inf, a > 4 at least 1)
     r = rows["qwen", "cross-fidelity"]
@@ -222,8 +223,9 @@ def test_h3_at_n_tests_trio_less_half_the_sum_by_its_signs_and_reads_fiellers_in
     registered = matrix_h3.registered_labels({"holm_rejected": True, "interval": (0.6, 1.2),
                                              "denominator_interval": (1.0, 3.0)})
     assert registered == ("about linear", None)
-    assert verdicts.reported(registered, at_n(True, (-math.inf, math.inf)), matrix_h3.labels_text) == (
+    assert verdicts.reported(registered[:1], at_n(True, (-math.inf, math.inf))[:1], matrix_h3.labels_text) == (
         "not resolved (registered: about linear)")
+    assert matrix_h3.reading_at_n({"fieller_interval": (-math.inf, math.inf)}).startswith("not read")
 
 
 def test_a_zero_sum_of_pair_gains_divides_by_the_numerators_sign_however_its_mean_rounds():
