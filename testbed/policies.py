@@ -18,6 +18,7 @@ import hashlib
 import importlib.util
 import json
 import random
+import sys
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -232,7 +233,7 @@ def warm_up_cached(policy: Policy, spec: PolicySpec, task_cfg: arith.TaskConfig,
         supervised_warmup(policy, steps, task_cfg, seed, spec.tiny.premature_share)
         tiny.atomic_write(path, lambda handle: torch.save(policy.model.state_dict(), handle))
     warm_starts[spec.name] = f"{source}: {path}"
-    print(f"{spec.name}: warm-up {warm_starts[spec.name]}")
+    print(f"{spec.name}: warm-up {warm_starts[spec.name]}", file=sys.stderr)   # stdout is eval.py's scores
 
 
 warm_starts: dict[str, str] = {}

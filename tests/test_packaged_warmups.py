@@ -84,7 +84,7 @@ def test_a_packaged_warm_up_is_taken_by_its_exact_key_alone_and_other_seeds_warm
     packaged = policies.load_tiny_policy(spec, arith.TaskConfig(), 0, str(tmp_path / "fresh"), scale)
     assert all(torch.equal(packaged.model.state_dict()[k], v) for k, v in state.items())
     assert not (tmp_path / "fresh" / "warmup").exists()          # taken from the package, nothing warmed or cached
-    assert re.search(r"^qwen: warm-up packaged: .*packaged/qwen-\w+\.pt$", capsys.readouterr().out, re.M)
+    assert re.search(r"^qwen: warm-up packaged: .*packaged/qwen-\w+\.pt$", capsys.readouterr().err, re.M)
 
     # a registered seed: warmed up by the recipe as before any warm-up was packaged, then found in the cache
     other = policies.load_tiny_policy(spec, arith.TaskConfig(), 1001, str(tmp_path / "registered"), scale)
