@@ -13,9 +13,9 @@ whether a shorter warm-up would give the same start. The last weights are compar
 machine's load allowed.
 
 --package: the default run's warm-ups made anew, at one thread, by the run's own code path (policies.load_tiny_policy
-into an empty cache, the packaged files set aside), and copied into testbed/warmups/ in place of the old ones;
-prints each warm-up's seconds. tests/test_policies.py fails while the files there are not the ones the default run
-asks for.
+into an empty cache, the old packaged files removed first, git keeps them), and copied into testbed/warmups/;
+prints each warm-up's seconds. tests/test_packaged_warmups.py fails while the files there are not the ones the
+default run asks for.
 """
 
 from __future__ import annotations
