@@ -2,8 +2,8 @@
 means, in one place.
 
 Each concept file keeps its own config (arith.TaskConfig, grpo.LossConfig, sharing.ShareConfig,
-diagnosis.CuratorConfig); `Args` takes its defaults from them and builds them from the flags, so a default is
-written once and a flag is documented once, here.
+diagnosis.CuratorConfig, each baseline's Settings); `Args` takes its defaults from them and builds them from the
+flags, so a default is written once and a flag is documented once, here.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import tyro
 import diagnosis
 import grpo
 import sharing
+from baselines import graft, hacpo
 from testbed import arith, policies
 
 
@@ -92,23 +93,23 @@ class Args:
     ratio_cap: float = sharing.ShareConfig.ratio_cap
     """prp, sgt: the truncation of the group-wise density ratio pi_receiver / pi_peer (2 as in truncated
     importance sampling); no weight exceeds it"""
-    hacpo_alpha: float = sharing.ShareConfig.hacpo_alpha
+    hacpo_alpha: float = hacpo.Settings.alpha
     """hacpo: a peer rollout's weight is s^(1 + alpha), s its length-normalized sequence ratio (eq. 12)"""
-    hacpo_delta: float = sharing.ShareConfig.hacpo_delta
+    hacpo_delta: float = hacpo.Settings.delta
     """hacpo: a peer rollout crosses only with s in [1 - delta, 1] (eq. 13)"""
-    hacpo_window: int = sharing.ShareConfig.hacpo_window
+    hacpo_window: int = hacpo.Settings.window
     """hacpo: iterations over which each policy's mean reward is averaged into its capability (eq. 9)"""
-    hacpo_capability_bound: float = sharing.ShareConfig.hacpo_capability_bound
+    hacpo_capability_bound: float = hacpo.Settings.capability_bound
     """hacpo: capability ratios P_receiver / P_peer are clamped to [1/bound, bound]"""
-    hacpo_delta_step: float = sharing.ShareConfig.hacpo_delta_step
+    hacpo_delta_step: float = hacpo.Settings.delta_step
     """hacpo: the clip range's lower bound rises by it with each optimizer step of an iteration (eq. 14)"""
-    hacpo_variant: Literal["ours", "official"] = sharing.ShareConfig.hacpo_variant
+    hacpo_variant: Literal["ours", "official"] = hacpo.Settings.variant
     """hacpo: ours = this codebase's HACPO, as every registered hacpo run trained: the peer rollouts inside the clip
     range when the exchange measures s, EOS included, each step's loss their mean with the own rollouts beside them;
     official = as the authors' recipe trains (zzx-peter/HACRL-code): every peer rollout counts in its optimizer
     step's mean, s (EOS left out) is re-measured by the policy in training at every step, with no per-token ratio,
     and the group std is the sample std (DESIGN.md §4.16 lists each variant's departures)"""
-    graft_delta: float = sharing.ShareConfig.graft_delta
+    graft_delta: float = graft.Settings.delta
     """graft: a peer trajectory crosses only with compatibility s >= delta, weighted min(s, 1)"""
     iterations: int = 100
     """training iterations; each updates every policy once"""
@@ -237,15 +238,11 @@ class Args:
         if self.minibatches > self.prompts_per_iteration * self.group_size:
             raise ValueError(f"--minibatches {self.minibatches} exceeds the {self.prompts_per_iteration} x "
                              f"{self.group_size} rollouts of an iteration")
-        if self.share == "graft" and self.minibatches > self.prompts_per_iteration:
-            raise ValueError(f"--share graft with --minibatches {self.minibatches}: a prompt whose group GRAFT "
-                             f"replaces may keep a single peer rollout, so an update may hold only "
-                             f"{self.prompts_per_iteration} rows; use --minibatches {self.prompts_per_iteration} or "
-                             f"fewer")
-        if self.share == "hacpo" and self.epochs > 1:
-            raise ValueError("--share hacpo makes one pass per iteration (--epochs 1, the recipe's ppo_epochs; "
-                             "--minibatches gives it several steps): the variant ours measures its sequence ratios "
-                             "once, and later epochs would reuse them")
+        if self.share not in (*sharing.MODES, "cross-fidelity", *sharing.SHARES):
+            raise ValueError(f"unknown --share {self.share!r}: use one of {(*sharing.MODES, 'cross-fidelity')} or a "
+                             f"registered share ({', '.join(sharing.SHARES)})")
+        if self.share in sharing.SHARES:
+            sharing.SHARES[self.share].check(self)
         try:   # here, not after the warm-up: the curator's own checks, in the flags' names
             self.curator_config
         except ValueError as err:
@@ -264,10 +261,9 @@ class Args:
     def share_config(self) -> sharing.ShareConfig:
         return sharing.ShareConfig(self.share, self.ratio_cap, scale_by_std=self.scale_by_std,
                                    temperature=self.temperature, micro_batch=self.micro_batch,
-                                   hacpo_alpha=self.hacpo_alpha, hacpo_delta=self.hacpo_delta,
-                                   hacpo_window=self.hacpo_window, hacpo_capability_bound=self.hacpo_capability_bound,
-                                   hacpo_delta_step=self.hacpo_delta_step, hacpo_variant=self.hacpo_variant,
-                                   graft_delta=self.graft_delta, minibatches=self.minibatches)
+                                   minibatches=self.minibatches,
+                                   settings=sharing.SHARES[self.share].settings(self)
+                                   if self.share in sharing.SHARES else None)
 
     @property
     def loss_config(self) -> grpo.LossConfig:

@@ -8,12 +8,12 @@ Per-token loss, for token t of completion i with ratio rho = pi_theta / pi_old:
   k3_it = exp(ref_it - logp_it) - (ref_it - logp_it) - 1               (Schulman's k3 estimator of KL)
 Advantages are per token because the fidelity repairs (tokalign, reachability, reward_drift) rescale them
 token by token; w_it are the importance weights of shared off-policy experience (DESIGN.md §4.4, §4.5). Rows a
-batch marks `Remeasured` (HACPO's recipe on peer samples) instead take rho = 1 and a weight the policy in
+batch marks `Remeasured` (a share's peer samples whose recipe says so) instead take rho = 1 and a weight the policy in
 training re-measures from their sequence ratio at every optimizer step.
 Aggregation: "sequence" (original GRPO: mean over each completion's tokens, then over completions) or
 "token" (DAPO: sum over all tokens of the batch divided by their number), over the sequences of one optimizer
 step: an iteration's batch is split into --minibatches consecutive parts, own rollouts first and peer
-trajectories last (as HACPO's recipe and GRAFT order them), each one step, all against the same pi_old.
+trajectories last (as the baselines' recipes order them), each one step, all against the same pi_old.
 """
 
 from __future__ import annotations
@@ -111,10 +111,11 @@ def clipped_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.T
 @dataclass(frozen=True)
 class Remeasured:
     """Rows trained on a sequence-level weight that the policy in training measures anew at every optimizer step,
-    with no per-token ratio: HACPO's recipe on peer samples (baselines/hacpo.py). In optimizer step m (0-based,
-    counted over the iteration) such a row's log s is its mean completion log-prob under the policy as it is then,
-    less `behaviour`, and each of its tokens takes the weight weight(log s, step=m), which carries no gradient, in
-    place of its token weight, with ratio 1: the row's gradient is weight x its mean of A grad log pi."""
+    with no per-token ratio: a share's peer samples where its recipe trains them so (sharing.Received.remeasure).
+    In optimizer step m (0-based, counted over the iteration) such a row's log s is its mean completion log-prob
+    under the policy as it is then, less `behaviour`, and each of its tokens takes the weight weight(log s,
+    step=m), which carries no gradient, in place of its token weight, with ratio 1: the row's gradient is weight x
+    its mean of A grad log pi."""
 
     behaviour: torch.Tensor                   # [N] float64: the mean log-prob of each row's text under the policy
                                               #     that wrote it; NaN on the rows that keep their token weights
@@ -170,7 +171,8 @@ def remeasure(remeasured: Remeasured, rows: torch.Tensor, step: int, logp: torch
 def minibatch_rows(n: int, minibatches: int) -> list[range]:
     """The rows of each of `minibatches` optimizer steps over a batch of n sequences, in the batch's order (own
     rollouts first, peer trajectories last: learner.training_batch): contiguous, their sizes differing by at most
-    one, the larger first. HACPO's recipe and GRAFT train on peer samples in the later steps of an iteration."""
+    one, the larger first: peer samples train in the later steps of an iteration, as the baselines' recipes order
+    them."""
     if not 1 <= minibatches <= n:
         raise ValueError(f"--minibatches must be between 1 and the batch's {n} sequences, got {minibatches}")
     size, extra = divmod(n, minibatches)

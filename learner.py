@@ -27,7 +27,6 @@ import eval as evaluation
 import grpo
 import sharing
 from args import Args
-from baselines import graft, hacpo
 from diagnosis import Diagnosis, Offer, ReceiverSide
 from reward_drift import StepStats
 from testbed import checkpoint, costs, lora, policies, tasks
@@ -79,14 +78,12 @@ def experience(learner: Learner, args: Args, task: tasks.Task, problems: list, p
 
 
 def receive(own: sharing.Experience, peers: list[sharing.Experience], cfg: sharing.ShareConfig,
-            capability: dict[str, float] | None) -> sharing.Received:
-    """Phase 3 at a fixed level or a baseline: what this policy trains on, given its peers' experience.
-    `capability`: HACPO's capabilities of this iteration (hacpo.Capabilities), else None."""
+            context: object) -> sharing.Received:
+    """Phase 3 at a fixed level or a registered share: what this policy trains on, given its peers' experience.
+    `context`: the share's of this iteration (sharing.Share.observe), None for a level."""
     name = own.policy.name
-    if cfg.mode == "hacpo":
-        return hacpo.exchange([own, *peers], cfg, capability, name)[name]
-    if cfg.mode == "graft":
-        return graft.exchange([own, *peers], cfg, name)[name]
+    if cfg.mode in sharing.SHARES:
+        return sharing.SHARES[cfg.mode].exchange([own, *peers], cfg, context, name)[name]
     return sharing.exchange([own, *peers], cfg, name)[name]
 
 
@@ -151,8 +148,8 @@ def load(learner: Learner, folder: Path) -> None:
 @dataclass(frozen=True)
 class Peer:
     """What an experience carries of its policy once it leaves its worker: its name, and (sent once, at start) its
-    token table, which a receiver needs to retokenize the completions, and its stop ids, the EOS that HACPO's
-    official variant takes off them."""
+    token table, which a receiver needs to retokenize the completions, and its stop ids, the EOS a share may take
+    off them."""
 
     name: str
     token_bytes: tuple[bytes, ...] = ()
@@ -226,10 +223,10 @@ class PolicyWorker:
             self.side = ReceiverSide(self.own, self.from_peers, self.task, self.args.curator_config,
                                      self.args.share_config)
 
-    def receive(self, capability: dict[str, float] | None) -> sharing.Received:
-        """Phase 3 at a fixed level; the crossings stay here, where the update trains on them."""
+    def receive(self, context: object) -> sharing.Received:
+        """Phase 3 at a fixed level or a registered share; the crossings stay here, where the update trains on them."""
         assert self.own is not None, "phase 3 before phase 2"
-        self.received = receive(self.own, self.from_peers, self.args.share_config, capability)
+        self.received = receive(self.own, self.from_peers, self.args.share_config, context)
         return replace(self.received, crossings=[])
 
     def offers(self, examples: list, stats: dict[str, StepStats]) -> tuple[list[Offer], list[dict]]:

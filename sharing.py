@@ -20,11 +20,10 @@ trajectories to) and §4.5 (their definitions, since the Mutual RL paper body is
          had as members of the receiver's group (the pooled group of its failures and the rescued successes,
          so the rarer the rescue the larger the credit). Nothing else crosses.
 
-  HACPO  (arXiv 2603.02604) and GRAFT (arXiv 2609.37868), the baselines beside the three, are built on this
-         module's crossing with exchanges of their own (baselines/hacpo.py, baselines/graft.py).
-
 `exchange` applies one level to an iteration's experience of every policy and returns, per receiver, the
-advantages of its own rollouts and the peer trajectories it takes in, with metrics under `sharing/`.
+advantages of its own rollouts and the peer trajectories it takes in, with metrics under `sharing/`. A baseline
+beside the three is a `Share` of its own, registered by name in `SHARES` (baselines/ registers the published ones),
+built on this module's crossing.
 """
 
 from __future__ import annotations
@@ -32,6 +31,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import Any, Protocol
 
 import torch
 
@@ -92,11 +92,11 @@ class Received:
     crossings: list[Crossing] = field(default_factory=list)
     metrics: dict[str, float] = field(default_factory=dict)
     kept: torch.Tensor | None = None                          # [B, G] bool: own rollouts left in the batch
-                                                              # (GRAFT replaces groups); None keeps them all
+                                                              # (a share may replace groups); None keeps them all
     remeasure: Callable[..., torch.Tensor] | None = None      # (log s [S], step=m) -> [S]: the token weight of a
                                                               # crossing with a `behaviour`, from its sequence ratio
-                                                              # re-measured in optimizer step m (grpo.Remeasured;
-                                                              # HACPO's official variant); picklable
+                                                              # re-measured in optimizer step m (grpo.Remeasured);
+                                                              # picklable
 
 
 @dataclass(frozen=True)
@@ -110,14 +110,41 @@ class ShareConfig:
     scale_by_std: bool = True
     temperature: float = field(kw_only=True)
     micro_batch: int = field(kw_only=True, default=grpo.MICRO_BATCH)
-    hacpo_alpha: float = field(kw_only=True, default=1.0)
-    hacpo_delta: float = field(kw_only=True, default=0.2)
-    hacpo_window: int = field(kw_only=True, default=5)
-    hacpo_capability_bound: float = field(kw_only=True, default=10.0)
-    hacpo_delta_step: float = field(kw_only=True, default=0.025)
-    hacpo_variant: str = field(kw_only=True, default="ours")
-    graft_delta: float = field(kw_only=True, default=0.8)
     minibatches: int = field(kw_only=True, default=1)
+    settings: Any = field(kw_only=True, default=None)
+    """a registered share's own settings (Share.settings), None for the levels; picklable"""
+
+
+class Share(Protocol):
+    """A way experience crosses beside the levels, one object registered by name in SHARES: what it sends, how the
+    receiver credits it (`exchange`) and any state it keeps across iterations and checkpoints (`start`, `observe`).
+    Its flags are the command line's (args.py); it reads them in `settings` and checks them in `check`."""
+
+    def settings(self, args: Any) -> Any:
+        """Its own settings (ShareConfig.settings) from the run's Args."""
+
+    def check(self, args: Any) -> None:
+        """Raise ValueError, naming the flags to change, where the run's Args cannot train it."""
+
+    def received_at_most(self, rollouts: int) -> int:
+        """The most trajectories one peer of `rollouts` rollouts sends a receiver in an iteration (the start-up
+        memory estimate)."""
+
+    def start(self, cfg: ShareConfig) -> Any:
+        """The state it keeps across iterations as a run starts (saved with each checkpoint); None if it keeps
+        none."""
+
+    def observe(self, state: Any, rewards: dict[str, torch.Tensor]) -> Any:
+        """This iteration's context for every receiver's exchange, from every policy's rewards [B, G] by name,
+        the state updated in place."""
+
+    def exchange(self, experiences: list[Experience], cfg: ShareConfig, context: Any,
+                 receiver_name: str | None = None) -> dict[str, Received]:
+        """As `exchange` below, given this iteration's context (`observe`)."""
+
+
+SHARES: dict[str, Share] = {}
+"""every share beside the levels, by its --share name; baselines/ registers the published ones"""
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -136,8 +163,7 @@ def xgrpo_advantages(own: torch.Tensor, peers: list[torch.Tensor], scale_by_std:
 
 
 def failed_groups(own: torch.Tensor, success: float) -> torch.Tensor:
-    """[B] bool: the prompts where every rollout of the receiver's group own [B, G] failed (SGT's and GRAFT's
-    ground)."""
+    """[B] bool: the prompts where every rollout of the receiver's group own [B, G] failed (SGT's ground)."""
     return (own < success).all(dim=1)
 
 
@@ -259,11 +285,11 @@ def exchange(experiences: list[Experience], cfg: ShareConfig, receiver_name: str
              ) -> dict[str, Received]:
     """Apply the sharing level cfg.mode to one iteration: every policy receives from every other one, or only
     `receiver_name` does, which is how a policy computes its part where it is (learner.receive): a receiver needs only
-    its own model, for its log-probs of what crosses. HACPO's and GRAFT's exchanges are their modules' own.
+    its own model, for its log-probs of what crosses. A registered share's exchange is its own (Share.exchange).
     """
     if cfg.mode not in MODES:
-        raise ValueError(f"unknown sharing mode {cfg.mode!r}: use one of {MODES} (hacpo.exchange, graft.exchange "
-                         "for the baselines)")
+        raise ValueError(f"unknown sharing level {cfg.mode!r}: use one of {MODES}, or for a registered share "
+                         f"({', '.join(SHARES) or 'none yet'}) its own exchange, SHARES[name].exchange")
     out = {}
     for receiver in experiences:
         if receiver_name is not None and receiver.policy.name != receiver_name:

@@ -3,8 +3,7 @@
     python train.py --pair qwen-llama                 # tiny offline policies on a CPU, small real ones on CUDA
     python train.py --pair trio --iterations 50 --seed 2
     python train.py --share prp                       # Mutual RL's data-level sharing (also xgrpo, sgt)
-    python train.py --share hacpo                     # the HACPO baseline (hacpo.py)
-    python train.py --share graft --minibatches 2     # the GRAFT baseline (graft.py), two optimizer steps each
+    python train.py --share NAME                      # a baseline of baselines/, by its registered name
     python train.py --share cross-fidelity            # the curator (curator.py): diagnose, repair, admit
     python train.py --name my-run --resume            # continue a killed run from its last checkpoint
 
@@ -13,8 +12,9 @@ part of a phase is its worker's (learner.PolicyWorker), in this process (`LocalT
   1. rollouts     one set of prompts for all policies (so groups on the same prompt exist for sharing), G
                   completions per prompt from every policy;
   2. rewards      outcome rewards and each policy's own group advantages (grpo.py);
-  3. exchange     what the sharing level lets cross from every peer to every policy (sharing.py, graft.py), or the
-                  curator's diagnosis, repair and admission of every peer trajectory (curator.py);
+  3. exchange     what the sharing level or a registered share (baselines/) lets cross from every peer to every
+                  policy (sharing.py), or the curator's diagnosis, repair and admission of every peer trajectory
+                  (curator.py);
   4. updates      a GRPO update per policy on its own rollouts and what it received (--minibatches steps, own
                   rollouts first);
   5. bookkeeping  metrics, held-out evaluation, checkpoint.
@@ -48,7 +48,6 @@ import grpo
 import learner
 import sharing
 from args import Args
-from baselines import hacpo
 from testbed import checkpoint, costs, data, metrics_log, policies, tasks
 
 
@@ -106,8 +105,10 @@ def prompt_samples(task: tasks.Task) -> list[str]:
 def workload(args: Args, prompt_len: int, policy_count: int) -> costs.Workload:
     """One policy's iteration at the run's settings, with what its --share lets it receive at most."""
     rollouts = args.prompts_per_iteration * args.group_size
-    received = {"none": 0, "xgrpo": 0, "sgt": rollouts // 4, "graft": rollouts // 4, "prp": rollouts,
-                "hacpo": rollouts, "cross-fidelity": rollouts}[args.share] * (policy_count - 1)
+    levels = {"none": 0, "xgrpo": 0, "sgt": rollouts // 4, "prp": rollouts, "cross-fidelity": rollouts}
+    per_peer = (sharing.SHARES[args.share].received_at_most(rollouts) if args.share in sharing.SHARES
+                else levels[args.share])
+    received = per_peer * (policy_count - 1)
     micro_batch = min(args.micro_batch, rollouts + received)
     # own rows alone cut into micro-batches of whole groups; received rows join some groups and make others of a
     # few rows, so a micro-batch may then hold a prompt per row, up to the iteration's prompts
@@ -135,14 +136,14 @@ def print_estimates(estimates: list[tuple[str, str, int, int | None]]) -> None:
 
 
 def start_state(args: Args, run_dir: Path, names: list[str]
-                ) -> tuple[int, Path | None, curator.Curator | None, hacpo.Capabilities | None]:
-    """Where the run starts and what the exchange keeps across iterations (the curator of cross-fidelity, HACPO's
-    capabilities): iteration 0 and a fresh state, or under --resume the last checkpoint's iteration, its folder
-    (whose policy parts the caller loads) and the state saved there."""
+                ) -> tuple[int, Path | None, curator.Curator | None, object]:
+    """Where the run starts and what the exchange keeps across iterations (the curator of cross-fidelity, a
+    registered share's state, sharing.Share.start): iteration 0 and a fresh state, or under --resume the last
+    checkpoint's iteration, its folder (whose policy parts the caller loads) and the state saved there."""
     curation = make_curator(args, names) if args.share == "cross-fidelity" else None
-    capabilities = hacpo.Capabilities(args.share_config.hacpo_window) if args.share == "hacpo" else None
+    share_state = (sharing.SHARES[args.share].start(args.share_config) if args.share in sharing.SHARES else None)
     if not (args.resume and (run_dir / "checkpoints" / "latest").exists()):
-        return 0, None, curation, capabilities
+        return 0, None, curation, share_state
     start, folder, saved = checkpoint.latest_checkpoint(run_dir)
     if start > args.iterations:
         raise ValueError(f"{run_dir}'s last checkpoint is at iteration {start}, past --iterations {args.iterations}: "
@@ -150,7 +151,7 @@ def start_state(args: Args, run_dir: Path, names: list[str]
                          "another --name")
     print(f"resumed from iteration {start}")
     return (start, folder, saved if curation is not None and isinstance(saved, curator.Curator) else curation,
-            saved if capabilities is not None and isinstance(saved, hacpo.Capabilities) else capabilities)
+            saved if share_state is not None and isinstance(saved, type(share_state)) else share_state)
 
 
 def open_metrics(args: Args, run_dir: Path, start: int) -> metrics_log.MetricsLog:
@@ -255,9 +256,9 @@ class Team(Protocol):
     def share(self) -> None:
         """Phase 3 begins: each policy receives every other one's experience of this iteration."""
 
-    def receive(self, capability: dict[str, float] | None) -> list[sharing.Received]:
-        """Phase 3 at a fixed level or a baseline, learner.receive: what each policy trains on (its crossings stay
-        with its worker)."""
+    def receive(self, context: object) -> list[sharing.Received]:
+        """Phase 3 at a fixed level or a registered share, learner.receive, given the share's context of the
+        iteration (sharing.Share.observe): what each policy trains on (its crossings stay with its worker)."""
 
     def sides(self, experiences: list[sharing.Experience]) -> dict[str, curator.Side]:
         """Phase 3 under the curator: each receiver's side of curation, by name (curator.Curator.exchange)."""
@@ -317,8 +318,8 @@ class LocalTeam:
         for i, w in enumerate(self.workers):
             w.accept_shared(*(e for j, e in enumerate(self.shared) if j != i))
 
-    def receive(self, capability: dict[str, float] | None) -> list[sharing.Received]:
-        return [w.receive(capability) for w in self.workers]
+    def receive(self, context: object) -> list[sharing.Received]:
+        return [w.receive(context) for w in self.workers]
 
     def sides(self, experiences: list[sharing.Experience]) -> dict[str, curator.Side]:
         """Each worker is its policy's side of curation, here in this process."""
@@ -348,7 +349,7 @@ def run(args: Args, team: Team | None = None) -> Path:
     work = workload(args, max(team.longest_prompt(prompt_samples(task))), len(names))
     print_estimates(team.estimate(work))
     built = dict(zip(names, team.fingerprint()))
-    start, folder, curation, capabilities = start_state(args, run_dir, names)
+    start, folder, curation, share_state = start_state(args, run_dir, names)
     if folder is not None:
         team.load(folder)
     checkpoint.record_sitting(run_dir, start, built, dict(zip(names, team.fingerprint()))
@@ -377,7 +378,7 @@ def run(args: Args, team: Team | None = None) -> Path:
         verdicts = ({e.policy.name: guarded.judge(e.policy.name, e.rewards) for e in experiences}
                     if guarded is not None else {})
 
-        # ---- 3. exchange: a fixed level per receiver (learner.receive), or the curator (curator.Curator.exchange) ----
+        # ---- 3. exchange: a level or a registered share per receiver (learner.receive), or the curator ------------
         if args.share != "none":
             team.share()
         if curation is not None:
@@ -386,9 +387,9 @@ def run(args: Args, team: Team | None = None) -> Path:
             for record in decisions:
                 metrics_log.append_line(run_dir / "fidelity.jsonl", record)
         else:
-            capability = (capabilities.update({e.policy.name: e.rewards for e in experiences})
-                          if capabilities is not None else None)
-            received = dict(zip(names, team.receive(capability)))
+            context = (sharing.SHARES[args.share].observe(share_state, {e.policy.name: e.rewards for e in experiences})
+                       if args.share in sharing.SHARES else None)
+            received = dict(zip(names, team.receive(context)))
 
         # ---- 4. updates: GRPO on own rollouts and what was received (learner.update) ---------------------------------
         updates = team.update(measure_kl=guarded is not None)
@@ -408,7 +409,7 @@ def run(args: Args, team: Team | None = None) -> Path:
             accuracy = accuracies(names, evaluations)
         if save_now:
             team.save(checkpoint.checkpoint_folder(run_dir, it + 1))
-            checkpoint.commit_checkpoint(run_dir, it + 1, names, curation if curation is not None else capabilities)
+            checkpoint.commit_checkpoint(run_dir, it + 1, names, curation if curation is not None else share_state)
         progress(bar, experiences, accuracy)
     return finish(run_dir, metrics, started)
 

@@ -203,8 +203,8 @@ class RayTeam:
         self.get([a.accept_shared.remote(*(s for j, s in enumerate(self.shared) if j != i))
                   for i, a in enumerate(self.actors)])
 
-    def receive(self, capability: dict[str, float] | None) -> list[sharing.Received]:
-        return self.get([a.receive.remote(capability) for a in self.actors])
+    def receive(self, context: object) -> list[sharing.Received]:
+        return self.get([a.receive.remote(context) for a in self.actors])
 
     def sides(self, experiences: list[sharing.Experience]) -> dict[str, curator.Side]:
         return {name: ActorSide(self, actor, experiences) for name, actor in zip(self.names, self.actors)}

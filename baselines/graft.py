@@ -24,16 +24,26 @@ Choices where the description is ambiguous:
     The receiver-peer mismatch enters through s alone, not through per-token importance ratios.
   - With several peers mixed on one prompt, the group with the highest mean log s replaces the receiver's.
   - A prompt whose chosen group has no trajectory at s >= delta keeps the receiver's own group.
+
+`SHARE` is GRAFT as the trainer runs it (sharing.Share): its settings from --graft-delta; it keeps no state.
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from typing import Any
 
 import torch
 
 import sharing
 from baselines import hacpo
+
+
+@dataclass(frozen=True)
+class Settings:
+    """GRAFT's settings (sharing.ShareConfig.settings): delta, the --graft-delta flag (args.py documents it)."""
+
+    delta: float = 0.8
 
 
 def replaced_prompts(own: torch.Tensor, peer: torch.Tensor, success: float) -> torch.Tensor:
@@ -81,7 +91,7 @@ def exchange(experiences: list[sharing.Experience], cfg: sharing.ShareConfig, re
             continue
         offered = replacing_groups(receiver, [e for e in experiences if e is not receiver], cfg)
         log_s = hacpo.sequence_log_ratios(offered)                                              # [S]
-        weights = compatibility_weights(log_s, cfg.graft_delta)                                   # [S]
+        weights = compatibility_weights(log_s, (cfg.settings or Settings()).delta)                # [S]
         accepted = [(peer, replace(c, weights=torch.full_like(c.weights, w)))
                     for (peer, c), w in zip(offered, weights.tolist()) if w > 0]
         kept = torch.ones_like(receiver.rewards, dtype=torch.bool)                                # [B, G]
@@ -97,3 +107,33 @@ def exchange(experiences: list[sharing.Experience], cfg: sharing.ShareConfig, re
             metrics["sharing/sequence_log_ratio_mean"] = log_s.mean().item()
         out[receiver.policy.name] = sharing.Received(receiver.advantages, crossings, metrics, kept)
     return out
+
+
+class Graft:
+    """GRAFT as the trainer runs it (sharing.Share)."""
+
+    def settings(self, args: Any) -> Settings:
+        return Settings(args.graft_delta)
+
+    def check(self, args: Any) -> None:
+        if args.minibatches > args.prompts_per_iteration:
+            raise ValueError(f"--share graft with --minibatches {args.minibatches}: a prompt whose group GRAFT "
+                             f"replaces may keep a single peer rollout, so an update may hold only "
+                             f"{args.prompts_per_iteration} rows; use --minibatches {args.prompts_per_iteration} or "
+                             f"fewer")
+
+    def received_at_most(self, rollouts: int) -> int:
+        return rollouts // 4
+
+    def start(self, cfg: sharing.ShareConfig) -> None:
+        return None
+
+    def observe(self, state: None, rewards: dict[str, torch.Tensor]) -> None:
+        return None
+
+    def exchange(self, experiences: list[sharing.Experience], cfg: sharing.ShareConfig, context: Any,
+                 receiver_name: str | None = None) -> dict[str, sharing.Received]:
+        return exchange(experiences, cfg, receiver_name)
+
+
+SHARE = Graft()

@@ -28,13 +28,15 @@ token weight s^(1+alpha) and advantage w(j,k) A, and one outside [1 - delta, 1] 
 
 The choices where the paper is silent, ambiguous or contradicts itself, and the two variants (--hacpo-variant: ours,
 every registered run's, and official, as the authors' recipe trains) with each one's departures from the recipe
-and their direction of effect on the peer signal: DESIGN.md §4.16.
+and their direction of effect on the peer signal: DESIGN.md §4.16. `SHARE` is HACPO as the trainer runs it
+(sharing.Share): its settings from the --hacpo-* flags, the capabilities it keeps across iterations.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from functools import partial
+from typing import Any
 
 import torch
 
@@ -45,6 +47,20 @@ CAPABILITY_FLOOR = 1e-8   # a policy that never succeeded in the window still ha
 VARIANTS = ("ours", "official")
 """--hacpo-variant: this codebase's HACPO, as every registered hacpo run trained, or the authors' recipe's
 (module docstring)"""
+
+
+@dataclass(frozen=True)
+class Settings:
+    """HACPO's settings (sharing.ShareConfig.settings), each the --hacpo-* flag of its name (args.py documents it)."""
+
+    alpha: float = 1.0
+    delta: float = 0.2
+    window: int = 5
+    capability_bound: float = 10.0
+    delta_step: float = 0.025
+    variant: str = "ours"
+
+
 GROUP_STD = {"ours": {"eps": grpo.STD_EPS, "unbiased": False}, "official": {"eps": 1e-6, "unbiased": True}}
 """each variant's group std in the advantage: grpo.group_advantages' population std + its eps, or the recipe's
 sample std + 1e-6 (compute_hacpo_advantages, hacpo_trainer.yaml)"""
@@ -184,13 +200,14 @@ def exchange(experiences: list[sharing.Experience], cfg: sharing.ShareConfig, ca
              receiver_name: str | None = None) -> dict[str, sharing.Received]:
     """HACPO on one iteration, given each policy's capability: per receiver k (only `receiver_name`,
     if given), the advantages of its own rollouts against its capability-aware baseline, and the peer rollouts,
-    retokenized by cross, with advantage w(j,k) A (eq. 10) and weight s^(1+alpha) (eq. 11-13), as
-    cfg.hacpo_variant trains them (module docstring): ours sends those that carry a gradient, with s measured
-    here; official sends every one, EOS off, for the update to re-measure s at every step. `capability`: each
-    policy's capability this iteration (Capabilities, kept by the trainer across iterations)."""
-    if cfg.hacpo_variant not in VARIANTS:
-        raise ValueError(f"--hacpo-variant must be one of {VARIANTS}, got {cfg.hacpo_variant!r}")
-    official = cfg.hacpo_variant == "official"
+    retokenized by cross, with advantage w(j,k) A (eq. 10) and weight s^(1+alpha) (eq. 11-13), as the variant
+    of cfg.settings (None: the defaults) trains them (module docstring): ours sends those that carry a gradient,
+    with s measured here; official sends every one, EOS off, for the update to re-measure s at every step.
+    `capability`: each policy's capability this iteration (Capabilities, kept by the trainer across iterations)."""
+    settings = cfg.settings or Settings()
+    if settings.variant not in VARIANTS:
+        raise ValueError(f"--hacpo-variant must be one of {VARIANTS}, got {settings.variant!r}")
+    official = settings.variant == "official"
     if capability is None:
         raise ValueError("--share hacpo needs the policies' capabilities of this iteration (hacpo.Capabilities, "
                          "kept across iterations)")
@@ -198,7 +215,7 @@ def exchange(experiences: list[sharing.Experience], cfg: sharing.ShareConfig, ca
     if missing:
         raise KeyError(f"no capability given for {missing}")
     capability = torch.tensor([capability[e.policy.name] for e in experiences], dtype=torch.float64)  # [n]
-    ratios = capability_ratios(capability, cfg.hacpo_capability_bound)                    # [n, n]
+    ratios = capability_ratios(capability, settings.capability_bound)                    # [n, n]
     rewards = torch.cat([e.rewards for e in experiences], dim=1)                                # [B, M]
     source = torch.cat([torch.full((e.rewards.shape[1],), j) for j, e in enumerate(experiences)])  # [M]
     out = {}
@@ -206,7 +223,7 @@ def exchange(experiences: list[sharing.Experience], cfg: sharing.ShareConfig, ca
         if receiver_name is not None and receiver.policy.name != receiver_name:
             continue
         advantages = capability_advantages(rewards, ratios[k, source].float(), source == k, cfg.scale_by_std,
-                                           **GROUP_STD[cfg.hacpo_variant])                        # [B, M]
+                                           **GROUP_STD[settings.variant])                        # [B, M]
         offered = []
         for j, peer in enumerate(experiences):
             if j != k:
@@ -218,12 +235,12 @@ def exchange(experiences: list[sharing.Experience], cfg: sharing.ShareConfig, ca
         log_ratio = sequence_log_ratios(offered)                                                 # [S]
         # ours sends what lies in the clip range now; the recipe sends all, its s moving with every step
         sent = (torch.ones_like(log_ratio, dtype=torch.bool) if official
-                else cross_weights(log_ratio, cfg.hacpo_alpha, cfg.hacpo_delta) > 0)             # [S]
+                else cross_weights(log_ratio, settings.alpha, settings.delta) > 0)             # [S]
         # the samples sent fill the iteration's last optimizer steps, whose clip ranges are tighter (eq. 14)
         own = advantages[:, source == k]                                                         # [B, G]
         steps = grpo.row_steps(own.numel() + int(sent.sum()), cfg.minibatches)[own.numel():]
-        weights = cross_weights(log_ratio[sent], cfg.hacpo_alpha, cfg.hacpo_delta, torch.tensor(steps),
-                                      cfg.hacpo_delta_step)                                       # [S']
+        weights = cross_weights(log_ratio[sent], settings.alpha, settings.delta, torch.tensor(steps),
+                                      settings.delta_step)                                       # [S']
         if official:   # a forecast, the update re-measuring s: a rollout without credit never trains
             weights = weights * torch.tensor([bool(c.advantages.any()) for _, c in offered])
         crossings = [replace(c, weights=torch.full_like(c.weights, w),
@@ -240,8 +257,38 @@ def exchange(experiences: list[sharing.Experience], cfg: sharing.ShareConfig, ca
         if offered:
             metrics["sharing/sequence_log_ratio_mean"] = log_ratio.mean().item()
             metrics["sharing/clipped_high"] = (log_ratio > 0).double().mean().item()
-            metrics["sharing/clipped_low"] = (log_ratio.exp() < 1 - cfg.hacpo_delta).double().mean().item()
-        remeasure = (partial(cross_weights, alpha=cfg.hacpo_alpha, delta=cfg.hacpo_delta,
-                             delta_step=cfg.hacpo_delta_step) if official else None)
+            metrics["sharing/clipped_low"] = (log_ratio.exp() < 1 - settings.delta).double().mean().item()
+        remeasure = (partial(cross_weights, alpha=settings.alpha, delta=settings.delta,
+                             delta_step=settings.delta_step) if official else None)
         out[receiver.policy.name] = sharing.Received(own, crossings, metrics, remeasure=remeasure)
     return out
+
+
+class Hacpo:
+    """HACPO as the trainer runs it (sharing.Share)."""
+
+    def settings(self, args: Any) -> Settings:
+        return Settings(args.hacpo_alpha, args.hacpo_delta, args.hacpo_window, args.hacpo_capability_bound,
+                        args.hacpo_delta_step, args.hacpo_variant)
+
+    def check(self, args: Any) -> None:
+        if args.epochs > 1:
+            raise ValueError("--share hacpo makes one pass per iteration (--epochs 1, the recipe's ppo_epochs; "
+                             "--minibatches gives it several steps): the variant ours measures its sequence ratios "
+                             "once, and later epochs would reuse them")
+
+    def received_at_most(self, rollouts: int) -> int:
+        return rollouts
+
+    def start(self, cfg: sharing.ShareConfig) -> Capabilities:
+        return Capabilities((cfg.settings or Settings()).window)
+
+    def observe(self, state: Capabilities, rewards: dict[str, torch.Tensor]) -> dict[str, float]:
+        return state.update(rewards)
+
+    def exchange(self, experiences: list[sharing.Experience], cfg: sharing.ShareConfig, context: Any,
+                 receiver_name: str | None = None) -> dict[str, sharing.Received]:
+        return exchange(experiences, cfg, context, receiver_name)
+
+
+SHARE = Hacpo()

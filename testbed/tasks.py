@@ -47,6 +47,9 @@ class Task:
     """character spans of the steps of a completion: its non-empty lines for every task (DESIGN.md §4.6)"""
     verifiable: bool = True
     """False where no automatic checker exists (ProofNet): the reward is then 0 and must not be trained on"""
+    step_type: Callable[[str], str | None] | None = None
+    """the type key of a step's text, which RSD compares steps by; None: reward_drift.step_type's (arithmetic
+    lines and calculator annotations)"""
 
 
 def _examples(rows: list[dict], to_example: Callable[[dict], Example], source: data.HubSource) -> list[Example]:
@@ -173,6 +176,10 @@ BENCHMARKS = {
                           _proofnet_example, "Prove it.", verifiers.no_reward, verifiable=False),
 }
 TASK_NAMES = ("arith", *BENCHMARKS)
+REGISTERED: dict[str, Callable[[int, int, int, TaskConfig], Task]] = {}
+"""tasks beside the built-in ones, by name: (seed, train_size, eval_size, cfg) -> its Task. A new task is its file
+(its examples, verifier and step types), one line registering its loader here, and its test (tests/test_plugins.py
+shows one)"""
 
 
 def _benchmark_splits(benchmark: Benchmark, cfg: TaskConfig, data_dir: str | None) -> tuple[list, list]:
@@ -223,10 +230,14 @@ def load_task(name: str, seed: int, train_size: int, eval_size: int, cfg: TaskCo
     Hugging Face cache and then the hub are tried, and `DataUnavailable` says what is missing and how to point at
     a copy. arith and humaneval need no data and refuse a `data_dir`.
     """
-    if name not in TASK_NAMES:
-        raise ValueError(f"unknown task {name!r}; tasks are {', '.join(TASK_NAMES)}")
+    if name not in TASK_NAMES and name not in REGISTERED:
+        raise ValueError(f"unknown task {name!r}; tasks are {', '.join((*TASK_NAMES, *REGISTERED))}")
     if train_size < 0 or eval_size < 0:
         raise ValueError(f"sizes must be non-negative, got train_size={train_size}, eval_size={eval_size}")
+    if name in REGISTERED:
+        if data_dir is not None:
+            raise ValueError(f"{name} is a registered task, whose loader reads no data_dir (data_dir={data_dir!r})")
+        return REGISTERED[name](seed, train_size, eval_size, cfg or TaskConfig())
     if data_dir is not None and (name == "arith" or BENCHMARKS[name].source is None):
         raise ValueError(f"{name} reads no data set (data_dir={data_dir!r}): it is generated or ships in a package")
     cfg = cfg or TaskConfig()

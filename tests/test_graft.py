@@ -67,7 +67,7 @@ def test_a_mixed_peer_group_replaces_a_failed_group_with_its_own_advantages(untr
     # llama failed prompts 0 and 2 and succeeded once on prompt 1
     receiver = experience(llama, PROMPTS, TEXTS, [[0.0, 0.0], [1.0, 0.0], [0.0, 0.0]])
     encoded = with_compatibility(peer, receiver, [0.9, 1.3, 0.95, 0.95, 0.7, 0.85])
-    cfg = sharing.ShareConfig("graft", temperature=0.7, graft_delta=0.8)
+    cfg = sharing.ShareConfig("graft", temperature=0.7, settings=graft.Settings(0.8))
     mine = graft.exchange([receiver, peer], cfg)["llama"]
     # prompt 0: both rollouts cross, weights 0.9 and 1 (1.3 is not upweighted); prompt 1 is not failed; prompt 2:
     # s = 0.7 is below delta, 0.85 crosses. The peer's advantages are its own group's [1, 0]: +-(1/2)/(1/2 + eps)
@@ -103,7 +103,7 @@ def test_of_two_mixed_peer_groups_the_more_compatible_one_replaces_the_failed_gr
         s = [[0.95, 0.99], [0.9, 0.85]] if compatible_first else [[0.9, 0.85], [0.95, 0.99]]
         for peer, wanted in zip(peers, s):
             with_compatibility(peer, receiver, wanted)
-        mine = graft.exchange([receiver, *peers], sharing.ShareConfig("graft", temperature=0.7, graft_delta=0.8))
+        mine = graft.exchange([receiver, *peers], sharing.ShareConfig("graft", temperature=0.7, settings=graft.Settings(0.8)))
         winner = "qwen2" if compatible_first else "twin"
         crossings = mine["llama"].crossings
         assert [(c.source, c.index) for c in crossings] == [(winner, 0), (winner, 1)]
@@ -114,7 +114,7 @@ def test_with_every_trajectory_below_delta_the_receiver_keeps_its_group(untraine
     peer = experience(untrained["qwen2"], PROMPTS[:1], TEXTS[:1], [[1.0, 0.0]])
     receiver = experience(untrained["llama"], PROMPTS[:1], TEXTS[:1], [[0.0, 0.0]])
     with_compatibility(peer, receiver, [0.5, 0.6])
-    mine = graft.exchange([receiver, peer], sharing.ShareConfig("graft", temperature=0.7))["llama"]
+    mine = graft.exchange([receiver, peer], sharing.ShareConfig("graft", temperature=0.7, settings=graft.Settings()))["llama"]
     assert mine.crossings == [] and mine.kept.all() and mine.metrics["sharing/accepted"] == 0.0
 
 
@@ -126,8 +126,8 @@ def test_hacpo_clips_each_peer_sample_at_the_bound_of_the_step_it_trains_in(untr
     capability = {"llama": 0.25, "qwen2": 0.5}
 
     def crossed(minibatches):
-        cfg = sharing.ShareConfig("hacpo", temperature=0.7, hacpo_alpha=1.0, hacpo_delta=0.2,
-                                  hacpo_delta_step=0.025, minibatches=minibatches)
+        cfg = sharing.ShareConfig("hacpo", temperature=0.7, minibatches=minibatches,
+                                  settings=hacpo.Settings(alpha=1.0, delta=0.2, delta_step=0.025))
         mine = hacpo.exchange([receiver, peer], cfg, capability, "llama")["llama"]
         return [(c.index, round(c.weights[0].item(), 3)) for c in mine.crossings], mine.metrics["sharing/accepted"]
     # one step: both at the bound 0.8, weights s^2

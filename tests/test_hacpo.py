@@ -59,9 +59,9 @@ def hand_example(policies, variant):
 def trained(policies, variant):
     """The implementation's iteration on the hand example, two optimizer steps of SGD: the gradient of each step."""
     receiver, peer = hand_example(policies, variant)
-    settings = {} if variant == "ours" else {"hacpo_variant": variant}   # ours: the default, as registered runs use
-    cfg = sharing.ShareConfig("hacpo", temperature=TEMPERATURE, hacpo_alpha=ALPHA, hacpo_delta=DELTA,
-                              hacpo_delta_step=DELTA_STEP, minibatches=2, **settings)
+    chosen = {} if variant == "ours" else {"variant": variant}   # ours: the default, as registered runs use
+    cfg = sharing.ShareConfig("hacpo", temperature=TEMPERATURE, minibatches=2, settings=hacpo.Settings(
+        alpha=ALPHA, delta=DELTA, delta_step=DELTA_STEP, **chosen))
     received = hacpo.exchange([receiver, peer], cfg, CAPABILITY, "llama")["llama"]
     batch = learner.training_batch(receiver.policy, receiver.rollouts, received)
     model = copy.deepcopy(receiver.policy.model)
@@ -207,7 +207,7 @@ def test_the_default_variant_weighs_the_peers_of_the_hand_example_about_1_43_tim
     assert coefficient == pytest.approx(1.4293, abs=1e-4)
     assert coefficient / recipe_iteration(untrained)[1] == pytest.approx(1.425, abs=1e-3)
     assert_same_gradients(trained(untrained, "ours"), want)
-    assert sharing.ShareConfig("hacpo", temperature=1.0).hacpo_variant == Args().hacpo_variant == "ours"
+    assert hacpo.Settings().variant == Args().hacpo_variant == Args(share="hacpo").share_config.settings.variant == "ours"
 
 
 def test_the_official_variant_sends_every_peer_rollout_without_its_eos(untrained):
@@ -217,7 +217,8 @@ def test_the_official_variant_sends_every_peer_rollout_without_its_eos(untrained
     peer = experience(qwen, PROMPTS[:2], texts, [[1.0, 1.0], [0.0, 0.0]])     # prompt 1: nobody succeeded
     gen = torch.Generator().manual_seed(0)
     peer.rollouts.logprobs = [-torch.rand(len(ids), generator=gen) for ids in peer.rollouts.completion_ids]
-    cfg = sharing.ShareConfig("hacpo", temperature=TEMPERATURE, minibatches=2, hacpo_variant="official")
+    cfg = sharing.ShareConfig("hacpo", temperature=TEMPERATURE, minibatches=2,
+                              settings=hacpo.Settings(variant="official"))
     received = hacpo.exchange([receiver, peer], cfg, CAPABILITY, "llama")["llama"]
     crossings = received.crossings
     assert [c.index for c in crossings] == [0, 1, 2, 3]         # the uniform prompt's too: they count in the mean

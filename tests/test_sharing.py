@@ -424,7 +424,7 @@ def test_hacpo_sends_the_peer_rollouts_inside_the_clip_range_with_hand_computed_
     wanted = [0.9, 1.1, 0.5, 0.95]   # each peer rollout's s: inside [0.8, 1], above 1, below 0.8, inside
     peer.rollouts.logprobs = [torch.full((len(ids),), logp.mean().item() - math.log(s))
                               for ids, logp, s in zip(peer.rollouts.completion_ids, target, wanted)]
-    cfg = sharing.ShareConfig("hacpo", temperature=0.7, hacpo_alpha=1.0, hacpo_delta=0.2)
+    cfg = sharing.ShareConfig("hacpo", temperature=0.7, settings=hacpo.Settings(alpha=1.0, delta=0.2))
     with pytest.raises(ValueError, match="capabilities"):
         hacpo.exchange([receiver, peer], cfg, None)
     with pytest.raises(KeyError, match="qwen2"):
@@ -465,7 +465,7 @@ def test_none_and_xgrpo_move_no_trajectory(untrained):
     shifts = [0.25 / (s + EPS)] * 2 + [abs(0.25 / (s + EPS) - 0.5 / (0.5 + EPS)),
                                        abs(-0.75 / (s + EPS) + 0.5 / (0.5 + EPS))] + [0.25 / (s + EPS)] * 2
     assert pooled.metrics["sharing/baseline_shift"] == pytest.approx(sum(shifts) / 6, rel=1e-5)
-    with pytest.raises(ValueError, match="sharing mode"):
+    with pytest.raises(ValueError, match="unknown sharing level"):
         sharing.exchange([receiver, peer], sharing.ShareConfig("all", temperature=1.0))
 
 
