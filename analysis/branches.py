@@ -2,7 +2,7 @@
 arm's held-out accuracy at a branch's end less a reference arm's at the same branch (the random arm, `chance`, and
 `none`), in points.
 
-    python benchmarks/branches.py report results/branches      # report.md and report.png in the folder
+    python -m benchmarks.branches report results/branches      # report.md and report.png in the folder
 
 The unit is the seed: a seed's branch points are one trunk's run, so its differences are averaged over its points
 first, and the test is over seeds, the exact two-sided sign-flip test (stats.sign_flip_p), with Student's t

@@ -2,8 +2,8 @@
 the grains of one offer (below the noise of held-out reward) and of whole runs (16-21 points of AUC from seed to
 seed).
 
-    python benchmarks/branches.py run --preset qwen-llama --seeds 3101 --points 10 30 --k 5 --arms none chance d
-    python benchmarks/branches.py report results/branches      # analysis/branches.py: report.md, report.png
+    python -m benchmarks.branches run --preset qwen-llama --seeds 3101 --points 10 30 --k 5 --arms none chance d
+    python -m benchmarks.branches report results/branches      # analysis/branches.py: report.md, report.png
 
 A trunk (the default run's cross-fidelity, at the comparison's evaluation protocol) trains to each branch point in
 turn; at each, every arm continues it k iterations from a copy of its checkpoint: every policy's weights and
@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import sys
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
@@ -40,16 +39,14 @@ from pathlib import Path
 import torch
 import tyro
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
+import eval as evaluation
+from analysis import branches as branches_report
+from analysis.sets import PROTOCOL
+from args import Args
+from benchmarks import power
+from testbed import checkpoint
 
-import eval as evaluation  # noqa: E402
-import power  # noqa: E402
-from analysis import branches as branches_report  # noqa: E402
-from analysis.sets import PROTOCOL  # noqa: E402
-from args import Args  # noqa: E402
-from testbed import checkpoint  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 PRESETS = {"qwen-llama": ("--pair", "qwen-llama"), "trio-prose": ("--pair", "trio", "--step-format", "prose")}
 """the testbeds branches run on: qwen-llama with line steps, and the trio with prose steps, where TBD varies"""

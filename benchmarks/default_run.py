@@ -8,9 +8,9 @@ A seeded CPU run repeats only on one machine; 1 and 2 threads reduce in differen
 another machine's kernels (the warm-up, where one is made, and everything after it differ). On the default seed
 the packaged warm-ups (testbed/warmups/) serve every thread count, so there only the training differs.
 
-    python benchmarks/default_run.py                                  # seeds 1 2 3 x threads 1 2, two at a time
-    python benchmarks/default_run.py --seeds 1 --threads 2 --jobs 1   # one cold default run, timed alone
-    python benchmarks/default_run.py --train-args "--iterations 50"   # any train.py flags on top of the default
+    python -m benchmarks.default_run                                  # seeds 1 2 3 x threads 1 2, two at a time
+    python -m benchmarks.default_run --seeds 1 --threads 2 --jobs 1   # one cold default run, timed alone
+    python -m benchmarks.default_run --train-args "--iterations 50"   # any train.py flags on top of the default
 """
 
 from __future__ import annotations
@@ -27,11 +27,10 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+import eval as evaluation
+from testbed import checkpoint
 
-import eval as evaluation  # noqa: E402
-from testbed import checkpoint  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def run_one(seed: int, threads: int, runs_dir: Path, train_args: list[str]) -> tuple[Path, float]:

@@ -1,6 +1,6 @@
 """How close each phase of a run comes to this machine's matrix-multiply ceiling: what bounds a speed-up (#29).
 
-    python benchmarks/flop_rate.py --seed 900 --iterations 3 --train-args "--share cross-fidelity"
+    python -m benchmarks.flop_rate --seed 900 --iterations 3 --train-args "--share cross-fidelity"
 
 The run (train.py with the pilot's evaluation protocol and minibatches, the flags given, one thread) is made twice
 on one seed: once with its phases timed (wall_time.py's phases), once with the floating-point operations of each
@@ -20,7 +20,6 @@ import argparse
 import functools
 import json
 import math
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -28,10 +27,10 @@ from pathlib import Path
 import torch
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
+import fidelity_record
+from benchmarks import wall_time
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
-import fidelity_record  # noqa: E402
-import wall_time  # noqa: E402
 
 ATTENTION = {   # CPU attention, which FlopCounterMode leaves at 0: its shapes give the count
     torch.ops.aten._scaled_dot_product_flash_attention_for_cpu:
@@ -112,7 +111,7 @@ def main() -> None:
     if args.inner:
         wall_time.instrumented_run(Path(args.inner[0]), args.flags, Path(args.inner[1]), measure=counted)
         return
-    from matrix import SETS
+    from benchmarks.matrix import SETS
     from testbed import presets
     width = max(spec.tiny.hidden for spec in presets.PRESETS["tiny"]["qwen-llama"])
     with tempfile.TemporaryDirectory(prefix="flop-rate-") as tmp:

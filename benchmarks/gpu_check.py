@@ -13,7 +13,7 @@
 On a CPU, part 1 runs the tiny preset and parts 2-3 are skipped: a smoke test. Designed to finish in well under
 10 minutes on one H200 (docs/speed.md, GPU check).
 
-    python benchmarks/gpu_check.py [--pair qwen-llama] [--model-dir DIR] [--lora-rank 16] [--iterations 4] [--out F]
+    python -m benchmarks.gpu_check [--pair qwen-llama] [--model-dir DIR] [--lora-rank 16] [--iterations 4] [--out F]
                                    [--cache-dir DIR] [-- TRAIN.PY FLAGS for every run, e.g. --warmup-scale 0.1]
 """
 
@@ -26,15 +26,12 @@ import tempfile
 import typing
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import torch
 
-import torch  # noqa: E402
-
-import shaped_models  # noqa: E402
-import train  # noqa: E402
-
-from args import Args, script_args  # noqa: E402
-from testbed import policies  # noqa: E402
+import train
+from args import Args, script_args
+from benchmarks import shaped_models
+from testbed import policies
 
 SMALL_MODES = ("none", "prp", "xgrpo", "sgt")
 ALL_MODES = typing.get_args(typing.get_type_hints(Args)["share"])
@@ -120,8 +117,8 @@ def main() -> None:
     if cli.out:
         cli.out.write_text(json.dumps({"device": gpu, "torch": torch.__version__, "rows": rows}, indent=1) + "\n")
     if torch.cuda.is_available():
-        subprocess.run([sys.executable, str(Path(__file__).with_name("reachability_bench.py")), "--device", "cuda",
-                        "--problems", "16"], check=True)
+        subprocess.run([sys.executable, "-m", "benchmarks.reachability_bench", "--device", "cuda", "--problems", "16"],
+                       cwd=Path(__file__).resolve().parents[1], check=True)
 
 
 if __name__ == "__main__":

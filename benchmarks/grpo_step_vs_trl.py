@@ -2,7 +2,7 @@
 
     python3 -m venv .venv-trl && .venv-trl/bin/pip install torch==2.13.0 -r requirements.txt \
         -r benchmarks/requirements.txt
-    .venv-trl/bin/python benchmarks/grpo_step_vs_trl.py            # --steps 8 --warmup-scale 1.0
+    .venv-trl/bin/python -m benchmarks.grpo_step_vs_trl            # --steps 8 --warmup-scale 1.0
 
 Both sides start from the same warmed-up policy (a copy each): 8 prompts x 8 completions, 40 new tokens, temperature
 0.7, lr 3e-5, beta 0, one update per batch. TRL's steps are timed by a callback, and after each of them this project's
@@ -18,22 +18,19 @@ from __future__ import annotations
 import argparse
 import copy
 import statistics
-import sys
 import tempfile
 import time
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import learner  # noqa: E402
-import eval as evaluation  # noqa: E402
-from testbed import arith  # noqa: E402
-import grpo  # noqa: E402
-from testbed import costs  # noqa: E402
-from testbed import policies  # noqa: E402
-import sharing  # noqa: E402
-from testbed import tasks  # noqa: E402
+import eval as evaluation
+import grpo
+import learner
+import sharing
+from testbed import arith
+from testbed import costs
+from testbed import policies
+from testbed import tasks
 
 PROMPTS, GROUP, NEW_TOKENS, TEMPERATURE, LR = 8, 8, 40, 0.7, 3e-5
 

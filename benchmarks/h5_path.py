@@ -6,7 +6,7 @@ window.
 A run's summary keeps `sharing/received` only as its mean over the run, so each adaptive run's per-iteration values
 are kept in a record beside its summary, written from the run's directory once it lands:
 
-    python benchmarks/h5_path.py runs/matrix-cross-fidelity-adaptive-s1009 \\
+    python -m benchmarks.h5_path runs/matrix-cross-fidelity-adaptive-s1009 \\
         results/matrix/cross-fidelity-adaptive-s1009.json       # -> cross-fidelity-adaptive-s1009.received.json
 
 The record is refused where the run's per-iteration training rewards are not the summary's: that run is not the one
@@ -17,12 +17,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import eval as evaluation  # noqa: E402
+import eval as evaluation
 
 
 def record_path(summary_path: Path) -> Path:

@@ -1,8 +1,8 @@
 """The comparison matrix (issue 32): a named set of configurations x seeds, each run once, resumably.
 
-    python benchmarks/matrix.py --set pilot --jobs 2 --commit      # the pilot: 9 configurations x seeds 1001-1008
-    python benchmarks/matrix.py --set smoke --jobs 2 --runs-dir /tmp/smoke-runs --out /tmp/smoke   # minutes
-    python benchmarks/matrix.py --blocks estimate ablations hacpo h4 tbd --jobs 2 --commit   # the matrix's blocks
+    python -m benchmarks.matrix --set pilot --jobs 2 --commit      # the pilot: 9 configurations x seeds 1001-1008
+    python -m benchmarks.matrix --set smoke --jobs 2 --runs-dir /tmp/smoke-runs --out /tmp/smoke   # minutes
+    python -m benchmarks.matrix --blocks estimate ablations hacpo h4 tbd --jobs 2 --commit   # the matrix's blocks
     python eval.py --matrix results/pilot                          # the analysis (analysis/matrix.py)
 
 Each (configuration, seed) trains as runs/SET-CONFIGURATION-sSEED (power.train_run: one thread, resumed where
@@ -31,16 +31,14 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable, Iterator
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
+import eval as evaluation
+import fidelity_record
+from analysis.curves import reward_variance
+from analysis.sets import DESCRIPTIVE, H3_CONFIGURATIONS, H3_GROUPINGS, H3_SEEDS, SETS
+from benchmarks import power
+from testbed import checkpoint
 
-import eval as evaluation  # noqa: E402
-import fidelity_record  # noqa: E402
-import power  # noqa: E402
-from analysis.curves import reward_variance  # noqa: E402
-from analysis.sets import DESCRIPTIVE, H3_CONFIGURATIONS, H3_GROUPINGS, H3_SEEDS, SETS  # noqa: E402
-from testbed import checkpoint  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 BLOCKS = {
     "estimate": [("matrix", ("cross-fidelity-last2", "cross-fidelity", "sgt"), range(1009, 1020))],
@@ -131,8 +129,8 @@ def warm_up(set_name: str, seed: int, runs_dir: Path) -> str:
     warm-up's float sums depend on the thread count). Returns a line for the log."""
     log = runs_dir / f"{set_name}-warm-up-s{seed}.log"
     with open(log, "a") as f:
-        code = subprocess.run([sys.executable, __file__, "--set", set_name, "--warm-up", str(seed)], stdout=f,
-                              stderr=subprocess.STDOUT, cwd=ROOT,
+        code = subprocess.run([sys.executable, "-m", "benchmarks.matrix", "--set", set_name, "--warm-up", str(seed)],
+                              stdout=f, stderr=subprocess.STDOUT, cwd=ROOT,
                               env={**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}).returncode
     return f"warm-up of seed {seed}: {'done' if code == 0 else f'FAILED (exit {code}), see {log}'}"
 

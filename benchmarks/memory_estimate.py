@@ -15,27 +15,23 @@ is the estimate of that narrowed model divided by its measurement. Rows with gra
 (the recomputation makes the CPU run several times longer on a shared machine), and their estimate is the least
 checked: the transients of the backward's recomputation are not counted.
 
-    python benchmarks/memory_estimate.py [--micro-batch 8] [--group-size 8] [--lora-rank 16] [--prompt-len 100]
+    python -m benchmarks.memory_estimate [--micro-batch 8] [--group-size 8] [--lora-rank 16] [--prompt-len 100]
                                          [--no-measure] [--training {full,lora,both}]
 """
 
 import argparse
-import sys
-from pathlib import Path
+import weakref
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-import weakref  # noqa: E402
+import grpo
+from args import Args
+from testbed import costs
+from testbed import lora
 
-import torch  # noqa: E402
-from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
-from torch.utils._pytree import tree_flatten  # noqa: E402
-from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM  # noqa: E402
-
-import grpo  # noqa: E402
-from args import Args  # noqa: E402
-from testbed import costs  # noqa: E402
-from testbed import lora  # noqa: E402
 
 class LiveTensorBytes(TorchDispatchMode):
     """While on, the bytes of tensor storage that operators create and that are still alive, and their peak.

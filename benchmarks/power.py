@@ -1,7 +1,7 @@
 """Power analysis of the testbed (issue #23): can N seeds resolve a 2-point difference between two sharing levels?
 
-    python benchmarks/power.py run --testbed default --levels none prp --seeds 1 2 3 4 5 6 --jobs 2
-    python benchmarks/power.py analyze --testbed default --levels none prp --seeds 1 2 3 4 5 6 --at 100 200
+    python -m benchmarks.power run --testbed default --levels none prp --seeds 1 2 3 4 5 6 --jobs 2
+    python -m benchmarks.power analyze --testbed default --levels none prp --seeds 1 2 3 4 5 6 --at 100 200
 
 `run` trains every (level, seed) of a testbed as runs/power-TESTBED-LEVEL-sSEED, JOBS at a time on one thread each,
 and is resumable: a finished run is skipped, a killed one resumes from its checkpoint, and asking for more
@@ -27,13 +27,12 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+import eval as evaluation
+from analysis.curves import area_under
+from analysis.sets import EVALUATION
+from analysis.stats import fewest_seeds, t_quantile
 
-import eval as evaluation  # noqa: E402
-from analysis.curves import area_under  # noqa: E402
-from analysis.sets import EVALUATION  # noqa: E402
-from analysis.stats import fewest_seeds, t_quantile  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 TESTBEDS = {
     "default": [],

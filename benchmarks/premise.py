@@ -1,15 +1,16 @@
 """Does an offer's fidelity predict what it does to its receiver? Issue 52, as results/preregistration-premise.md
-registers it; every default is the registered value (premise_registered.py).
+registers it; every default is the registered value (analysis/premise_registered.py).
 
-    python benchmarks/premise.py validate --seed 3001 --offers 200 --iterations 50      # the gate
-    python benchmarks/premise.py measure --presets qwen-llama qwen-qwen trio-prose --seeds 3002 3003 3004
-    python benchmarks/premise.py report results/premise                                  # P1-P4 and the figure
+    python -m benchmarks.premise validate --seed 3001 --offers 200 --iterations 50      # the gate
+    python -m benchmarks.premise measure --presets qwen-llama qwen-qwen trio-prose --seeds 3002 3003 3004
+    python -m benchmarks.premise report results/premise                                  # P1-P4 and the figure
 
 validate: U against real one-step lookaheads on one cross-fidelity run (premise_gate.py), its verdict in
 OUT/gate-sSEED.json. measure: the rows, a file per (preset, seed, stage), each run resumed between its stages
 (premise_measure.py); a stage whose file exists is skipped. report: P1-P4, report.md, report.json and premise.png
-from the rows alone (premise_report.py), with issue 67's descriptive readings of the rows and of the gate's file in
-the same folder (premise_readings.py). U and the signals: premise_usefulness.py; the statistics: premise_stats.py.
+from the rows alone (analysis/premise_report.py), with issue 67's descriptive readings of the rows and of the gate's
+file in the same folder (analysis/premise_readings.py). U and the signals: premise_usefulness.py; the statistics:
+analysis/premise_stats.py.
 
 A smoke run takes smaller settings: --stages, --offers, the held-out sizes, --warmup-scale and any train.py flag
 in --train-flags (after the registered ones, so that it wins), into a folder of its own."""
@@ -18,20 +19,18 @@ from __future__ import annotations
 
 import argparse
 import shlex
-import sys
 from functools import partial
 from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "benchmarks"))
+from analysis import premise_registered as registered
+from analysis import premise_report as report
+from benchmarks import premise_gate as gate
+from benchmarks import premise_measure as measure
+from benchmarks import premise_usefulness as usefulness
 
-import premise_gate as gate  # noqa: E402
-import premise_measure as measure  # noqa: E402
-import premise_registered as registered  # noqa: E402
-import premise_report as report  # noqa: E402
-import premise_usefulness as usefulness  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 OUT = ROOT / "results" / "premise"
 RUNS = ROOT / "runs"

@@ -8,14 +8,13 @@ at least 3 standard errors of its paired per-prompt differences. U passes where 
 its interval above 0, or the top decile of U taken as one update beats the bottom decile (paired per-prompt
 differences, interval above 0); and only where the split-half rho of U's two halves reaches 0.5, else g_J's
 samples are doubled (up to 4 times) and the gate measured again on the same offers. The decision rules are
-premise_stats.py's; this file runs them on a policy."""
+analysis/premise_stats.py's; this file runs them on a policy."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
 import random
-import sys
 import time
 from functools import partial
 from pathlib import Path
@@ -23,13 +22,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import premise_registered as registered  # noqa: E402
-import premise_stats as stats  # noqa: E402
-import premise_usefulness as usefulness  # noqa: E402
-import train  # noqa: E402
-from args import Args  # noqa: E402
+import train
+from analysis import premise_registered as registered
+from analysis import premise_stats as stats
+from args import Args
+from benchmarks import premise_usefulness as usefulness
 
 
 def decile_change(indices: list[int], lr: float, gradients: list[torch.Tensor], receivers: list[str],

@@ -13,27 +13,15 @@ from __future__ import annotations
 
 import json
 import random
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import premise_registered as registered  # noqa: E402
-import premise_usefulness as usefulness  # noqa: E402
-import train  # noqa: E402
-from args import Args  # noqa: E402
-
-
-def stage_file(out: Path, preset: str, seed: int, stage: int) -> Path:
-    return out / f"{preset}-s{seed}-it{stage:03d}.jsonl"
-
-
-def stage_of(path: Path) -> tuple[str, int, int]:
-    """(preset, seed, stage) of a stage file's name: the inverse of stage_file."""
-    preset, seed, stage = path.stem.rsplit("-", 2)
-    return preset, int(seed.removeprefix("s")), int(stage.removeprefix("it"))
+import train
+from analysis import premise_registered as registered
+from analysis.premise_report import stage_file
+from args import Args
+from benchmarks import premise_usefulness as usefulness
 
 
 def write_rows(path: Path, rows: list[dict]) -> None:
@@ -42,10 +30,6 @@ def write_rows(path: Path, rows: list[dict]) -> None:
     partial = path.with_name(path.name + ".partial")
     partial.write_text("".join(json.dumps(r) + "\n" for r in rows))
     partial.replace(path)
-
-
-def read_rows(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def draw(pool: list, per_direction: int, key: str, direction: Callable) -> list:

@@ -36,28 +36,22 @@ from __future__ import annotations
 import dataclasses
 import math
 import random
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import torch
 import tyro
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-import diagnosis  # noqa: E402
-import grpo  # noqa: E402
-import learner  # noqa: E402
-import premise_registered as registered  # noqa: E402
-import sharing  # noqa: E402
-import train  # noqa: E402
-from args import Args  # noqa: E402
-from baselines import graft, hacpo  # noqa: E402
-from testbed import checkpoint, policies, presets, sequences, tasks  # noqa: E402
+import diagnosis
+import grpo
+import learner
+import sharing
+import train
+from analysis import premise_registered as registered
+from args import Args
+from baselines import graft, hacpo
+from testbed import checkpoint, policies, presets, sequences, tasks
 
 # ---------------------------------------------------------------------------------------------------------------
 # Gradients as flat vectors over the receiver's trained parameters

@@ -12,8 +12,8 @@ Seconds per iteration are the gaps between consecutive iterations' last update r
 replayed on a Ray echo actor, one iteration's calls one after the other with the same bytes each way: an upper
 bound on what the boundary costs an iteration, since the loop overlaps the policies' calls.
 
-    python benchmarks/ray_overhead.py                                     # none, prp, cross-fidelity
-    python benchmarks/ray_overhead.py --shares none --iterations 4 --cpus-per-policy 1
+    python -m benchmarks.ray_overhead                                     # none, prp, cross-fidelity
+    python -m benchmarks.ray_overhead --shares none --iterations 4 --cpus-per-policy 1
 
 Timings are wall clock: on a loaded machine they move with the load; the bytes and calls do not.
 """
@@ -24,20 +24,16 @@ import argparse
 import json
 import pickle
 import statistics
-import sys
 import tempfile
 import time
 from collections import defaultdict
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import ray
 
-import ray  # noqa: E402
-
-import train  # noqa: E402
-
-from args import Args  # noqa: E402
-import train_ray  # noqa: E402
+import train
+import train_ray
+from args import Args
 
 SET_UP = ("as_peer", "set_peers", "longest_prompt", "estimate", "evaluate", "save", "load")
 """calls made at start, at evaluations and at checkpoints, not by every iteration"""

@@ -1,7 +1,7 @@
 """CCM's cheaper estimates against the exact one, on real offers: agreement and cost (issue 41).
 
-    python benchmarks/reach_estimate.py --seeds 2001 2002 --iterations 4 --estimates exact last:0 last:1 last:2
-    python benchmarks/reach_estimate.py --seeds 2001 -- --warmup-scale 0.1 --cache-dir DIR   # train.py flags after --
+    python -m benchmarks.reach_estimate --seeds 2001 2002 --iterations 4 --estimates exact last:0 last:1 last:2
+    python -m benchmarks.reach_estimate --seeds 2001 -- --warmup-scale 0.1 --cache-dir DIR   # train.py flags after --
 
 For `--iterations` sampled iterations of the tiny pair per seed (its warmed-up policies, no update; seeds from
 2001 are used by no comparison), each receiver's offers that could matter are measured under each CCM estimate
@@ -21,23 +21,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
-from dataclasses import replace
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from curator_sensitivity import bands_under, live_offers, load_pair, sampled_iteration  # noqa: E402
-from flop_rate import ATTENTION  # noqa: E402
-from premise_stats import spearman  # noqa: E402
-
-import grad_norms  # noqa: E402
-import reachability  # noqa: E402
-from args import Args, script_args  # noqa: E402
+import grad_norms
+import reachability
+from analysis.premise_stats import spearman
+from args import Args, script_args
+from benchmarks.curator_sensitivity import bands_under, live_offers, load_pair, sampled_iteration
+from benchmarks.flop_rate import ATTENTION
 
 AGREEMENT = 0.85
 """the share of diagnosed offers whose band a cheap estimate must keep, for every receiver (the choice rule)"""

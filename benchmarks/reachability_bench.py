@@ -13,28 +13,23 @@
    and of the same number of steps written by a policy of the same family that never saw the task; alpha is
    calibrated on the policy's own steps.
 
-    python benchmarks/reachability_bench.py [--warmup-scale 0.3] [--problems 64] [--device cuda] [--repeats 7]
+    python -m benchmarks.reachability_bench [--warmup-scale 0.3] [--problems 64] [--device cuda] [--repeats 7]
 """
 
 import argparse
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import torch
+from torch.profiler import ProfilerActivity, profile
 
-import torch  # noqa: E402
-from torch.profiler import ProfilerActivity, profile  # noqa: E402
-
-from timing import best_of  # noqa: E402
-
-import diagnosis  # noqa: E402
-from testbed import arith  # noqa: E402
-from testbed import policies  # noqa: E402
-from testbed import presets  # noqa: E402
-import grad_norms  # noqa: E402
-import reachability  # noqa: E402
-from testbed import tiny  # noqa: E402
+import diagnosis
+import grad_norms
+import reachability
+from benchmarks.timing import best_of
+from testbed import arith
+from testbed import policies
+from testbed import presets
+from testbed import tiny
 
 FAMILIES = {   # torch operators by what they do; the rest is reported as "other"
     "matrix products": {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm"},

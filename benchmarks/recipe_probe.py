@@ -3,30 +3,27 @@
 share of greedy completions that work every step, right after the warm-up and, with --iterations, after that
 many iterations of train.py with independent GRPO (--share none, as the recipe was chosen).
 
-    python benchmarks/recipe_probe.py --premature-share 0.7 --iterations 100 --lr 1e-4
-    python benchmarks/recipe_probe.py --premature-share 0.0              # the old warm-up, probed only
-    python benchmarks/recipe_probe.py -- --warmup-scale 0.1 --eval-size 100   # train.py flags after --
+    python -m benchmarks.recipe_probe --premature-share 0.7 --iterations 100 --lr 1e-4
+    python -m benchmarks.recipe_probe --premature-share 0.0              # the old warm-up, probed only
+    python -m benchmarks.recipe_probe -- --warmup-scale 0.1 --eval-size 100   # train.py flags after --
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 from dataclasses import replace
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from testbed import checkpoint  # noqa: E402
-import eval as evaluation  # noqa: E402
-from testbed import arith  # noqa: E402
-from testbed import policies  # noqa: E402
-from testbed import presets  # noqa: E402
-from testbed import tasks  # noqa: E402
-import train  # noqa: E402
-from args import Args, script_args  # noqa: E402
+import eval as evaluation
+import train
+from args import Args, script_args
+from testbed import checkpoint
+from testbed import arith
+from testbed import policies
+from testbed import presets
+from testbed import tasks
 
 
 def probe(pols: list[policies.Policy], task: tasks.Task, run: Args, tag: str) -> None:

@@ -1,8 +1,8 @@
 """Whether a change left a run's metrics bit-identical: the same seeded short run at an earlier commit and here.
 
-    python benchmarks/same_metrics.py --before 0ff2d38                      # the default flags below
-    python benchmarks/same_metrics.py --before 0ff2d38 -- --share hacpo     # flags after -- override them
-    python benchmarks/same_metrics.py --before 7b89147 --after-flags="--ccm-estimate exact"   # here only
+    python -m benchmarks.same_metrics --before 0ff2d38                      # the default flags below
+    python -m benchmarks.same_metrics --before 0ff2d38 -- --share hacpo     # flags after -- override them
+    python -m benchmarks.same_metrics --before 7b89147 --after-flags="--ccm-estimate exact"   # here only
 
 A refactor must not move a number, and runs of the comparison made at two commits are paired only where the
 commits are declared metric-equivalent (the set's FOLDER/equivalent-commits.txt, e.g.
@@ -23,9 +23,10 @@ import sys
 import tempfile
 from pathlib import Path
 
+from testbed.metrics_log import timeless
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-from testbed.metrics_log import timeless  # noqa: E402
+
 DEFAULT_FLAGS = ("--share", "cross-fidelity", "--ccm-estimate", "exact", "--iterations", "2", "--seed", "900",
                  "--eval-size", "64", "--eval-every", "1", "--eval-samples", "0", "--warmup-scale", "0.1", "--minibatches", "2")
 """a curated run with the registered runs' CCM estimate, two iterations on the timing seed with the pilot's minibatch

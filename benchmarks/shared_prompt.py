@@ -1,6 +1,6 @@
 """What computing each prompt once per group saves the update (sequences.completion_logprobs).
 
-    python benchmarks/shared_prompt.py --seed 900
+    python -m benchmarks.shared_prompt --seed 900
 
 A group's G completions share one prompt, and about half of the positions an update computes are its copies.
 This samples one iteration's rollouts (16 prompts x G) of each tiny policy and takes the completions' mean NLL,
@@ -13,16 +13,13 @@ another order, so the gradients agree to float rounding, not bit for bit. One th
 from __future__ import annotations
 
 import argparse
-import sys
 import time
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from testbed import arith  # noqa: E402
-from testbed import policies  # noqa: E402
-from testbed import sequences  # noqa: E402
+from testbed import arith
+from testbed import policies
+from testbed import sequences
 
 
 def timed_gradient(model, groups: sequences.PromptGroups, cache: str | None, repeats: int

@@ -11,9 +11,9 @@
   speed     perf/iteration_s of docs/real.md's SmolLM2 run (RUN: SmolLM2 in the llama seat beside the tiny Qwen
             policy, cross-fidelity, LoRA, 4 prompts x 4 completions of up to 32 tokens), other flags after --
 
-    python benchmarks/smollm2.py accuracy [--eval-size 500] [--humaneval 164] [--max-new-tokens 40]
-    python benchmarks/smollm2.py memory
-    python benchmarks/smollm2.py speed [-- --share none --lora-rank 0]
+    python -m benchmarks.smollm2 accuracy [--eval-size 500] [--humaneval 164] [--max-new-tokens 40]
+    python -m benchmarks.smollm2 memory
+    python -m benchmarks.smollm2 speed [-- --share none --lora-rank 0]
 """
 
 import argparse
@@ -21,23 +21,18 @@ import copy
 import json
 import re
 import shlex
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+import torch
 
-import torch  # noqa: E402
-
-import eval as evaluation  # noqa: E402
-import grpo  # noqa: E402
-from testbed import costs  # noqa: E402
-from testbed import lora  # noqa: E402
-from testbed import policies  # noqa: E402
-from testbed import presets  # noqa: E402
-from testbed import tasks  # noqa: E402
-from memory_estimate import measure_update  # noqa: E402
+import eval as evaluation
+import grpo
+from benchmarks.memory_estimate import measure_update
+from testbed import costs
+from testbed import lora
+from testbed import policies
+from testbed import presets
+from testbed import tasks
 
 GROUP, NEW_TOKENS = 4, 32
 """the small shape: RUN's, and the memory measurement's group"""

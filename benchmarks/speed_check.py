@@ -1,8 +1,8 @@
 """Whether a change that alters metrics moved the primary metric beyond its noise: #29's three-seed check.
 
-    python benchmarks/matrix.py --set speed-check --out results/speed-check/before   # at the commit before
-    python benchmarks/matrix.py --set speed-check --out results/speed-check/after    # at the change, beside it
-    python benchmarks/speed_check.py results/speed-check/before results/speed-check/after
+    python -m benchmarks.matrix --set speed-check --out results/speed-check/before   # at the commit before
+    python -m benchmarks.matrix --set speed-check --out results/speed-check/after    # at the change, beside it
+    python -m benchmarks.speed_check results/speed-check/before results/speed-check/after
 
 Per policy, from the run summaries alone: the primary metric (analysis/matrix.py, primary_metric, the area under
 the held-out curve, in points) of every seed both folders ran, at each commit; the paired difference after -
@@ -14,15 +14,12 @@ the training seconds (the summaries' iteration_s) of both, which ran side by sid
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
-from analysis import matrix as matrix_analysis  # noqa: E402
-from analysis.stats import t_quantile  # noqa: E402
+from analysis import matrix as matrix_analysis
+from analysis.stats import t_quantile
 
 
 def by_seed(folder: Path) -> dict[int, dict]:

@@ -1,7 +1,7 @@
 """How often each TBD measure is non-zero, per pair and step format (issue #23: a TBD that could come out
 either way), and one trajectory where the credit measure fires.
 
-    python benchmarks/tbd_firing.py [--pairs qwen-llama qwen-qwen trio] [--formats line inline prose]
+    python -m benchmarks.tbd_firing [--pairs qwen-llama qwen-qwen trio] [--formats line inline prose]
                                     [--warmup-scale 0.3] [--prompts 16] [--seed 1]
 
 For each pair and format: the tiny policies warmed up on reference solutions written in that format (a shortened
@@ -18,22 +18,20 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
+import torch
+
+import boundary_drift
+import diagnosis
+import grpo
+import reward_drift
+import sharing
+from testbed import arith
+from testbed import policies
+from testbed import tasks
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-import torch  # noqa: E402
-
-from testbed import arith  # noqa: E402
-import boundary_drift  # noqa: E402
-import diagnosis  # noqa: E402
-import grpo  # noqa: E402
-from testbed import policies  # noqa: E402
-import reward_drift  # noqa: E402
-import sharing  # noqa: E402
-from testbed import tasks  # noqa: E402
 
 
 def offers_by_measure(experiences: list[sharing.Experience], task: tasks.Task, problems: list

@@ -4,20 +4,14 @@ Both align the same Qwen2 -> Llama-3 pairs of completions of about 128, 512 and 
 run. The DP is the straightforward one: Levenshtein over the two token-string sequences with backtrace, tokens
 matched when their strings are equal.
 
-    python benchmarks/tokalign_speed.py
+    python -m benchmarks.tokalign_speed
 """
 
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from testbed import arith  # noqa: E402
-
-from testbed import tiny  # noqa: E402
-from testbed import token_bytes  # noqa: E402
-import tokalign  # noqa: E402
-from timing import best_of  # noqa: E402
+import tokalign
+from benchmarks.timing import best_of
+from testbed import arith
+from testbed import tiny
+from testbed import token_bytes
 
 
 def edit_distance_alignment(a: list[str], b: list[str]) -> list[tuple[int, int]]:

@@ -1,8 +1,8 @@
 """Where a run's wall time goes, phase by phase, for the pilot's configurations, and the same at an earlier commit.
 Timing never uses a comparison seed (1001 and up): it trains, and nobody may watch those seeds train.
 
-    python benchmarks/wall_time.py --seed 900                       # the configurations at this commit
-    python benchmarks/wall_time.py --seed 900 --before ab554c1      # beside commit ab554c1, side by side
+    python -m benchmarks.wall_time --seed 900                       # the configurations at this commit
+    python -m benchmarks.wall_time --seed 900 --before ab554c1      # beside commit ab554c1, side by side
 
 Each configuration trains `python train.py --seed S --iterations N` with its flags and the pilot's evaluation
 protocol, one thread, in a process whose phases are timed by wrapping the functions that hold them at each commit
@@ -85,11 +85,9 @@ def timed(seconds: dict[str, float], phase: str, fn):
 
 
 def instrumented_run(repo: Path, flags: list[str], out: Path, measure=timed) -> None:
-    """In this process: train.py of `repo` with its phases measured, each phase's functions wrapped by
-    measure(totals, phase, fn) (default: timed); writes {phase: its total} to out, and when the phases are timed
-    "total": the run's seconds and "other": the seconds no phase holds."""
-    os.chdir(repo)
-    sys.path.insert(0, str(repo))
+    """In this process, which run_one started with `repo` alone on its import path: train.py of `repo` with its
+    phases measured, each phase's functions wrapped by measure(totals, phase, fn) (default: timed); writes {phase: its
+    total} to out, and when the phases are timed "total": the run's seconds and "other": the seconds no phase holds."""
     import importlib
 
     import tyro
@@ -108,7 +106,9 @@ def instrumented_run(repo: Path, flags: list[str], out: Path, measure=timed) -> 
                 wrapped += 1
         if not wrapped and phase in PHASES:
             raise RuntimeError(f"{repo} has none of {targets} to time as {phase}: add where it lives now to PHASES")
-    train = importlib.import_module("train")
+    train = importlib.import_module("train")   # after the wrapping: its `from m import f` must find f wrapped
+    if not Path(train.__file__).resolve().is_relative_to(repo.resolve()):
+        raise RuntimeError(f"train.py came from {train.__file__}, not from {repo}: start this through run_one")
     start = time.perf_counter()
     train.main(tyro.cli(train.Args, args=flags))
     total = time.perf_counter() - start
@@ -118,12 +118,15 @@ def instrumented_run(repo: Path, flags: list[str], out: Path, measure=timed) -> 
 
 
 def run_one(repo: Path, flags: list[str], out: Path, script: str = __file__) -> dict[str, float]:
-    """`script --inner REPO OUT -- flags` (this file's: instrumented_run) in a process of one thread."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    """`script --inner REPO OUT -- flags` (this file's: instrumented_run) in a process of one thread, in `repo` with
+    `repo` alone on its import path: the script is run by its path under `python -P` (which puts neither its folder
+    nor the working directory on the path) and PYTHONPATH names `repo`, so that the run imports the modules of the
+    commit it times, the script's own imports included."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONPATH": str(repo)}
     log = out.with_suffix(".log")
     with log.open("w") as handle:
-        done = subprocess.run([sys.executable, str(Path(script).resolve()), "--inner", str(repo), str(out), "--",
-                               *flags], env=env, stdout=handle, stderr=subprocess.STDOUT)
+        done = subprocess.run([sys.executable, "-P", str(Path(script).resolve()), "--inner", str(repo), str(out),
+                               "--", *flags], cwd=repo, env=env, stdout=handle, stderr=subprocess.STDOUT)
     if done.returncode:
         raise RuntimeError(f"{repo} {' '.join(flags)} failed ({done.returncode}); see {log}")
     return json.loads(out.read_text())
@@ -157,7 +160,6 @@ def main() -> None:
         instrumented_run(Path(args.inner[0]), args.flags, Path(args.inner[1]))
         return
     # only here, never in a timed run, which must import its own commit's modules alone
-    sys.path.insert(0, str(ROOT))
     from analysis.sets import EVALUATION, MATRIX_CONFIGURATIONS
     unknown = sorted(set(args.configurations) - set(MATRIX_CONFIGURATIONS))
     if unknown:

@@ -1,7 +1,7 @@
 """The tiny warm-up's supervised curve on the default run's policies, and those policies' packaged warm-ups (issue 69).
 
-    python benchmarks/warmup_curve.py              # the curve: results/warmup-curve-s1.json and .md
-    python benchmarks/warmup_curve.py --package    # make testbed/warmups/ anew (after the warm-up recipe changed)
+    python -m benchmarks.warmup_curve              # the curve: results/warmup-curve-s1.json and .md
+    python -m benchmarks.warmup_curve --package    # make testbed/warmups/ anew (after the warm-up recipe changed)
 
 The curve: each policy of the default pair (args.Args) warmed up on the default seed exactly as a run warms it
 (policies.supervised_warmup, its seed, budget and recipe), at one thread, its weights kept every --every steps; then
@@ -24,19 +24,17 @@ import argparse
 import json
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+import eval as evaluation
+from args import Args
+from testbed import arith, checkpoint, policies, presets, tasks, tiny
 
-import eval as evaluation  # noqa: E402
-from args import Args  # noqa: E402
-from testbed import arith, checkpoint, policies, presets, tasks, tiny  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def default_policies(seed: int) -> list[tuple[presets.PolicySpec, int]]:
@@ -92,7 +90,7 @@ def cell(value: float | None) -> str:
 
 def markdown(report: dict) -> str:
     lines = [f"# The tiny warm-up's curve, default pair, seed {report['seed']} (issue 69)", "",
-             f"`python benchmarks/warmup_curve.py` at {report['commit']}, one thread: each policy warmed up as the "
+             f"`python -m benchmarks.warmup_curve` at {report['commit']}, one thread: each policy warmed up as the "
              f"default run warms it; at every {report['every']} steps the mean training loss since the step before, "
              f"greedy pass@1 and accuracy sampled at {report['temperature']} ({report['samples']} a problem) on the "
              f"run's {report['problems']} held-out problems.", ""]

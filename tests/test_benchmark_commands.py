@@ -1,8 +1,11 @@
-"""The benchmark commands docs/ shows that no other test runs, each at its shortest settings: it runs to its end
-and prints what its page reports."""
+"""The benchmark commands the README and docs/ show: each is `python -m benchmarks.NAME` of a script that exists,
+and those that no other test runs, each at its shortest settings (slow: each trains or times a tiny policy in a
+process of its own), run to their end and print what their page reports."""
 
+import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -12,32 +15,48 @@ import pytest
 from test_documented_runs import TINY, TINY_SHAPE
 from test_matrix import ROOT
 
-pytestmark = pytest.mark.slow   # each trains or times a tiny policy in a process of its own
+PAGES = [ROOT / "README.md", ROOT / "DESIGN.md", *sorted((ROOT / "docs").glob("*.md"))]
 
 
+def test_every_documented_benchmark_command_runs_a_script_of_the_package_as_a_module():
+    """`python -m benchmarks.NAME` (NAME in lower case: a script here, importable from the root), never a path."""
+    pages = {page.name: page.read_text() for page in PAGES}
+    sources = {path.relative_to(ROOT).as_posix(): path.read_text()
+               for folder in ("benchmarks", "analysis", "testbed") for path in (ROOT / folder).glob("*.py")}
+    sources["eval.py"] = (ROOT / "eval.py").read_text()
+    for name, text in {**pages, **sources}.items():
+        assert not re.search(r"python\s+benchmarks/", text), f"{name} runs a script by its path"
+    named = {m for text in pages.values() for m in re.findall(r"python\s+-m\s+benchmarks\.([a-z]\w*)", text)}
+    assert {"matrix", "premise", "default_run", "warmup_curve"} <= named
+    for name in sorted(named):
+        assert (ROOT / "benchmarks" / f"{name}.py").is_file(), name
+        assert importlib.util.find_spec(f"benchmarks.{name}") is not None, name
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("command, printed", [
-    (["tokalign_speed.py"], "| 2048 |"),
-    (["reachability_bench.py", "--warmup-scale", "0.02", "--problems", "4", "--repeats", "1"],
+    (["tokalign_speed"], "| 2048 |"),
+    (["reachability_bench", "--warmup-scale", "0.02", "--problems", "4", "--repeats", "1"],
      "never-trained policy:  mean g = "),
-    (["tbd_firing.py", "--pairs", "qwen-llama", "--formats", "line", "--warmup-scale", "0.02", "--prompts", "2"],
+    (["tbd_firing", "--pairs", "qwen-llama", "--formats", "line", "--warmup-scale", "0.02", "--prompts", "2"],
      "| line | qwen -> llama |"),
-    (["grpo_step_vs_trl.py", "--skip-trl", "--steps", "1", "--repeats", "1", "--warmup-scale", "0.02"],
+    (["grpo_step_vs_trl", "--skip-trl", "--steps", "1", "--repeats", "1", "--warmup-scale", "0.02"],
      "evaluation (500 greedy)"),
-    (["code_reward.py", "--sequential", "2", "--batch", "4", "--workers", "4"],
+    (["code_reward", "--sequential", "2", "--batch", "4", "--workers", "4"],
      "HumanEval canonical solutions scoring 1, 4 workers: 164 of 164"),
-    (["curation_cost.py", "--prompts", "2", "--group-size", "2"], "| paper | Llama-3.1-8B | LoRA r16 |"),
-    (["memory_estimate.py", "--training", "lora", "--rollouts", "4", "--micro-batch", "2", "--group-size", "2",
+    (["curation_cost", "--prompts", "2", "--group-size", "2"], "| paper | Llama-3.1-8B | LoRA r16 |"),
+    (["memory_estimate", "--training", "lora", "--rollouts", "4", "--micro-batch", "2", "--group-size", "2",
       "--prompt-len", "8", "--max-new-tokens", "4"], "pair peak (GiB): LoRA r=16, checkpointing off: "),
-    (["recipe_probe.py", "--iterations", "1", "--threads", "1", "--", *TINY_SHAPE],
+    (["recipe_probe", "--iterations", "1", "--threads", "1", "--", *TINY_SHAPE],
      "after 1 iterations llama: greedy "),
-    (["smollm2.py", "memory"], "LoRA r=16, 4 sequences of "),
-    (["smollm2.py", "accuracy", "--eval-size", "4", "--humaneval", "1", "--max-new-tokens", "8", "--code-tokens", "16"],
+    (["smollm2", "memory"], "LoRA r=16, 4 sequences of "),
+    (["smollm2", "accuracy", "--eval-size", "4", "--humaneval", "1", "--max-new-tokens", "8", "--code-tokens", "16"],
      "humaneval: greedy pass@1 "),
     # an option between `speed` and the flags after -- (argparse refused it before they were parsed intermixed)
-    (["smollm2.py", "speed", "--runs-dir", "{tmp}/runs", "--", *TINY], "s per iteration "),
+    (["smollm2", "speed", "--runs-dir", "{tmp}/runs", "--", *TINY], "s per iteration "),
 ], ids=lambda v: " ".join(v[:2]) if isinstance(v, list) else None)
 def test_a_documented_benchmark_command_runs_to_its_end(command, printed, tmp_path):
-    if command[0] == "tbd_firing.py":           # its files go beside the test's, not over results/
+    if command[0] == "tbd_firing":           # its files go beside the test's, not over results/
         command = [*command, "--out", "{tmp}/tbd-firing"]
     done = run_benchmark([arg.format(tmp=tmp_path) for arg in command], tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -45,16 +64,16 @@ def test_a_documented_benchmark_command_runs_to_its_end(command, printed, tmp_pa
 
 
 def run_benchmark(command: list[str], home: Path) -> subprocess.CompletedProcess:
-    """benchmarks/COMMAND[0] with its arguments, in a home of its own: the warm-ups cache under ~/.cache, and a test
-    must not read another run's."""
-    return subprocess.run([sys.executable, str(ROOT / "benchmarks" / command[0]), *command[1:]], cwd=ROOT,
+    """`python -m benchmarks.COMMAND[0]` with its arguments, from the root, in a home of its own: the warm-ups cache
+    under ~/.cache, and a test must not read another run's."""
+    return subprocess.run([sys.executable, "-m", f"benchmarks.{command[0]}", *command[1:]], cwd=ROOT,
                           capture_output=True, text=True, env={**os.environ, "HOME": str(home)})
 
 
+@pytest.mark.slow
 def test_gpu_checks_cpu_smoke_run_times_each_small_level_for_each_policy(tmp_path):
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    import gpu_check
-    done = run_benchmark(["gpu_check.py", "--iterations", "2", "--eval-size", "8", "--max-new-tokens", "24",
+    from benchmarks import gpu_check
+    done = run_benchmark(["gpu_check", "--iterations", "2", "--eval-size", "8", "--max-new-tokens", "24",
                           "--out", str(tmp_path / "check.json"), "--cache-dir", str(tmp_path / "cache"), "--",
                           "--warmup-scale", "0.02"], tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -66,8 +85,9 @@ def test_gpu_checks_cpu_smoke_run_times_each_small_level_for_each_policy(tmp_pat
     assert all(r["received / it"] == 0 for r in written["rows"] if r["mode"] == "none")
 
 
+@pytest.mark.slow
 def test_reach_estimate_measures_the_same_offers_under_each_estimate_or_says_to_sample_more(tmp_path):
-    done = run_benchmark(["reach_estimate.py", "--seeds", "2001", "--iterations", "1", "--repeats", "1",
+    done = run_benchmark(["reach_estimate", "--seeds", "2001", "--iterations", "1", "--repeats", "1",
                           "--estimates", "exact", "last:2", "--json", str(tmp_path / "reach.json"), "--",
                           "--prompts-per-iteration", "8", "--group-size", "6", "--max-new-tokens", "16",
                           "--warmup-scale", "0.15", "--cache-dir", str(tmp_path / "cache")], tmp_path)
@@ -99,18 +119,20 @@ def tree_commit(tmp_path) -> str:
     return git("commit-tree", git("write-tree"), "-p", "HEAD", "-m", "the working tree under test")
 
 
+@pytest.mark.slow
 def test_same_metrics_finds_the_tree_bit_identical_to_itself_and_names_what_this_sides_flags_move(tree_commit,
                                                                                                   tmp_path):
-    done = run_benchmark(["same_metrics.py", "--before", tree_commit, "--", *TINY], tmp_path)
+    done = run_benchmark(["same_metrics", "--before", tree_commit, "--", *TINY], tmp_path)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert f"{tree_commit} against " in done.stdout and done.stdout.rstrip().endswith("bit-identical")
-    done = run_benchmark(["same_metrics.py", "--before", tree_commit, "--after-flags=--temperature 1.3", "--", *TINY],
+    done = run_benchmark(["same_metrics", "--before", tree_commit, "--after-flags=--temperature 1.3", "--", *TINY],
                          tmp_path)
     assert done.returncode == 1 and "different:\n  metrics.jsonl line " in done.stdout, done.stderr[-2000:]
 
 
+@pytest.mark.slow
 def test_wall_time_times_each_configuration_at_both_commits_side_by_side(tree_commit, tmp_path):
-    done = run_benchmark(["wall_time.py", "--seed", "900", "--iterations", "1", "--configurations", "none",
+    done = run_benchmark(["wall_time", "--seed", "900", "--iterations", "1", "--configurations", "none",
                           "cross-fidelity", "--before", tree_commit, "--train-args", " ".join(TINY),
                           "--out", str(tmp_path)], tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]

@@ -3,7 +3,6 @@ and state, and end to end, a branch continued with the trunk's own arm is the ru
 that admits no offer is `none`, bit for bit, so that arms differ in what they admit and in nothing else."""
 
 import json
-import sys
 from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
@@ -11,15 +10,14 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
+import train
+from analysis import branches as branches_report
+from benchmarks import branches
+from test_train import MIXED
+from testbed import checkpoint
+from testbed.metrics_log import timeless
 
-import branches  # noqa: E402
-from analysis import branches as branches_report  # noqa: E402
-import train  # noqa: E402
-from testbed import checkpoint  # noqa: E402
-from testbed.metrics_log import timeless  # noqa: E402
-from test_train import MIXED  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 SMOKE = ["--prompts-per-iteration", "4", "--group-size", "4", "--max-new-tokens", "16", "--eval-size", "16",
          "--eval-every", "2", "--train-size", "200", "--warmup-scale", "0.15"]

@@ -2,8 +2,6 @@
 
 import copy
 import json
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -11,15 +9,13 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 import eval as evaluation
-import grpo
 import grad_norms
+import grpo
 import train
 from args import Args
-from testbed import checkpoint, costs, lora, sequences, tiny
+from benchmarks import memory_estimate   # the measurement that checks the estimate
 from test_train import tiny_args
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-import memory_estimate  # noqa: E402  (the measurement that checks the estimate)
+from testbed import checkpoint, costs, lora, sequences, tiny
 
 
 def tiny_llama(seed=0):
@@ -291,7 +287,7 @@ def test_curation_flops_count_what_the_gradient_norms_multiply(estimate, lora_ra
 
 
 def test_curation_cost_at_scale_orders_the_estimates_by_what_they_differentiate():
-    import curation_cost
+    from benchmarks import curation_cost
     model = curation_cost.meta_model("Qwen/Qwen2.5-0.5B-Instruct", lora_rank=0)
     row = curation_cost.rows(model, costs.Workload(128, 100, 40, 8, 256), offers=128, own=32, steps=4)
     assert row["curation, last:0"] < row["curation, last:2"] < row["curation, exact"]

@@ -211,8 +211,8 @@ def test_a_cross_fidelity_run_logs_decisions_that_follow_its_own_rules(tmp_path,
     assert f"{run_dir / 'report.md'}; every decision: {run_dir / 'fidelity.jsonl'}" in summary
     if pair == "qwen-llama" and admission == "diagnosis":      # the README's sensitivity commands on this run
         for command in (["runs", str(run_dir)], ["ablation", str(run_dir), str(run_dir), "--source", "qwen"]):
-            out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "curator_sensitivity.py"), *command],
-                                 capture_output=True, text=True, check=True).stdout
+            out = subprocess.run([sys.executable, "-m", "benchmarks.curator_sensitivity", *command],
+                                 capture_output=True, text=True, check=True, cwd=ROOT).stdout
             assert "CCM" in out if command[0] == "runs" else "in different bands: 0 (0%)" in out
 
 
@@ -463,8 +463,7 @@ def logged_run(path: Path, thresholds: str, levels: list[int], silent: tuple[int
 
 
 def test_the_window_redraw_and_the_levels_rebuild_what_the_curator_logged(tmp_path, capsys):
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    import curator_sensitivity
+    from benchmarks import curator_sensitivity
     logged_run(tmp_path, "fixed", [0] * 6)
     curator_sensitivity.window_stability(tmp_path, every=1)
     out = capsys.readouterr().out
@@ -477,8 +476,7 @@ def test_the_window_redraw_and_the_levels_rebuild_what_the_curator_logged(tmp_pa
 
 
 def test_the_ablation_table_counts_the_offers_of_one_source_and_iteration_whose_band_moved(tmp_path, capsys):
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    import curator_sensitivity
+    from benchmarks import curator_sensitivity
 
     def run(name: str, bands: list[int], elsewhere: int) -> Path:
         mine = [{"source": "mistral", "receiver": "qwen", "iteration": 1, "index": k, "band": b}
@@ -498,8 +496,7 @@ def test_the_ablation_table_counts_the_offers_of_one_source_and_iteration_whose_
 
 
 def test_the_ties_table_counts_the_offers_a_threshold_on_a_shared_d_moved(tmp_path):
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    import curator_sensitivity
+    from benchmarks import curator_sensitivity
     # one iteration, its 10 offers the whole sample: 4 with every step in reach (CCM 0, one D), TBD and RSD constant;
     # the third's quantile falls on the 4, whose middle lies in PRP's third: PRP now, XGRPO by the plain quantile
     terms = [(0.0, ccm, 0.5) for ccm in [0.0] * 4 + [0.1, 0.2, 0.3, 0.4, 0.5, 0.6]]
@@ -514,14 +511,13 @@ def test_the_ties_table_counts_the_offers_a_threshold_on_a_shared_d_moved(tmp_pa
     (tmp_path / "config.json").write_text(json.dumps({"thresholds": "fixed", "theta1": None, "calibration": "window",
                                                       "calibration_window": 1, "ablate": []}))
     assert curator_sensitivity.tie_table(tmp_path) == {"llama": [1, 1, 10, 4]}
-    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "curator_sensitivity.py"), "ties", str(tmp_path)],
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run([sys.executable, "-m", "benchmarks.curator_sensitivity", "ties", str(tmp_path)],
+                         capture_output=True, text=True, check=True, cwd=ROOT).stdout
     assert "| llama | 1 | 1 | 10 | 4 (40.0%) |" in out
 
 
 def test_an_iteration_that_diagnosed_nothing_leaves_the_rebuilt_window_as_the_curators(tmp_path, capsys):
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    import curator_sensitivity
+    from benchmarks import curator_sensitivity
     logged_run(tmp_path, "fixed", [0] * 6, silent=(4,))
     curator_sensitivity.window_stability(tmp_path, every=1)
     out = capsys.readouterr().out                       # iteration 5's window holds iterations 3 and 5
@@ -531,8 +527,7 @@ def test_an_iteration_that_diagnosed_nothing_leaves_the_rebuilt_window_as_the_cu
 
 
 def test_a_reach_redraw_swaps_half_the_window_for_fresh_samples_by_hand():
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    import curator_sensitivity
+    from benchmarks import curator_sensitivity
     window = 4
     pool = [torch.zeros(3)] * window + [torch.ones(3)] * window     # the window's samples 0, the fresh ones 1
     cut_offs = [0.25, 0.75, 0.4, 0.6, 0.9]                          # an offer's band: 1 where the mean passes it
@@ -548,8 +543,7 @@ def test_a_reach_redraw_swaps_half_the_window_for_fresh_samples_by_hand():
 
 
 def test_the_reach_redraw_runs_on_the_tiny_pair(tmp_path, cache_dir, capsys, monkeypatch):
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    import curator_sensitivity
+    from benchmarks import curator_sensitivity
     live, offered = curator_sensitivity.live_offers, {}
 
     def counted(it, receiver):
@@ -565,8 +559,7 @@ def test_the_reach_redraw_runs_on_the_tiny_pair(tmp_path, cache_dir, capsys, mon
 
 
 def test_reach_estimate_measures_each_estimate_against_exact(tmp_path, cache_dir):
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    import reach_estimate
+    from benchmarks import reach_estimate
     out = reach_estimate.measure(tiny_args(tmp_path, cache_dir), iterations=1, estimates=["exact", "last:0"],
                                  repeats=1)
     for name in ("qwen", "llama"):
@@ -578,8 +571,7 @@ def test_reach_estimate_measures_each_estimate_against_exact(tmp_path, cache_dir
 
 
 def test_reach_estimate_pools_the_seeds_that_offered_a_receiver_something_and_refuses_a_receiver_never_offered():
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    import reach_estimate
+    from benchmarks import reach_estimate
     gen = torch.Generator().manual_seed(0)
 
     def seed(offers: dict[str, int]) -> dict:
@@ -602,8 +594,7 @@ def test_reach_estimate_pools_the_seeds_that_offered_a_receiver_something_and_re
 
 
 def test_reach_estimate_rule_takes_the_cheapest_that_agrees_for_every_receiver():
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    import reach_estimate
+    from benchmarks import reach_estimate
 
     def table(agree: dict[str, tuple[float, float]], seconds: dict[str, float]) -> dict:
         return {(name, e): {"band_agreement": a[i], "seconds": seconds[e]} for e, a in agree.items()

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from benchmarks import flop_rate
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "benchmarks"))
-import flop_rate  # noqa: E402
 
 
 def test_counted_adds_each_calls_multiplies_to_its_phase_even_when_the_call_raises():
@@ -47,7 +47,7 @@ def test_cpu_attention_is_counted_as_its_matrix_products():
 def test_the_command_counts_and_times_the_training_phases(tmp_path, cache_dir):
     train_args = (f"--share cross-fidelity --warmup-scale 0.15 --prompts-per-iteration 8 --group-size 6 "
                   f"--max-new-tokens 16 --eval-size 8 --train-size 200 --cache-dir {cache_dir}")
-    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "flop_rate.py"), "--iterations", "1",
+    done = subprocess.run([sys.executable, "-m", "benchmarks.flop_rate", "--iterations", "1",
                            "--train-args", train_args, "--out", str(tmp_path)],
                           capture_output=True, text=True, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -68,14 +68,15 @@ def test_the_command_counts_and_times_the_training_phases(tmp_path, cache_dir):
 
 @pytest.mark.slow
 def test_the_shared_prompt_command_runs():
-    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "shared_prompt.py"), "--warmup-scale", "0.02",
-                           "--prompts", "2", "--group-size", "3", "--repeats", "1"], capture_output=True, text=True)
+    done = subprocess.run([sys.executable, "-m", "benchmarks.shared_prompt", "--warmup-scale", "0.02",
+                           "--prompts", "2", "--group-size", "3", "--repeats", "1"], capture_output=True, text=True,
+                          cwd=ROOT)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.count("largest gradient difference") == 2
 
 
 def test_speed_check_reads_the_paired_difference_against_a_t_interval_by_hand(tmp_path):
-    import speed_check
+    from benchmarks import speed_check
     from test_matrix import summary, write_summaries
 
     def folder(name, points, seconds):
@@ -94,15 +95,15 @@ def test_speed_check_reads_the_paired_difference_against_a_t_interval_by_hand(tm
     # differences 2, 2.1, 1.9: SD 0.1, half-width 0.248 -> 0 outside
     tight = speed_check.check(before, folder("tight", (12.0, 22.1, 31.9), (100.0, 110.0, 90.0)))
     assert next(r for r in tight if r["policy"] == "p")["moved"]
-    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "speed_check.py"), str(tmp_path / "before"),
-                           str(tmp_path / "tight")], capture_output=True, text=True)
+    done = subprocess.run([sys.executable, "-m", "benchmarks.speed_check", str(tmp_path / "before"),
+                           str(tmp_path / "tight")], capture_output=True, text=True, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "| p | 7, 8, 9 |" in done.stdout and "after / before 1.00" in done.stdout
 
 
 @pytest.mark.slow
 def test_the_default_run_check_runs_twice_into_one_folder(tmp_path):
-    command = [sys.executable, str(ROOT / "benchmarks" / "default_run.py"), "--seeds", "1", "--threads", "1",
+    command = [sys.executable, "-m", "benchmarks.default_run", "--seeds", "1", "--threads", "1",
                "--jobs", "1", "--runs-dir", str(tmp_path), "--train-args",
                "--eval-size 4 --iterations 1 --warmup-scale 0.02 --prompts-per-iteration 2 --group-size 2 "
                "--max-new-tokens 8 --train-size 50"]
@@ -118,7 +119,7 @@ def test_the_default_run_check_runs_twice_into_one_folder(tmp_path):
 def test_the_default_run_table_by_hand(tmp_path):
     # standard errors over the held-out problems the run evaluated, from its config (here 4), not a default;
     # greedy 0.25 -> 0.5, sampled 0.1 -> 0.2, training reward 0.0 for 20 iterations then 1.0 for 20
-    import default_run
+    from benchmarks import default_run
     (tmp_path / "config.json").write_text(json.dumps({"eval_size": 4}))
     lines = [{"policy": "p", "iteration": i, "eval/heldout_accuracy": a, "eval/heldout_sampled_accuracy": b}
              for i, a, b in ((0, 0.25, 0.1), (40, 0.5, 0.2))]

@@ -12,14 +12,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-
-import matrix  # noqa: E402
-from analysis import sets  # noqa: E402
-from analysis import matrix as analysis  # noqa: E402
-from analysis import pairing, stats  # noqa: E402
-import power  # noqa: E402
-from testbed import checkpoint  # noqa: E402
+from analysis import sets
+from analysis import matrix as analysis
+from analysis import pairing, stats
+from benchmarks import matrix
+from benchmarks import power
+from testbed import checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -72,7 +70,7 @@ def test_the_code_commit_skips_results_and_a_dirty_tree_is_refused(repo):
 
 
 def test_same_metrics_names_the_later_side_and_says_when_it_was_no_commit(repo):
-    import same_metrics
+    from benchmarks import same_metrics
     head = subprocess.run(["git", "-C", str(repo), "rev-parse", "--short", "HEAD"], check=True, capture_output=True,
                           text=True).stdout.strip()
     (repo / "results" / "new.json").write_text("{}")
@@ -582,8 +580,7 @@ def test_the_matrix_command_line_runs_the_set_it_names(repo, tmp_path):
 
 @pytest.mark.slow
 def test_wall_time_times_every_phase_of_a_run_and_they_add_up(tmp_path, cache_dir):
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    import wall_time
+    from benchmarks import wall_time
     from test_train import tiny_args
     from args import Args
     from dataclasses import asdict
@@ -599,7 +596,7 @@ def test_wall_time_times_every_phase_of_a_run_and_they_add_up(tmp_path, cache_di
 
 
 def test_same_metrics_ignores_the_clock_and_names_any_other_difference(tmp_path):
-    import same_metrics
+    from benchmarks import same_metrics
 
     def run(name, lines, fidelity=None):
         (tmp_path / name).mkdir()
@@ -632,9 +629,9 @@ def test_same_metrics_ignores_the_clock_and_names_any_other_difference(tmp_path)
 @pytest.mark.slow
 def test_ray_overhead_weighs_every_actor_call_of_an_iteration(cache_dir):
     # the README's command at a short length: three runs (train.py, train_ray.py, train_ray.py weighed) of prp
-    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "ray_overhead.py"), "--shares", "prp",
+    done = subprocess.run([sys.executable, "-m", "benchmarks.ray_overhead", "--shares", "prp",
                            "--iterations", "3", "--warmup-scale", "0.15", "--cache-dir", cache_dir],
-                          capture_output=True, text=True, timeout=900)
+                          capture_output=True, text=True, timeout=900, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-2000:]
     row = next(line for line in done.stdout.splitlines() if line.startswith("| prp |"))
     calls = int(row.split("|")[4])

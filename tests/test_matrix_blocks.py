@@ -13,13 +13,12 @@ from dataclasses import replace
 
 import pytest
 
-from test_matrix import ROOT, summary, write_summaries   # it puts benchmarks/ on the path
-
-import h5_path  # noqa: E402
-from analysis import blocks as mb  # noqa: E402
-from analysis import h3 as matrix_h3  # noqa: E402
-from analysis import h4, h5, plots, stats, verdicts  # noqa: E402
-from analysis import matrix as ma  # noqa: E402
+from analysis import blocks as mb
+from analysis import h3 as matrix_h3
+from analysis import h4, h5, plots, stats, verdicts
+from analysis import matrix as ma
+from benchmarks import h5_path
+from test_matrix import ROOT, summary, write_summaries
 
 
 def row(mean, low, high, rejected):

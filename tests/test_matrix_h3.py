@@ -10,14 +10,12 @@ import math
 
 import pytest
 
-from test_matrix import summary, write_summaries   # it puts benchmarks/ on the path
-
-from analysis import blocks as mb  # noqa: E402
-from analysis import h3 as matrix_h3  # noqa: E402
-from analysis import matrix as ma  # noqa: E402
-from analysis import verdicts  # noqa: E402
-from analysis.sets import H3_CONFIGURATIONS, H3_SEEDS, SETS  # noqa: E402
-
+from analysis import blocks as mb
+from analysis import h3 as matrix_h3
+from analysis import matrix as ma
+from analysis import verdicts
+from analysis.sets import H3_CONFIGURATIONS, H3_SEEDS, SETS
+from test_matrix import summary, write_summaries
 
 UNIT = 100 / 64
 """a flat held-out accuracy of k / 64 has an AUC of k x UNIT points, exactly, so gains in units add up exactly"""

@@ -4,16 +4,15 @@ as before), and a run's start record says where each warm-up came from."""
 
 import re
 
-import pytest
 import torch
 
 from args import Args
 from testbed import arith, checkpoint, policies, presets, tiny
 
-REGENERATE = "python benchmarks/warmup_curve.py --package"
+REGENERATE = "python -m benchmarks.warmup_curve --package"
 REGISTERED_SEEDS = [*range(1001, 1031), *range(3001, 3031), *range(6001, 6031), *range(7001, 7031)]
 """the registered seeds (the pilot and the matrix, the premise, H3, HACPO-official: analysis/sets.py and
-benchmarks/premise_registered.py), more of each range than any set draws"""
+analysis/premise_registered.py), more of each range than any set draws"""
 
 
 def default_files(cache_dir: str) -> dict[str, str]:

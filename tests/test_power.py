@@ -2,15 +2,11 @@
 analysis/curves.py) against tables and hand-computed cases."""
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-
-import power  # noqa: E402
-from analysis import curves, stats  # noqa: E402
+from analysis import curves, stats
+from benchmarks import power
 
 
 @pytest.mark.parametrize("p, dof, table", [(0.975, 1, 12.706), (0.975, 5, 2.571), (0.975, 9, 2.262),

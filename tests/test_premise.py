@@ -8,7 +8,6 @@ import itertools
 import json
 import math
 import random
-import sys
 from functools import partial
 from pathlib import Path
 from types import SimpleNamespace
@@ -20,18 +19,15 @@ from scipy import stats as scipy_stats
 
 import grpo
 import sharing
+from analysis import premise_readings as readings
+from analysis import premise_report
+from analysis import premise_stats as stats
 from args import Args
-from testbed import arith, policies, tasks, tiny
+from benchmarks import premise as premise_cli
+from benchmarks import premise_measure
+from benchmarks import premise_usefulness as premise
 from test_sharing import PROMPTS, experience, naive_groups, naive_logprobs, untrained  # noqa: F401
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-
-import premise as premise_cli  # noqa: E402
-import premise_measure  # noqa: E402
-import premise_readings as readings  # noqa: E402
-import premise_report  # noqa: E402
-import premise_stats as stats  # noqa: E402
-import premise_usefulness as premise  # noqa: E402
+from testbed import arith, policies, tasks, tiny
 
 PROBLEM = arith.generate_problems(1, "train", seed=0, cfg=arith.TaskConfig())[0]
 
@@ -269,7 +265,7 @@ def hand_rows(gen: random.Random) -> list[dict]:
 def write_hand_rows(folder: Path) -> list[dict]:
     rows = hand_rows(random.Random(0))
     for seed, stage in itertools.product((1, 2, 3), (10, 50)):
-        premise_measure.write_rows(premise_measure.stage_file(folder, "qwen-llama", seed, stage),
+        premise_measure.write_rows(premise_report.stage_file(folder, "qwen-llama", seed, stage),
                                    [r for r in rows if (r["seed"], r["stage"]) == (seed, stage)])
     return rows
 
@@ -479,8 +475,8 @@ def test_measure_skips_what_exists_and_writes_nothing_of_a_failed_stage(tmp_path
     assert sorted(p.name for p in tmp_path.iterdir()) == ["qwen-llama-s1-it010.jsonl"]
     written = premise_measure.measure(["qwen-llama"], [1], [10, 50], tmp_path, rows_of)
     assert calls[2:] == [("qwen-llama", 1, 50)] and [p.name for p in written] == ["qwen-llama-s1-it050.jsonl"]
-    assert premise_measure.read_rows(written[0]) == [{"seed": 1, "stage": 50}]
-    assert premise_measure.stage_of(written[0]) == ("qwen-llama", 1, 50)
+    assert premise_report.read_rows(written[0]) == [{"seed": 1, "stage": 50}]
+    assert premise_report.stage_of(written[0]) == ("qwen-llama", 1, 50)
     assert premise_measure.measure(["qwen-llama"], [1], [10, 50], tmp_path, rows_of) == [] and len(calls) == 3
 
 

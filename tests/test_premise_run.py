@@ -15,13 +15,11 @@ import pytest
 import torch
 
 import train
+from analysis import premise_registered as registered
+from analysis import premise_report
+from benchmarks import premise_usefulness
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-import premise_measure  # noqa: E402
-import premise_registered as registered  # noqa: E402
-import premise_usefulness  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -33,11 +31,11 @@ HELDOUT = ["--heldout-prompts", "4", "--heldout-samples", "2"]
 
 
 def premise_command(*words: str, cache_dir: str) -> tuple[subprocess.CompletedProcess, int]:
-    """`python benchmarks/premise.py WORDS` at the smoke size, run to its end, and the size of the offers' pool it
+    """`python -m benchmarks.premise WORDS` at the smoke size, run to its end, and the size of the offers' pool it
     printed."""
     flags = ["--warmup-scale", "0.15", "--train-flags", f"{TRAIN_FLAGS} --cache-dir {cache_dir}"]
-    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "premise.py"), *words, *HELDOUT, *flags],
-                          capture_output=True, text=True, timeout=900)
+    done = subprocess.run([sys.executable, "-m", "benchmarks.premise", *words, *HELDOUT, *flags],
+                          capture_output=True, text=True, timeout=900, cwd=ROOT)
     pool = re.search(r"(\d+) diagnosed offers with A != 0", done.stdout)
     assert pool, f"no pool printed: {done.stderr[-3000:]}"
     return done, int(pool.group(1))
@@ -48,7 +46,7 @@ def test_measures_rows_are_the_offers_the_run_curates_at_that_iteration(tmp_path
     done, pool = premise_command("measure", "--presets", "qwen-llama", "--seeds", str(SEED), "--stages", str(STAGE),
                                  "--offers", "3", "--out", str(out), "--runs-dir", str(runs), cache_dir=cache_dir)
     assert done.returncode == 0, done.stderr[-3000:]
-    rows = premise_measure.read_rows(premise_measure.stage_file(out, "qwen-llama", SEED, STAGE))
+    rows = premise_report.read_rows(premise_report.stage_file(out, "qwen-llama", SEED, STAGE))
 
     # the run goes on one iteration as train.py would: its curation there is the one the rows were drawn from
     args = premise_usefulness.run_args("qwen-llama", SEED, STAGE + 1, str(runs),

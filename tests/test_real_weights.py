@@ -200,10 +200,7 @@ def test_real_weights_resume_equals_an_uninterrupted_run(tmp_path, cache_dir, sm
 
 
 def test_real_weights_benchmark_at_a_tiny_size(smol_cut):
-    import sys
-    from pathlib import Path
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-    import smollm2
+    from benchmarks import smollm2
     problem = arith.generate_problems(1, "heldout", 0)[0]
     assert smollm2.last_number_right(problem, f"so {problem.answer - 1}, no: {problem.answer}.")
     assert not smollm2.last_number_right(problem, f"{problem.answer} then {problem.answer + 1}")

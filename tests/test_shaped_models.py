@@ -1,19 +1,12 @@
 """The small pair's shaped stand-ins (benchmarks/shaped_models.py): the published sizes of the models they stand
 for, and a stand-in that the run's own loader reads from --model-dir and rolls out with its family's tokenizer."""
 
-import sys
-
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from test_matrix import ROOT
-
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-import shaped_models  # noqa: E402
-
-from testbed import arith, policies, presets, tiny  # noqa: E402
+from benchmarks import shaped_models
+from testbed import arith, policies, presets, tiny
 
 PUBLISHED_PARAMETERS = {"Qwen/Qwen2.5-0.5B-Instruct": 494_032_768, "Qwen/Qwen2.5-1.5B-Instruct": 1_543_714_304,
                         "meta-llama/Llama-3.2-1B-Instruct": 1_235_814_400}

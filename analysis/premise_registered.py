@@ -1,13 +1,9 @@
 """What results/preregistration-premise.md fixes (issue 52), in one place: every entry point of
 benchmarks/premise.py reads its defaults here, so that a run at the defaults is the registered one."""
 
-import sys
 from dataclasses import dataclass
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from analysis import sets  # noqa: E402
+from analysis import sets
 
 RUN_FLAGS = (*sets.CURATED, *sets.PROTOCOL)
 """train.py flags of every run: cross-fidelity with the exact CCM estimate under the matrix's protocol"""

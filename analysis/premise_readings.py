@@ -18,16 +18,12 @@ from __future__ import annotations
 
 import json
 import random
-import sys
 from collections import Counter
 from collections.abc import Callable
-from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import premise_stats as stats  # noqa: E402
+from analysis import premise_stats as stats
 
 EARLY = 10
 """the stage whose clusters the TBD reading leaves out (the registration's first, iteration 10)"""

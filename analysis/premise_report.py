@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import random
-import sys
 from pathlib import Path
 
 import matplotlib
@@ -22,24 +21,36 @@ import numpy as np
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import premise_measure as measure  # noqa: E402
-import premise_readings as readings  # noqa: E402
-import premise_registered as registered  # noqa: E402
-import premise_stats as stats  # noqa: E402
+from analysis import premise_readings as readings
+from analysis import premise_registered as registered
+from analysis import premise_stats as stats
 
 PREDICTORS = ("D", *registered.TERMS, *registered.SIGNALS, "random")
 """what P4 sets against U: D, its raw terms, the baselines' signals, the offer's reward and advantage, a random
 control (P1 and P2 read D's and the terms' rho from the same statistic)"""
 
 
+def stage_file(out: Path, preset: str, seed: int, stage: int) -> Path:
+    """The rows' file of one (preset, seed, stage): benchmarks/premise_measure.py writes it, `load` reads it."""
+    return out / f"{preset}-s{seed}-it{stage:03d}.jsonl"
+
+
+def stage_of(path: Path) -> tuple[str, int, int]:
+    """(preset, seed, stage) of a stage file's name: the inverse of stage_file."""
+    preset, seed, stage = path.stem.rsplit("-", 2)
+    return preset, int(seed.removeprefix("s")), int(stage.removeprefix("it"))
+
+
+def read_rows(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
 def load(folder: Path) -> list[dict]:
     """Every stage file's rows, each with its direction named by its preset, in the files' order."""
     rows = []
     for path in sorted(folder.glob("*-s*-it*.jsonl")):
-        preset = measure.stage_of(path)[0]
-        rows += [{**r, "direction": f"{preset}: {r['source']} -> {r['receiver']}"} for r in measure.read_rows(path)]
+        preset = stage_of(path)[0]
+        rows += [{**r, "direction": f"{preset}: {r['source']} -> {r['receiver']}"} for r in read_rows(path)]
     return rows
 
 

@@ -12,17 +12,13 @@ import functools
 import itertools
 import math
 import random
-import sys
 from collections.abc import Callable, Sequence
-from pathlib import Path
 
 import numpy as np
 from scipy import stats as scipy_stats
 
-sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]
-
-from analysis import stats as matrix_stats  # noqa: E402
-import premise_registered as registered  # noqa: E402
+from analysis import stats as matrix_stats
+from analysis import premise_registered as registered
 
 EXACT_LIMIT = 30_000
 RESAMPLES = 4000
