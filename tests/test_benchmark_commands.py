@@ -27,7 +27,7 @@ def test_every_documented_benchmark_command_runs_a_script_of_the_package_as_a_mo
     for name, text in {**pages, **sources}.items():
         assert not re.search(r"python\s+benchmarks/", text), f"{name} runs a script by its path"
     named = {m for text in pages.values() for m in re.findall(r"python\s+-m\s+benchmarks\.([a-z]\w*)", text)}
-    assert {"matrix", "premise", "default_run", "warmup_curve"} <= named
+    assert {"matrix", "premise", "default_run", "warmup_curve", "reward_drift_demo"} <= named
     for name in sorted(named):
         assert (ROOT / "benchmarks" / f"{name}.py").is_file(), name
         assert importlib.util.find_spec(f"benchmarks.{name}") is not None, name
@@ -56,7 +56,7 @@ def test_every_documented_benchmark_command_runs_a_script_of_the_package_as_a_mo
     (["smollm2", "speed", "--runs-dir", "{tmp}/runs", "--", *TINY], "s per iteration "),
 ], ids=lambda v: " ".join(v[:2]) if isinstance(v, list) else None)
 def test_a_documented_benchmark_command_runs_to_its_end(command, printed, tmp_path):
-    if command[0] == "tbd_firing":           # its files go beside the test's, not over results/
+    if command[0] == "tbd_firing":              # its files go beside the test's, not over results/
         command = [*command, "--out", "{tmp}/tbd-firing"]
     done = run_benchmark([arg.format(tmp=tmp_path) for arg in command], tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]

@@ -1,6 +1,6 @@
-"""The concept files' demos that the README shows (`python curator.py`, ...) run to their end and print what they
-say they print. Each runs in this process on the tiny pair with a short warm-up (the documented command warms up
-fully, which takes minutes): the code path is the same."""
+"""The concept files' demos that the README shows (`python curator.py`, `python -m benchmarks.reachability_demo`, ...)
+run to their end and print what they say they print. Each runs in this process on the tiny pair with a short warm-up
+(the documented command warms up fully, which takes minutes): the code path is the same."""
 
 import runpy
 import sys
@@ -25,15 +25,21 @@ def short_warm_up(monkeypatch, cache_dir):
 
 @pytest.mark.parametrize("command, printed", [
     (["grpo.py", "--updates", "2"], "mean log-prob change of A > 0 tokens"),
-    (["reward_drift.py"], "RSD term = "),
-    (["reachability.py"], "'s solution, reward"),   # its step lines, where the greedy solution holds a line
+    (["-m", "benchmarks.reward_drift_demo"], "RSD term = "),
+    (["-m", "benchmarks.reachability_demo"], "'s solution, reward"),   # its step lines, where a solution holds a line
     (["boundary_drift.py", "--step-format", "prose", "--target", "mistral"], "TBD per step by credit"),
     (["curator.py"], "most degraded: "),
 ])
 def test_a_readme_demo_runs_to_its_end(command, printed, short_warm_up, monkeypatch, capsys):
-    monkeypatch.setattr(sys, "argv", [str(ROOT / command[0]), *command[1:]])
+    """`python FILE ARGS` or `python -m MODULE ARGS`, in this process."""
+    module = command[1] if command[0] == "-m" else None
+    args = command[2:] if module else command[1:]
+    monkeypatch.setattr(sys, "argv", [module or str(ROOT / command[0]), *args])
     try:
-        runpy.run_path(str(ROOT / command[0]), run_name="__main__")
+        if module:
+            runpy.run_module(module, run_name="__main__")
+        else:
+            runpy.run_path(str(ROOT / command[0]), run_name="__main__")
     except SystemExit as stop:
         # the curator's demo on policies whose every reward on a prompt was the same: nothing was diagnosed, and
         # it says so after printing where each policy's offers went

@@ -1,7 +1,8 @@
 """The layout the README's table describes and DESIGN.md §2 explains: the proposal's concept files and the loops
-alone at the top level, support in its package folders, every file and folder in the table; no import circle among the project's modules, counting every import (at module level, inside
-functions, for type checking) but a demo's under `if __name__ == "__main__":`; small files with short module
-docstrings."""
+alone at the top level, support in its package folders, every file and folder in the table; no import circle among
+the project's modules, the benchmark scripts included, counting every import (at module level, inside functions, for
+type checking, in a demo under `if __name__ == "__main__":`); no module but a script imports a script; small files
+with short module docstrings."""
 
 import ast
 import re
@@ -11,24 +12,19 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def is_demo(node: ast.AST) -> bool:
-    test = getattr(node, "test", None)
-    return (isinstance(node, ast.If) and isinstance(test, ast.Compare) and isinstance(test.left, ast.Name)
-            and test.left.id == "__name__")
-
 
 PACKAGES = ("baselines", "testbed", "execution", "analysis")
 """the package folders, each a flat folder of modules"""
+SCRIPTS = "benchmarks"
+"""the scripts' package (`python -m benchmarks.NAME`): in the import graph, not in the layout's rules for support"""
 
 
 def imported(tree: ast.AST, modules: set[str]) -> set[str]:
-    """The project modules (dotted names) a file imports anywhere but in its demo: `import a.b`, `from a import b`
+    """The project modules (dotted names) a file imports anywhere, its demo included: `import a.b`, `from a import b`
     and `from a.b import c` all import module a.b."""
     found, todo = set(), [tree]
     while todo:
         node = todo.pop()
-        if is_demo(node):
-            continue
         if isinstance(node, ast.Import):
             found |= {a.name for a in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
@@ -37,16 +33,17 @@ def imported(tree: ast.AST, modules: set[str]) -> set[str]:
     return found & modules
 
 
-def modules(folder: Path) -> dict[str, Path]:
+def modules(folder: Path, packages: tuple[str, ...] = PACKAGES) -> dict[str, Path]:
     """Every module of the project by its dotted name: the top level's and its package folders'."""
     files = {p.stem: p for p in folder.glob("*.py")}
-    for package in PACKAGES:
+    for package in packages:
         files |= {f"{package}.{p.stem}": p for p in (folder / package).glob("*.py") if p.stem != "__init__"}
     return files
 
 
 def import_graph(folder: Path) -> dict[str, set[str]]:
-    files = modules(folder)
+    """Each module's project imports, the scripts' among them."""
+    files = modules(folder, (*PACKAGES, SCRIPTS))
     return {name: imported(ast.parse(p.read_text()), set(files)) - {name} for name, p in files.items()}
 
 
@@ -70,22 +67,31 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
-def test_the_circle_finder_finds_a_hand_made_circle_and_ignores_a_demos_import(tmp_path):
+def test_the_circle_finder_finds_hand_made_circles_a_demos_import_closing_one(tmp_path):
     (tmp_path / "a.py").write_text("import b\n")
     (tmp_path / "b.py").write_text("def f():\n    from c import g\n")
     (tmp_path / "c.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import a\n")
     (tmp_path / "d.py").write_text("import a\nif __name__ == '__main__':\n    import d2\n")
     (tmp_path / "d2.py").write_text("import d\n")
+    (tmp_path / SCRIPTS).mkdir()
+    (tmp_path / SCRIPTS / "s.py").write_text(f"from {SCRIPTS} import t\n")
+    (tmp_path / SCRIPTS / "t.py").write_text(f"import {SCRIPTS}.s\n")
     graph = import_graph(tmp_path)
-    assert graph["d"] == {"a"}
-    assert [sorted(c) for c in circles(graph)] == [["a", "b", "c"]]
+    assert graph["d"] == {"a", "d2"}
+    assert sorted(sorted(c) for c in circles(graph)) == [["a", "b", "c"], [f"{SCRIPTS}.s", f"{SCRIPTS}.t"], ["d", "d2"]]
 
 
-def test_no_import_circle_among_the_project_modules():
+def test_no_import_circle_among_the_project_modules_demos_and_scripts_included():
     graph = import_graph(ROOT)
-    assert {"train", "train_ray", "learner", "curator", "diagnosis", "testbed.policies", "execution.sandbox"} <= set(graph)
+    assert {"train", "train_ray", "learner", "curator", "diagnosis", "testbed.policies", "execution.sandbox",
+            f"{SCRIPTS}.matrix", f"{SCRIPTS}.premise"} <= set(graph)
     assert "testbed.arith" in graph["testbed.tasks"] and "execution.sandbox" in graph["testbed.verifiers"]
+    assert {"testbed.policies", "testbed.arith"} <= graph["grpo"]   # a demo's imports count
+    assert {f"{SCRIPTS}.power", "analysis.sets"} <= graph[f"{SCRIPTS}.matrix"]
     assert circles(graph) == []
+    # a script is imported by scripts alone
+    assert {(m, t) for m in graph for t in graph[m] if t.startswith(f"{SCRIPTS}.") and
+            not m.startswith(f"{SCRIPTS}.")} == set()
     # nor among the packages, each taken whole: importing one module of a package runs its __init__
     packages: dict[str, set[str]] = {}
     for name, imported in graph.items():
@@ -93,7 +99,7 @@ def test_no_import_circle_among_the_project_modules():
     assert circles({name: imported - {name} for name, imported in packages.items()}) == []
     # support never reaches back up into the proposal's files: only a baseline uses what it is compared within
     top = {name for name in graph if "." not in name}
-    assert {(m, t) for m in graph if "." in m for t in graph[m] & top} == {
+    assert {(m, t) for m in graph if "." in m and not m.startswith(f"{SCRIPTS}.") for t in graph[m] & top} == {
         ("baselines.graft", "sharing"), ("baselines.hacpo", "sharing"), ("baselines.hacpo", "grpo")}
 
 
