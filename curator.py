@@ -120,11 +120,11 @@ class Curator:
         self.cfg, self.seed = cfg, seed
         self.stats = {n: reward_drift.StepStats(cfg.step_window) for n in names}
         self.pairs = {(a, b): i for i, (a, b) in enumerate((a, b) for a in names for b in names if a != b)}
-        self.recent = {pair: (0.0, 0.0) for pair in self.pairs}     # EMA of D and CCM per pair: predictor features
+        self.recent_d_ccm = {pair: (0.0, 0.0) for pair in self.pairs}   # EMA of D and CCM per pair: predictor features
         # past iterations' own norms [S]; per iteration, its offers' terms
         self.own_norms: dict[str, deque[torch.Tensor]] = {n: deque(maxlen=cfg.reach_window - 1) for n in names}
         self.term_rows: dict[str, deque[list[tuple]]] = {n: deque(maxlen=cfg.calibration_window) for n in names}
-        self.base: dict[str, tuple[float, float]] = {}                      # receiver -> its last level-0 thresholds
+        self.level0_thresholds: dict[str, tuple[float, float]] = {}         # receiver -> its last level-0 thresholds
         self.bandit = coevolution.ThresholdBandit(bandit, seed) if bandit else None
         self.predictor = (coevolution.FidelityPredictor(len(diagnosis.FEATURES) + len(self.pairs), predictor, seed)
                           if predictor else None)
@@ -140,7 +140,7 @@ class Curator:
         given = (cfg.theta1, cfg.theta2) if cfg.theta1 is not None and cfg.theta2 is not None else None
         if cfg.calibration == "none":
             assert given is not None, "CuratorConfig refuses calibration 'none' without both thresholds"
-            self.base[receiver] = given
+            self.level0_thresholds[receiver] = given
             return None
         window = self.term_rows[receiver]
         if rows:
@@ -149,10 +149,10 @@ class Curator:
         if not sample:
             return None
         scales = term_scales.Calibration(sample)
-        self.base[receiver] = given if given is not None else scales.thresholds(cfg.weights)
+        self.level0_thresholds[receiver] = given if given is not None else scales.thresholds(cfg.weights)
         return scales
 
-    def updated(self, receiver: str, update: dict[str, float]) -> None:
+    def observe_update(self, receiver: str, update: dict[str, float]) -> None:
         """After the receiver's update: its statistics (losses/update_kl, losses/grad_norm) join the cycle the
         stability guard will judge (coevolution.ThresholdBandit)."""
         if self.bandit:
@@ -208,7 +208,7 @@ class Curator:
             return torch.zeros(n, 0), torch.full((n,), -1), torch.zeros(n), [False] * n, [False] * n
         sources = [o.source.policy.name for o in offers]
         features = torch.stack([torch.cat([
-            diagnosis.offer_features(o, self.cfg, self.recent[(source, name)], gaps[source]),
+            diagnosis.offer_features(o, self.cfg, self.recent_d_ccm[(source, name)], gaps[source]),
             torch.nn.functional.one_hot(torch.tensor(self.pairs[(source, name)]), len(self.pairs)).double()])
             for o, source in zip(offers, sources)])
         predicted, prob = self.predictor.predict(features)
@@ -231,18 +231,20 @@ class Curator:
             gaps = {p.policy.name: p.rewards.mean().item() - receiver.rewards.mean().item() for p in peers}
             levels = {source: self.level(source, name, gap) for source, gap in gaps.items()}
             offers, records = side.offers(examples, self.stats)
-            idle = inert_prompts([receiver.rewards, *(p.rewards for p in peers)])                 # [B]
-            inert = [bool(idle[o.prompt_index]) for o in offers]
+            inert_prompt = inert_prompts([receiver.rewards, *(p.rewards for p in peers)])         # [B]
+            inert = [bool(inert_prompt[o.prompt_index]) for o in offers]
             for r in records:
-                if idle[r["prompt"]]:
+                if inert_prompt[r["prompt"]]:
                     r.update(level="inert", reason=INERT)
         with timer("prediction"):
             features, predicted, prob, auditable, skipped = self._predict(receiver, offers, inert, gaps, share)
         with timer("gradnorms"):
-            measured = [k for k, (skip, idle) in enumerate(zip(skipped, inert)) if not skip and not idle]
+            measured = [k for k, (skip, is_inert) in enumerate(zip(skipped, inert)) if not skip and not is_inert]
             offers = self._measure(name, side, offers, measured)
         with timer("scoring"):
-            thetas, scores = self._score(name, offers, measured, levels)
+            scales = self.calibrate(name, [offers[k].diagnosis.terms(self.cfg) for k in measured])
+            thetas, scores = self._score(name, offers, measured, levels, scales)
+            self._remember_pairs(name, offers, scores)
         with timer("predictor_fit"):
             self._fit_predictor(name, features, predicted, auditable, scores, measured)
         with timer("admission"):
@@ -279,19 +281,28 @@ class Curator:
             window.append(own)
         return with_diagnoses(offers, dict(zip(measured, diagnoses)))
 
-    def _score(self, name: str, offers: list[Offer], measured: list[int], levels: dict[str, int]
-               ) -> tuple[dict[str, tuple[float, float]], list[Score | None]]:
+    def _score(self, name: str, offers: list[Offer], measured: list[int], levels: dict[str, int],
+               scales: term_scales.Calibration | None) -> tuple[dict[str, tuple[float, float]], list[Score | None]]:
         """Each source's thresholds this cycle (the receiver's level-0 ones raised by the pair's level), and the
-        score of each measured offer (None for the others), on the calibration its terms have just joined."""
-        scales = self.calibrate(name, [offers[k].diagnosis.terms(self.cfg) for k in measured])
+        score of each measured offer (None for the others) on the receiver's calibration `scales`."""
         step = self.bandit.cfg.step if self.bandit else 0.0
-        base = self.base.get(name)
+        base = self.level0_thresholds.get(name)
         thetas = ({source: (base[0] + level * step, base[1] + level * step) for source, level in levels.items()}
                   if base is not None else {})
         scores: list[Score | None] = [None] * len(offers)
         for k in measured:
             scores[k] = score(offers[k], self.cfg, thetas[offers[k].source.policy.name], scales)
         return thetas, scores
+
+    def _remember_pairs(self, name: str, offers: list[Offer], scores: list[Score | None]) -> None:
+        """Each scored offer moves its pair's recent D and CCM (exponential moving averages, the predictor's
+        features), in the offers' order."""
+        for o, s in zip(offers, scores):
+            if s is not None:
+                pair = (o.source.policy.name, name)
+                ccm = s.terms["ccm"] if math.isfinite(s.terms["ccm"]) else 0.0
+                recent_d, recent_ccm = self.recent_d_ccm[pair]
+                self.recent_d_ccm[pair] = (0.9 * recent_d + 0.1 * s.D, 0.9 * recent_ccm + 0.1 * ccm)
 
     def _fit_predictor(self, name: str, features: torch.Tensor, predicted: torch.Tensor, auditable: list[bool],
                        scores: list[Score | None], measured: list[int]) -> None:
@@ -307,19 +318,13 @@ class Curator:
     def _records(self, name: str, offers: list[Offer], scores: list[Score | None], bands: list[int | None],
                  decisions: list, crossed: dict, thetas: dict, predicted: torch.Tensor, prob: torch.Tensor,
                  skipped: list[bool]) -> list[dict]:
-        """One record per offer (fidelity_record.offer_record); each scored offer moves its pair's recent D and CCM
-        (the predictor's features)."""
+        """One record per offer (fidelity_record.offer_record)."""
         records = []
         for k, (o, s) in enumerate(zip(offers, scores)):
             level, what, reason = decisions[k]
             reason += " (predicted, diagnosis skipped)" if skipped[k] else ""
             if self.cfg.admission == "random" and s is not None and bands[k] != s.band:
                 reason += f" (random admission; the diagnosis gave {LEVELS[s.band]})"
-            if s is not None:
-                pair = (o.source.policy.name, name)
-                ccm = s.terms["ccm"] if math.isfinite(s.terms["ccm"]) else 0.0
-                recent_d, recent_ccm = self.recent[pair]
-                self.recent[pair] = (0.9 * recent_d + 0.1 * s.D, 0.9 * recent_ccm + 0.1 * ccm)
             records.append(fidelity_record.offer_record(o, asdict(s) if s else None, level, what, reason,
                                                         crossed.get(k), thetas.get(o.source.policy.name),
                                                         int(predicted[k]), prob[k].item(), skipped[k]))

@@ -77,7 +77,8 @@ def process_rewards(task: tasks.Task, example, completion: str) -> list[StepRewa
     """The VPR-style signal of a completion: each step (`task.step_spans`) with its type and the task's verdict,
     None where it cannot be checked."""
     spans = task.step_spans(completion)
-    return [StepReward(span, step_type(completion[span[0]:span[1]]), None if v is None else float(v))
+    type_of = task.step_type or step_type
+    return [StepReward(span, type_of(completion[span[0]:span[1]]), None if v is None else float(v))
             for span, v in zip(spans, task.step_verdicts(example, completion))]
 
 

@@ -400,7 +400,7 @@ def run(args: Args, team: Team | None = None) -> Path:
         # each policy's update (its KL, gradient norm, reward spread) joins the cycle the stability guard judges
         if guarded is not None:
             for name, record in zip(names, records):
-                guarded.updated(name, record)
+                guarded.observe_update(name, record)
         log_lines(metrics, it + 1, started, names, records)
         evaluate_now, save_now = evaluation_and_checkpoint_due(args, it + 1)
         if evaluate_now:

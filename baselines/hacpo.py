@@ -26,10 +26,9 @@ The peer term's gradient (Appendix E, eq. 50 with 52) is w(j,k) A s^(1+alpha) ti
 grad log pi_k inside the clip range and 0 outside it, so a peer sample crosses as a trajectory with the constant
 token weight s^(1+alpha) and advantage w(j,k) A, and one outside [1 - delta, 1] does not cross.
 
-The choices where the paper is silent, ambiguous or contradicts itself, and the two variants (--hacpo-variant: ours,
-every registered run's, and official, as the authors' recipe trains) with each one's departures from the recipe
-and their direction of effect on the peer signal: DESIGN.md §4.16. `SHARE` is HACPO as the trainer runs it
-(sharing.Share): its settings from the --hacpo-* flags, the capabilities it keeps across iterations.
+The paper's gaps and the two variants (--hacpo-variant: ours, every registered run's, and official, as the
+authors' recipe trains), each one's departures from the recipe and their direction of effect: DESIGN.md §4.16.
+`SHARE` runs it (sharing.Share): its settings from the --hacpo-* flags, its capabilities kept across iterations.
 """
 
 from __future__ import annotations

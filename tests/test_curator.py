@@ -452,7 +452,7 @@ def logged_run(path: Path, thresholds: str, levels: list[int], silent: tuple[int
     for it, level in zip(range(1, 7), levels):
         rows = [] if it in silent else shifted_terms(it, 30, -0.05 * it)
         scales = cur.calibrate("llama", rows)
-        theta = tuple(t + 0.02 * level for t in cur.base["llama"])
+        theta = tuple(t + 0.02 * level for t in cur.level0_thresholds["llama"])
         records += [{"receiver": "llama", "source": "qwen", "iteration": it, "theta": list(theta),
                      "terms": dict(zip(diagnosis.TERMS, r.tolist())),
                      "band": curator.admission_band(curator.degradation(scales.scaled(r), cfg.weights), *theta)}

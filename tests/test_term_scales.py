@@ -114,7 +114,7 @@ def test_the_calibration_sample_is_the_receivers_last_window_and_follows_the_run
     after = [shifted_terms(10 + it, 60, -0.3) for it in range(3)]
     for rows in before + after:
         scales = cur.calibrate("llama", rows)
-    assert "qwen" not in cur.base and len(scales.terms) == 3 * 60            # llama's last 3 iterations only
+    assert "qwen" not in cur.level0_thresholds and len(scales.terms) == 3 * 60            # llama's last 3 iterations only
     sample = [r for rows in after for r in rows]
     assert sorted(scales.terms) == sorted(tuple(r.tolist()) for r in sample)
     # each scaled term is its mid-rank among the sample's values, counted by hand (up to the percentile grid)
@@ -127,7 +127,7 @@ def test_the_calibration_sample_is_the_receivers_last_window_and_follows_the_run
     def shares(calibration, theta, rows):
         bands = [curator.admission_band(curator.degradation(calibration.scaled(r), cfg.weights), *theta) for r in rows]
         return [bands.count(b) / len(bands) for b in range(3)]
-    assert all(abs(s - 1 / 3) < 0.12 for s in shares(scales, cur.base["llama"], after[-1]))
+    assert all(abs(s - 1 / 3) < 0.12 for s in shares(scales, cur.level0_thresholds["llama"], after[-1]))
     # the degenerate design it replaces: scales and thresholds fitted before the shift put the offers in one band
     fixed = term_scales.Calibration(tuple(tuple(r.tolist()) for rows in before for r in rows))
     assert max(shares(fixed, fixed.thresholds(cfg.weights), after[-1])) >= 0.75
@@ -143,10 +143,10 @@ def test_each_ablation_sets_its_own_thresholds_on_the_sample_and_fixed_threshold
     # an ablated term stays NaN, a measured one is scaled to a number
     assert all(scales.scaled(r)[mask].isnan().all() and not scales.scaled(r)[~mask].isnan().any() for r in rows[:5])
     d = [curator.degradation(scales.scaled(r), cfg.weights) for r in rows]
-    bands = [curator.admission_band(v, *cur.base["llama"]) for v in d]
+    bands = [curator.admission_band(v, *cur.level0_thresholds["llama"]) for v in d]
     assert all(abs(bands.count(b) / len(bands) - 1 / 3) < 0.02 for b in range(3))
     given = curator.Curator(diagnosis.CuratorConfig(ablate=ablate, theta1=0.2, theta2=0.4), ["llama"], 0, None, None)
     given.calibrate("llama", rows)
-    assert given.base["llama"] == (0.2, 0.4)
+    assert given.level0_thresholds["llama"] == (0.2, 0.4)
     raw = curator.Curator(diagnosis.CuratorConfig(calibration="none", theta1=0.2, theta2=0.4), ["llama"], 0, None, None)
-    assert raw.calibrate("llama", rows) is None and raw.base["llama"] == (0.2, 0.4)
+    assert raw.calibrate("llama", rows) is None and raw.level0_thresholds["llama"] == (0.2, 0.4)
