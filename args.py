@@ -60,9 +60,11 @@ class Args:
     each source's offers of the iteration (same shares, same rescues); or ranked: each receiver's offers that could
     matter ordered by --rank-by, the first --admit-share of them at PRP, the rest rejected (no rescue): one signal
     against another, or against chance, at the same rate and level (benchmarks/branches.py)"""
-    rank_by: Literal["d", "tbd", "ccm", "rsd", "reward", "advantage", "chance"] = diagnosis.CuratorConfig.rank_by
-    """--admission ranked: the order, lowest first for D and each raw term, highest first for the offer's reward and
-    advantage; chance: a seeded random order"""
+    rank_by: Literal["d", "tbd", "ccm", "rsd", "reward", "advantage", "chance", "sequence_ratio", "capped_ratio",
+                     "kl"] = diagnosis.CuratorConfig.rank_by
+    """--admission ranked: the order, lowest first for D, each raw term and kl, highest first for the offer's reward,
+    advantage, sequence_ratio and capped_ratio (the density-ratio signals, diagnosis.with_ratio_signals: HACPO's s,
+    GRAFT's min(s, 1) without its floor, an F-TIS-style k3 KL); chance: a seeded random order"""
     admit_share: float = diagnosis.CuratorConfig.admit_share
     """--admission ranked: the share of each receiver's offers that could matter admitted at PRP, an iteration's
     count rounded half up"""

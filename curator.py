@@ -85,12 +85,16 @@ def score(offer: Offer, cfg: CuratorConfig, theta: tuple[float, float],
 def rank_values(offers: list[Offer], scores: list[Score | None], rank_by: str, rng: random.Random
                 ) -> list[float | None]:
     """Each scored offer's value of the signal `rank_by` (diagnosis.RANK_SIGNALS), None for an offer not scored
-    (inert): its D, a raw term, its reward or advantage, or a uniform draw (chance, from `rng`)."""
+    (inert): its D, a raw term, a density-ratio signal, its reward or advantage, or a uniform draw (chance, from
+    `rng`)."""
     def value(o: Offer, s: Score) -> float:
         if rank_by == "d":
             return s.D
         if rank_by in TERMS:
             return s.terms[rank_by]
+        if rank_by in diagnosis.RATIO_SIGNALS:
+            assert o.ratios is not None, "ReceiverSide.offers measures the ratio signals a ranked admission orders by"
+            return o.ratios[rank_by]
         return o.reward if rank_by == "reward" else o.advantage if rank_by == "advantage" else rng.random()
     return [None if s is None else value(o, s) for o, s in zip(offers, scores)]
 

@@ -44,9 +44,13 @@ from term_scales import TERMS
 from testbed import policies, tasks
 
 ADMISSIONS = ("diagnosis", "random", "ranked")
-RANK_SIGNALS = {"d": 1, "tbd": 1, "ccm": 1, "rsd": 1, "reward": -1, "advantage": -1, "chance": 1}
-"""what `--admission ranked` can order the offers by, and its sense: 1 admits the lowest first (a degradation),
--1 the highest (the offer's reward, its advantage); chance is a seeded random order, the control"""
+RATIO_SIGNALS = ("sequence_ratio", "capped_ratio", "kl")
+"""the density-ratio signals of an offer (`with_ratio_signals`), measured only where a ranked admission orders by one"""
+RANK_SIGNALS = {"d": 1, "tbd": 1, "ccm": 1, "rsd": 1, "reward": -1, "advantage": -1, "chance": 1,
+                "sequence_ratio": -1, "capped_ratio": -1, "kl": 1}
+"""what `--admission ranked` can order the offers by, and its sense: 1 admits the lowest first (a degradation, a
+divergence), -1 the highest (the offer's reward, its advantage, its sequence ratio); chance is a seeded random
+order, the control"""
 CALIBRATIONS = ("window", "none")
 
 
@@ -186,6 +190,7 @@ class Offer:
     process: list[reward_drift.StepReward]   # K
     diagnosis: Diagnosis
     jaccard: float                           # the jaccard TBD measure of the trajectory, logged for comparison
+    ratios: dict[str, float] | None = None   # RATIO_SIGNALS' values, where a ranked admission orders by one
 
     @property
     def prompt_index(self) -> int:
@@ -282,6 +287,27 @@ def with_hidden_tbd(offers: list[Offer], receiver: sharing.Experience) -> list[O
     return with_diagnoses(offers, measured)
 
 
+def with_ratio_signals(offers: list[Offer], receiver: sharing.Experience, share: sharing.ShareConfig
+                       ) -> list[Offer]:
+    """`offers` with their density-ratio signals (RATIO_SIGNALS, `Offer.ratios`), from one forward pass of the
+    receiver over them: the sequence ratio s = exp(mean log pi_r - mean log pi_src of the text, each mean over that
+    policy's own tokens), the compatibility the baselines weigh by; s capped at 1; and kl, Schulman's k3 estimate
+    exp(x) - x - 1 of KL(pi_src || pi_r) averaged over the aligned groups that hold receiver tokens, x = log pi_r(g)
+    - log pi_src(g), an F-TIS-style divergence (the text was sampled from the source)."""
+    q = receiver.policy
+    prompts = [q.encode_prompt(receiver.prompts[o.prompt_index]) for o in offers]
+    logps = sharing.receiver_logprobs(q, prompts, [o.receiver_encoding.ids for o in offers], share.temperature,
+                                      share.micro_batch)                                            # N x [T_i]
+    out = []
+    for o, logp in zip(offers, logps):
+        src = o.source.rollouts.logprobs[o.index]                                                  # [n]
+        s = math.exp(logp.double().mean().item() - src.double().mean().item())
+        x = tokalign.group_log_ratio(o.alignment, src.float(), logp)[sharing.carried_groups(o.alignment)]  # [G']
+        kl = (x.double().exp() - x.double() - 1).mean().item()
+        out.append(replace(o, ratios={"sequence_ratio": s, "capped_ratio": min(s, 1.0), "kl": kl}))
+    return out
+
+
 FEATURES = ("tokens/50", "non-1:1 share", "steps/5", "reward", "|A|", "tbd", "rsd", "pair recent D",
             "pair recent CCM", "capability gap", "source mean log-prob")
 
@@ -324,6 +350,8 @@ class ReceiverSide:
                     offers.append(offer)
         if offers and self.cfg.measures_hidden_tbd:
             offers = with_hidden_tbd(offers, self.receiver)
+        if offers and self.cfg.admission == "ranked" and self.cfg.rank_by in RATIO_SIGNALS:
+            offers = with_ratio_signals(offers, self.receiver, self.share)
         self.offered = offers
         return offers, records
 

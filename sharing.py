@@ -253,12 +253,17 @@ def cross(source: Experience, picks: list[tuple[int, float]], receiver: policies
     for (index, advantage, src, tgt, alignment), prompt, logp in zip(moved, prompt_ids, tgt_logprobs):
         log_ratio = tokalign.group_log_ratio(alignment, source.rollouts.logprobs[index].float(), logp)  # [G_align]
         weights = truncated_weights(log_ratio, cfg.ratio_cap)[alignment.group_ids("tgt")]        # [m]
-        carried = torch.tensor([t1 > t0 for t0, t1 in alignment.tgt])  # a cut source tail weighs no receiver token
+        carried = carried_groups(alignment)                                                      # [G_align]
         tokens = (credit[index] if credit is not None
                   else tokalign.redistribute(alignment, src, tgt, torch.full((len(src.ids),), float(advantage))))
         crossings.append(Crossing(source.policy.name, index, source.rewards.flatten()[index].item(), prompt,
                                   tgt.ids, tokens, weights, logp, log_ratio[carried], alignment.residual))
     return crossings
+
+
+def carried_groups(alignment: tokalign.Alignment) -> torch.Tensor:
+    """[G] bool: the aligned groups that hold receiver tokens (a cut source tail weighs no receiver token)."""
+    return torch.tensor([t1 > t0 for t0, t1 in alignment.tgt])
 
 
 def crossing_metrics(crossings: list[Crossing], cap: float, picked: int | None = None) -> dict[str, float]:

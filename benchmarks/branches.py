@@ -57,7 +57,7 @@ ARMS = {"none": ("--share", "none"), "sgt": ("--share", "sgt"),
         "hacpo": ("--share", "hacpo", "--hacpo-variant", "ours"), "cross-fidelity": TRUNK,
         "negated": (*TRUNK, "--negate-credit"),
         **{signal: (*RANKED, "--rank-by", signal) for signal in ("d", "tbd", "ccm", "rsd", "reward", "advantage",
-                                                                  "chance")}}
+                                                                  "sequence_ratio", "capped_ratio", "kl", "chance")}}
 """each arm's train.py flags over the preset's and the protocol's; the ranked arms admit --admit-share (its default,
 the default run's PRP share) at PRP"""
 

@@ -19,6 +19,7 @@ import coevolution
 import curator
 import diagnosis
 import reachability
+import reward_drift
 import sharing
 import term_scales
 import tokalign
@@ -198,7 +199,8 @@ def test_a_cross_fidelity_run_logs_decisions_that_follow_its_own_rules(tmp_path,
     summary = printed[printed.index("curation over 2 iterations, per source -> receiver:"):]
     for src, rcv in {(r["source"], r["receiver"]) for r in records}:
         mine = [r for r in records if (r["source"], r["receiver"]) == (src, rcv)]
-        line = re.search(rf"  {src} -> {rcv}: (\d+) offers; admitted PRP (\d+), XGRPO (\d+), SGT (\d+); rejected (\d+); "
+        line = re.search(rf"  {src} -> {rcv}: (\d+) offers; admitted PRP (\d+), XGRPO (\d+), SGT (\d+); "
+                         rf"rejected (\d+); "
                          rf"inert (\d+); rescued (\d+); mean TBD ([\d.]+|-), CCM ([\d.]+|-), RSD ([\d.]+|-)",
                          summary)
         counts = [len(mine)] + [sum(r["level"] == level for r in mine)
@@ -566,7 +568,8 @@ def test_reach_estimate_measures_each_estimate_against_exact(tmp_path, cache_dir
         full, head = out["rows"][(name, "exact")], out["rows"][(name, "last:0")]
         assert len(full) == len(head) and [r[2] for r in full] == [r[2] for r in head]   # only CCM differs
         assert out["seconds"][(name, "last:0")] > 0
-        assert 0 < out["flops"][(name, "last:0")] < out["flops"][(name, "exact")]            # no backward through blocks
+        # no backward through blocks
+        assert 0 < out["flops"][(name, "last:0")] < out["flops"][(name, "exact")]
         assert len(out["reach"][(name, "exact")]) == len(out["reach"][(name, "last:0")]) >= len(full)
 
 
@@ -608,3 +611,43 @@ def test_reach_estimate_rule_takes_the_cheapest_that_agrees_for_every_receiver()
     chosen = reach_estimate.choose(table({"exact": (1, 1), "last:0": (0.99, 0.5), "last:1": (0.8, 0.7),
                                           "last:2": (0.6, 0.9)}, seconds))
     assert chosen == ("last:1", False)
+
+
+def test_the_density_ratio_signals_by_a_naive_forward_pass_and_a_ranked_admission_by_each():
+    from test_sharing import PROMPTS, TEXTS, experience, naive_logprobs
+    from test_train import TASK
+    pols = untrained_pair()
+    llama = pols["llama"]
+    peer = experience(pols["qwen2"], PROMPTS, TEXTS, [[1.0, 0.0], [1.0, 1.0], [0.0, 1.0]])
+    # behaviour log-probs that differ token by token, four rollouts' so low that their sequence ratio exceeds 1,
+    # where the capped ratio ties them
+    gen = torch.Generator().manual_seed(0)
+    peer.rollouts.logprobs = [-2 * torch.rand(len(ids), generator=gen) - (8.0 if i in (0, 1, 2, 4) else 0.0)
+                              for i, ids in enumerate(peer.rollouts.completion_ids)]
+    receiver = experience(llama, PROMPTS, TEXTS, [[0.0, 0.0], [1.0, 0.0], [0.0, 0.0]])
+    task, share = tasks.load_task("arith", 0, 0, 0, TASK), sharing.ShareConfig("cross-fidelity", temperature=1.0)
+    problems = arith.generate_problems(3, "train", seed=0, cfg=TASK)
+    wanted = []
+    for offer in diagnosis.ReceiverSide(receiver, [peer], task, diagnosis.CuratorConfig(), share).offers(
+            problems, {"qwen2": reward_drift.StepStats(1), "llama": reward_drift.StepStats(1)})[0]:
+        prompt = llama.encode_prompt(PROMPTS[offer.prompt_index])
+        logp = naive_logprobs(llama.model, prompt, offer.receiver_encoding.ids, 1.0).double()           # [T]
+        source = peer.rollouts.logprobs[offer.index].double()                                           # [n]
+        s = math.exp(logp.mean().item() - source.mean().item())
+        x = [logp[t0:t1].sum().item() - source[s0:s1].sum().item()              # one aligned group at a time
+             for (s0, s1), (t0, t1) in zip(offer.alignment.src, offer.alignment.tgt) if t1 > t0]
+        wanted.append({"sequence_ratio": s, "capped_ratio": min(s, 1.0),
+                       "kl": sum(math.exp(v) - v - 1 for v in x) / len(x)})
+    assert len(wanted) == 6 and sum(w["capped_ratio"] == 1.0 for w in wanted) == 4
+    for rank_by, sense in (("sequence_ratio", -1), ("capped_ratio", -1), ("kl", 1)):
+        cfg = diagnosis.CuratorConfig(admission="ranked", rank_by=rank_by, admit_share=0.5)
+        offers, _ = diagnosis.ReceiverSide(receiver, [peer], task, cfg, share).offers(
+            problems, {"qwen2": reward_drift.StepStats(1), "llama": reward_drift.StepStats(1)})
+        for o, w in zip(offers, wanted):
+            assert o.ratios[rank_by] == pytest.approx(w[rank_by], rel=1e-4, abs=1e-6)
+        cur = curator.Curator(cfg, ["qwen2", "llama"], 0, None, None)
+        _, records = cur.exchange([receiver, peer], task, problems, share, 1)
+        mine = [r for r in records if r["receiver"] == "llama"]
+        # the first half of the 6 offers in the signal's order at PRP, ties in the offers' order; the rest rejected
+        order = sorted(range(6), key=lambda k: sense * wanted[k][rank_by])
+        assert [r["level"] == "prp" for r in mine] == [k in order[:3] for k in range(6)], (rank_by, wanted)
