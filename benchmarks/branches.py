@@ -19,7 +19,8 @@ The arms: `none`; the shares as they run (sgt, hacpo, cross-fidelity); a control
 trunk's own admission, every admitted offer's credit negated), beside SGT's rescues of failed prompts, the
 candidate control that must help; and ranked admission (admission.py,
 `--admission ranked`) at the default run's PRP share, ordered by D, each raw term, the offer's reward or
-advantage, or chance (the random arm), so that every signal admits as many offers at the same level and is
+advantage, a density-ratio signal (HACPO's sequence ratio s, GRAFT's min(s, 1), an F-TIS-style KL), or chance (the
+random arm), so that every signal admits as many offers at the same level and is
 compared with chance, not with another amount of data or another way of crediting it.
 
 One row per (preset, seed, point), written whole or not at all, results/branches/PRESET-sSEED-itPOINT.json: each
