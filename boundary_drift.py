@@ -213,7 +213,8 @@ if __name__ == "__main__":
     args = cli.parse_args()
 
     def show(token_id: int, tok, table: list[bytes]) -> str:
-        return repr(table[token_id].decode("utf-8", errors="replace")) if table[token_id] else tok.convert_ids_to_tokens(token_id)
+        return (repr(table[token_id].decode("utf-8", errors="replace")) if table[token_id]
+                else tok.convert_ids_to_tokens(token_id))
 
     problem = arith.generate_problems(1, "train", seed=3, cfg=arith.TaskConfig(num_steps=3, max_operand=250))[0]
     text = arith.solution(problem, args.step_format)

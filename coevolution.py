@@ -167,7 +167,8 @@ class ThresholdBandit:
         here, above, below = evidence(level), evidence(level + 1), evidence(level - 1)
         if level > 0 and here and below and here[0] <= below[0]:
             return level - 1
-        if level < self.max_level and here and above and above[0] - here[0] > self.cfg.gain_z * math.hypot(here[1], above[1]):
+        if (level < self.max_level and here and above
+                and above[0] - here[0] > self.cfg.gain_z * math.hypot(here[1], above[1])):
             return level + 1
         return level
 

@@ -121,7 +121,8 @@ def accuracy_within_budget(records: list[dict], policy: str, cost: str, budget: 
     """(iteration, greedy pass@1) of the last evaluation after training began made before the run had spent more
     than `budget` of `cost`; None where none was (iteration 0's measures no training)."""
     costs = spent(records, policy, cost)
-    within = [(it, acc) for it, acc in curve(records, policy, "eval/heldout_accuracy") if costs.get(it, math.inf) <= budget]
+    within = [(it, acc) for it, acc in curve(records, policy, "eval/heldout_accuracy")
+              if costs.get(it, math.inf) <= budget]
     return within[-1] if within and within[-1][0] > 0 else None
 
 
@@ -159,7 +160,8 @@ def markdown_table(rows: list[dict], target: float) -> str:
             f"| iterations to {target:.0%} | received / iteration | train s | rollout tokens | update tokens "
             "| final s.e. | iterations done / planned | held-out problems |\n" + "|---" * 15 + "|\n")
     def cell(v) -> str:
-        return "—" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.3f}" if isinstance(v, float) else str(v)
+        return ("—" if v is None or (isinstance(v, float) and math.isnan(v))
+                else f"{v:.3f}" if isinstance(v, float) else str(v))
     return head + "".join(
         f"| {r['run']} | {r['policy']} | {cell(r['start_accuracy'])} | {cell(r['final_accuracy'])} "
         f"| {cell(r['best_accuracy'])} | {cell(r['mean_train_reward'])} | {cell(r['reward_var'])} "

@@ -242,7 +242,8 @@ def fidelity_report(run_dir: Path, worst: int = 5, windows: int = 4) -> str:
                  for t in TERMS}
         dominant = {t: sum(r["dominant"] == t for r in mine) / max(len(mine), 1) for t in TERMS}
         live = sum(r["level"] != "inert" for r in offered) / max(len(offered), 1)
-        out.append(f"| {src} -> {rcv} | {len(offered)} | {live:.0%} | {len(mine)} | {quantiles([r['D'] for r in mine])} | "
+        out.append(f"| {src} -> {rcv} | {len(offered)} | {live:.0%} | {len(mine)} | "
+                   f"{quantiles([r['D'] for r in mine])} | "
                    + " | ".join(quantiles(terms[t]) for t in TERMS)
                    + f" | {quantiles([r['tbd_jaccard'] for r in mine])} | "
                    + ", ".join(f"{t.upper()} {v:.0%}" for t, v in dominant.items())
@@ -251,7 +252,8 @@ def fidelity_report(run_dir: Path, worst: int = 5, windows: int = 4) -> str:
             "between the term at its 10th and at its 90th percentile, the others kept; saturated = the share whose "
             "term could not get worse (at the top of its scale, or every step at its cap). CCM's floor, a "
             "step as typical as the receiver's own counting as fully reachable, is not a cap.\n",
-            "| source -> receiver | term | offers | p10 -> p90 (scaled) | moved | saturated |", "|---|---|---|---|---|---|"]
+            "| source -> receiver | term | offers | p10 -> p90 (scaled) | moved | saturated |",
+            "|---|---|---|---|---|---|"]
     for src, rcv in pairs:
         mine = [r for r in scored if (r["source"], r["receiver"]) == (src, rcv)]
         for t, s in sensitivity(mine, run_weights(config)).items():

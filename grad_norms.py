@@ -10,12 +10,12 @@ parameters through all earlier positions, so a single backward of a masked or su
 from which no ||grad L_k|| can be recovered. `step_grad_norms_loop` is the reference, one backward per step.
 `step_grad_norms` runs one forward with hooks recording the input x and output y of every module owning a scope
 parameter, then one backward batched over unit cotangents, one per step (is_grads_batched=True; with trajectories
-batched, one per step index, below), down to those outputs only, so no per-step weight gradient is formed there. The norms follow exactly from d_k = dL_k/dy: a Linear weight's
-gradient is d_k^T x, and by the ghost-norm identity ||d_k^T x||_F^2 = sum((d_k d_k^T) * (x x^T)), x x^T [T, T]
-shared by all K steps; this is used where T^2 (K out + in) < K T out in, else d_k^T x is formed. An embedding's
-gradient is onehot(ids)^T d_k, and a tied embedding/head matrix sums both calls before the norm (cross terms
-included). A Linear bias's gradient is d_k summed over positions, and a norm scale's (y = w * h) is d_k * h summed
-likewise.
+batched, one per step index, below), down to those outputs only, so no per-step weight gradient is formed there.
+The norms follow exactly from d_k = dL_k/dy: a Linear weight's gradient is d_k^T x, and by the ghost-norm identity
+||d_k^T x||_F^2 = sum((d_k d_k^T) * (x x^T)), x x^T [T, T] shared by all K steps; this is used where
+T^2 (K out + in) < K T out in, else d_k^T x is formed. An embedding's gradient is onehot(ids)^T d_k, and a tied
+embedding/head matrix sums both calls before the norm (cross terms included). A Linear bias's gradient is d_k
+summed over positions, and a norm scale's (y = w * h) is d_k * h summed likewise.
 
 Trajectories are batched: rows do not interact, so one cotangent per step index j (the sum of every row's j-th step
 loss) gives each row its own j-th step's gradient (benchmarks/reachability_bench.py times it).
@@ -92,7 +92,8 @@ def step_losses(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask:
     for b, spans in enumerate(steps):
         for a, c in spans:
             if not 1 <= a < c <= input_ids.shape[1]:
-                raise ValueError(f"step [{a}, {c}) of trajectory {b} is empty or outside its {input_ids.shape[1]} tokens")
+                raise ValueError(f"step [{a}, {c}) of trajectory {b} is empty or outside its "
+                                 f"{input_ids.shape[1]} tokens")
             losses.append(nll[b, a - 1:c - 1].mean())
             sizes.append(c - a)
     if not losses:

@@ -53,8 +53,8 @@ class StepReward:
 
 def step_type(line: str) -> str | None:
     """The type key of a step: "+2c" for an arithmetic line `a op b = c` (operation, digits of the larger operand,
-    carry/borrow), written in symbols or in words, "/2" for a line whose first annotation is `<<48/2=24>>` (its operators, digits of its largest
-    operand); None for a line that is neither."""
+    carry/borrow), written in symbols or in words, "/2" for a line whose first annotation is `<<48/2=24>>` (its
+    operators, digits of its largest operand); None for a line that is neither."""
     parsed = arith.parse_step(line)
     if parsed is not None:
         a, op, b = abs(parsed[0]), parsed[1], abs(parsed[2])

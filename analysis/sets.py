@@ -61,7 +61,8 @@ serve the pairs (results/preregistration-h3.md)"""
 SETS = {
     "pilot": MatrixSet(PILOT_CONFIGURATIONS, tuple(range(1001, 1009)), PROTOCOL),
     "matrix": MatrixSet(MATRIX_CONFIGURATIONS, tuple(range(1009, 1031)), PROTOCOL),
-    "matrix-trio-prose": MatrixSet({"cross-fidelity": CURATED, "cross-fidelity-ablate-tbd": (*CURATED, "--ablate", "tbd")},
+    "matrix-trio-prose": MatrixSet({"cross-fidelity": CURATED,
+                                    "cross-fidelity-ablate-tbd": (*CURATED, "--ablate", "tbd")},
                                    (1009, 1010, 1011), (*PROTOCOL, "--pair", "trio", "--step-format", "prose")),
     "matrix-h4-trio-line": MatrixSet({"cross-fidelity": CURATED}, (1009, 1010), (*PROTOCOL, "--pair", "trio")),
     **{f"matrix-h4-{pair}-{form}": MatrixSet(DESCRIPTIVE, (1009, 1010),

@@ -78,7 +78,8 @@ def main() -> None:
                 r = rows(meta_model(name, rank), work, rollouts, own, args.steps)
                 share = r["curation, last:2"] / (r["rollouts"] + r["update"])
                 print(f"| {scale} | {name.split('/')[-1]} | {'LoRA r' + str(rank) if rank else 'all weights'} | "
-                      + " | ".join(f"{r[k]:.1f}" for k in ["rollouts", "update", *(f'curation, {e}' for e in ESTIMATES)])
+                      + " | ".join(f"{r[k]:.1f}"
+                                   for k in ["rollouts", "update", *(f'curation, {e}' for e in ESTIMATES)])
                       + f" | {share:.2f} |")
 
 

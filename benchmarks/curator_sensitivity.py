@@ -261,8 +261,8 @@ def reach_stability(args: Args, redraws: int) -> dict[str, float]:
         if not offers:
             print(f"into {q.name}: no offer that could matter, nothing to redraw")
             continue
-        norms = reachability.step_norms(q, [(q.encode_prompt(prompts[o.prompt_index]), o.receiver_encoding.ids, o.ranges)
-                                            for o in offers], params, modules)
+        norms = reachability.step_norms(q, [(q.encode_prompt(prompts[o.prompt_index]), o.receiver_encoding.ids,
+                                             o.ranges) for o in offers], params, modules)
         pool = [torch.cat(reachability.step_norms(q, reachability.own_steps(
             q, r, task.step_spans, cfg.calibration_rollouts), params, modules))
             for r in [receiver.rollouts] + [sample(q) for _ in range(2 * cfg.reach_window - 1)]]

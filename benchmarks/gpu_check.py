@@ -58,7 +58,8 @@ def summary(records: list[dict]) -> dict[str, dict[str, float]]:
                      "update tok/s": statistics.median(r["perf/update_tokens_per_s"] for r in steps),
                      "iteration s": statistics.median(r["perf/iteration_s"] for r in steps),
                      "peak GiB": max((r.get(k, float("nan")) for r in steps
-                                      for k in ("perf/rollout_peak_gib", "perf/update_peak_gib")), default=float("nan")),
+                                      for k in ("perf/rollout_peak_gib", "perf/update_peak_gib")),
+                                     default=float("nan")),
                      "received / it": statistics.mean(r.get("sharing/received", 0.0) for r in steps)}
     return out
 

@@ -11,9 +11,10 @@ Every run evaluates greedy pass@1 on 2,000 held-out problems every 10 iterations
 
 `analyze` reads each policy's held-out curve and reports, per metric (the final accuracy at iteration I, and the
 area under the curve up to I as the mean accuracy over its evaluations, trapezoid rule), the paired difference
-between each level and the first one seed by seed: its mean, its standard deviation across seeds, the 95% half-width of the mean
-(Student t) and the number of seeds that would bring that half-width to 2 points. It also reports each run's cost:
-wall time and rollout and update tokens. The result goes to results/power-TESTBED.json and .md (or --out).
+between each level and the first one seed by seed: its mean, its standard deviation across seeds, the 95% half-width
+of the mean (Student t) and the number of seeds that would bring that half-width to 2 points. It also reports each
+run's cost: wall time and rollout and update tokens. The result goes to results/power-TESTBED.json and .md
+(or --out).
 """
 
 from __future__ import annotations
@@ -149,7 +150,8 @@ def analyze(testbed: str, levels: list[str], seeds: list[int], at: list[int], ru
                         "per_seed": values, "differences": differences, **paired_summary(differences)}
     for iteration in at:
         for policy in policies:   # the binomial standard error of one final accuracy, at the mean accuracy
-            p = sum(accuracy_at(curves[lv, s][policy], iteration) for lv in levels for s in seeds) / (len(levels) * len(seeds))
+            p = (sum(accuracy_at(curves[lv, s][policy], iteration) for lv in levels for s in seeds)
+                 / (len(levels) * len(seeds)))
             out[f"binomial_se@{iteration}/{policy}"] = math.sqrt(p * (1 - p) / eval_size)
     for level in levels:
         costs = [run_cost(runs_dir / run_name(testbed, level, s), max(at)) for s in seeds]

@@ -124,8 +124,9 @@ def main() -> None:
     if device.type == "cpu":
         print_profile(model, solutions)
 
-    untrained = policies.Policy("untrained", tiny.tiny_model(spec.family, spec.tiny, len(policy.tokenizer), 99
-                                                                 ).to(device), policy.tokenizer, use_chat_template=False)
+    untrained = policies.Policy("untrained",
+                                tiny.tiny_model(spec.family, spec.tiny, len(policy.tokenizer), 99).to(device),
+                                policy.tokenizer, use_chat_template=False)
     own = grad_norms.step_grad_norms(model, *solutions, params)
     foreign = grad_norms.step_grad_norms(model, *packed(reachability.solution_steps(policy, untrained, problems)),
                                            params)

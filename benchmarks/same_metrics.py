@@ -4,13 +4,13 @@
     python -m benchmarks.same_metrics --before 0ff2d38 -- --share hacpo     # flags after -- override them
     python -m benchmarks.same_metrics --before 7b89147 --after-flags="--ccm-estimate exact"   # here only
 
-A refactor must not move a number, and runs of the comparison made at two commits are paired only where the
-commits are declared metric-equivalent (the set's FOLDER/equivalent-commits.txt, e.g.
-results/matrix/equivalent-commits.txt), each declaration backed by such a check. The earlier commit is checked out in a temporary worktree; both sides train `python train.py FLAGS` on one
-thread, each with a fresh warm-up cache of its own (so a change to the warm-up shows too). Compared: every line
-of metrics.jsonl and, where the run curates, of fidelity.jsonl, every value exactly as written (JSON text, so 1
-and 1.0 differ), except wall-clock values (time_s, perf/*_s, fidelity/time_s/*); token counts are compared.
-Exits 1 on a difference, naming the first ones.
+A refactor must not move a number, and runs of the comparison made at two commits are paired only where the commits
+are declared metric-equivalent (the set's FOLDER/equivalent-commits.txt, e.g.
+results/matrix/equivalent-commits.txt), each declaration backed by such a check. The earlier commit is checked out
+in a temporary worktree; both sides train `python train.py FLAGS` on one thread, each with a fresh warm-up cache of
+its own (so a change to the warm-up shows too). Compared: every line of metrics.jsonl and, where the run curates, of
+fidelity.jsonl, every value exactly as written (JSON text, so 1 and 1.0 differ), except wall-clock values (time_s,
+perf/*_s, fidelity/time_s/*); token counts are compared. Exits 1 on a difference, naming the first ones.
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ from testbed.metrics_log import timeless
 ROOT = Path(__file__).resolve().parent.parent
 
 DEFAULT_FLAGS = ("--share", "cross-fidelity", "--ccm-estimate", "exact", "--iterations", "2", "--seed", "900",
-                 "--eval-size", "64", "--eval-every", "1", "--eval-samples", "0", "--warmup-scale", "0.1", "--minibatches", "2")
+                 "--eval-size", "64", "--eval-every", "1", "--eval-samples", "0", "--warmup-scale", "0.1",
+                 "--minibatches", "2")
 """a curated run with the registered runs' CCM estimate, two iterations on the timing seed with the pilot's minibatch
 schedule, a minute a side"""
 RECORDS = ("metrics.jsonl", "fidelity.jsonl")
@@ -90,7 +91,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--before", required=True, help="the earlier commit")
     parser.add_argument("--after-flags", default="", help="train.py flags for this side only, one string: a flag "
-                        "the earlier commit lacks, set to what that commit did (e.g. '--share none' after a new default)")
+                        "the earlier commit lacks, set to what that commit did (e.g. '--share none' after a new "
+                        "default)")
     parser.add_argument("flags", nargs="*", default=[], help="train.py flags after --, overriding the defaults")
     args = parser.parse_args(argv)
     found = compare(args.before, [*DEFAULT_FLAGS, *args.flags], after_flags=tuple(args.after_flags.split()))
@@ -103,7 +105,8 @@ def after_side(repo: Path = ROOT) -> str:
     """What the later side trained: HEAD, or HEAD's working tree with uncommitted changes, which no declaration of
     metric-equivalent commits can rest on."""
     def git(*args: str) -> str:
-        return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True).stdout.strip()
+        return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True,
+                              text=True).stdout.strip()
     head = git("rev-parse", "--short", "HEAD")
     dirty = git("status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)results")
     return f"{head} with uncommitted changes (commit them, then check again before declaring)" if dirty else head

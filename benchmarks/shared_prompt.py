@@ -61,7 +61,8 @@ def main() -> None:
               f"{groups.completions.shape[1]}; "
               f"whole {whole[0]:.3f} s, shared {shared[0]:.3f} s ({whole[0] / shared[0]:.2f}x); "
               f"loss {whole[1]:.6f} / {shared[1]:.6f}; largest gradient difference "
-              f"{(whole[2] - shared[2]).abs().max().item():.2e} of a largest gradient {whole[2].abs().max().item():.3f}")
+              f"{(whole[2] - shared[2]).abs().max().item():.2e} of a largest gradient "
+              f"{whole[2].abs().max().item():.3f}")
 
 
 if __name__ == "__main__":

@@ -122,7 +122,8 @@ def main() -> None:
         prompt_len = max(len(smollm2.encode_prompt(arith.prompt(q))) for q in arith.heldout)
         for rank in (0, 16):
             estimated, measured = update_memory(copy.deepcopy(smollm2), rank, prompt_len)
-            print(f"{'LoRA r=16' if rank else 'full'}, {GROUP} sequences of {prompt_len} + {NEW_TOKENS} tokens: estimate {estimated / 2 ** 30:.3f} GiB, measured "
+            print(f"{'LoRA r=16' if rank else 'full'}, {GROUP} sequences of {prompt_len} + {NEW_TOKENS} tokens: "
+                  f"estimate {estimated / 2 ** 30:.3f} GiB, measured "
                   f"{measured / 2 ** 30:.3f} GiB, ratio {estimated / measured:.3f}")
     else:
         flags = shlex.split(RUN) + cli.flags

@@ -48,7 +48,8 @@ def check(before: dict[int, dict], after: dict[int, dict]) -> list[dict]:
 
 
 def markdown(rows: list[dict]) -> str:
-    lines = ["| policy | seeds | AUC before | AUC after | SD before / after | after - before (95% t interval) | moved |",
+    lines = ["| policy | seeds | AUC before | AUC after | SD before / after "
+             "| after - before (95% t interval) | moved |",
              "|---|---|---|---|---|---|---|"]
     for r in rows[:-1]:
         lines.append(f"| {r['policy']} | {', '.join(map(str, r['seeds']))} | "

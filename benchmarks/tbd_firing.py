@@ -85,7 +85,8 @@ def main() -> None:
             for (source, receiver), rows in offers_by_measure(experiences, task, problems).items():
                 results.append({"format": step_format, "pair": pair, "source": source, "receiver": receiver,
                                 "offers": len(rows),
-                                **{f"{m}_nonzero": sum(r[m] > 0 for r in rows) / len(rows) for m in boundary_drift.MEASURES},
+                                **{f"{m}_nonzero": sum(r[m] > 0 for r in rows) / len(rows)
+                                   for m in boundary_drift.MEASURES},
                                 **{f"{m}_mean": sum(r[m] for r in rows) / len(rows) for m in boundary_drift.MEASURES}})
                 straddled = [r for r in rows if r["hotspots"]]   # rather than one with bytes the receiver lacks
                 if straddled and example is None:

@@ -183,7 +183,8 @@ def supervised_warmup(policy: Policy, steps: int, task_cfg: arith.TaskConfig, se
     called after each step (benchmarks/warmup_curve.py snapshots the weights along the way)."""
     problems = arith.generate_problems(4000, "train", seed=seed + 7919, cfg=task_cfg)
     optimizer = torch.optim.AdamW(policy.model.parameters(), lr=lr, weight_decay=0.0, foreach=True)  # as learner.py
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / 50) * max(0.1, 1 - s / max(steps, 1)))
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer,
+                                                 lambda s: min(1.0, (s + 1) / 50) * max(0.1, 1 - s / max(steps, 1)))
     generator = torch.Generator().manual_seed(seed)
 
     @functools.cache   # a problem is drawn many times over the warm-up: tokenized once, whole or cut
@@ -282,8 +283,8 @@ def gguf_file(location: str) -> Path | None:
         return None
     found = sorted(path.glob("*.gguf"))
     if len(found) > 1:
-        raise ValueError(f"--model-paths: {location} holds {len(found)} GGUF files ({', '.join(f.name for f in found)}); "
-                         f"name one, e.g. NAME={found[0]}")
+        raise ValueError(f"--model-paths: {location} holds {len(found)} GGUF files "
+                         f"({', '.join(f.name for f in found)}); name one, e.g. NAME={found[0]}")
     return found[0] if found else None
 
 

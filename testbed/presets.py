@@ -39,7 +39,8 @@ def tiny_seed(spec: PolicySpec, index: int, seed: int) -> int:
 
 def _tiny(name: str, family: str, hidden: int, layers: int, warmup_steps: int) -> PolicySpec:
     # 70% premature warm-up targets: the policies learn the arithmetic, mostly answer after the first step under
-    # greedy decoding, and finish sometimes when sampled, a gap GRPO can close (docs/results.md, "Independent GRPO, default run")
+    # greedy decoding, and finish sometimes when sampled, a gap GRPO can close (docs/results.md, "Independent GRPO,
+    # default run")
     return PolicySpec(name, family, tiny=tiny.TinyShape(hidden, layers, heads=4, warmup_steps=warmup_steps,
                                                    premature_share=0.7))
 

@@ -160,10 +160,12 @@ MATH_SUBJECTS = ("algebra", "counting_and_probability", "geometry", "intermediat
 BENCHMARKS = {
     "gsm8k": Benchmark(data.HubSource("GSM8K", "openai/gsm8k", "main", "train", "test", "question, answer"),
                        _gsm8k_example, "Solve it step by step, writing each calculation as <<expression=result>>, "
-                                       "and end with '#### answer'.", verifiers.gsm8k_reward, verifiers.gsm8k_step_verdicts),
+                                       "and end with '#### answer'.", verifiers.gsm8k_reward,
+                       verifiers.gsm8k_step_verdicts),
     "math": Benchmark(data.HubSource("MATH", "EleutherAI/hendrycks_math", "", "train", "test",
                                 "problem, solution, level, type", parts=MATH_SUBJECTS),
-                      _math_example, "Solve it step by step and put the final answer in \\boxed{}.", verifiers.math_reward),
+                      _math_example, "Solve it step by step and put the final answer in \\boxed{}.",
+                      verifiers.math_reward),
     "humaneval": Benchmark(None, _humaneval_example, "", verifiers.code_reward),
     "mbpp": Benchmark(data.HubSource("MBPP", "google-research-datasets/mbpp", "full", "train", "test",
                                 "task_id, text (sanitized: prompt), code, test_list, test_setup_code (sanitized: "

@@ -27,7 +27,8 @@ def is_byte_token(piece: str, byte_fallback: bool) -> bool:
 @lru_cache(maxsize=1)
 def _byte_decoder() -> dict[str, int]:
     """Inverse of GPT-2's byte-to-unicode table, used by byte-level BPE vocabularies."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), 256))
+    printable = (list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
+                 + list(range(ord("®"), 256)))
     chars, extra = printable[:], 0
     for b in range(256):
         if b not in printable:

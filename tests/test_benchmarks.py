@@ -388,7 +388,8 @@ def test_a_clone_without_git_lfs_says_so(tmp_path):
     for split in ("train", "test"):
         (tmp_path / "main").mkdir(exist_ok=True)
         (tmp_path / f"main/{split}-00000-of-00001.parquet").write_text(pointer)
-    with pytest.raises(data_sources.DataUnavailable, match=r"GSM8K: 1 of the 1 data files .* Git LFS pointers.*git lfs pull"):
+    with pytest.raises(data_sources.DataUnavailable,
+                       match=r"GSM8K: 1 of the 1 data files .* Git LFS pointers.*git lfs pull"):
         tasks.load_task("gsm8k", 0, 10, 10, data_dir=str(tmp_path))
 
 
@@ -559,7 +560,8 @@ def test_mbpp_asserts_run_apart_from_the_solution_and_see_the_modules_it_imports
     assert task.reward(example, example.reference) == 1.0
     assert task.reward(example, "def volume_sphere(r):\n    return 4188.79") == 1.0  # math comes from the judge
     assert task.reward(example, "def volume_sphere(r):\n    return r") == 0.0
-    always_equal = "class Close(float):\n    def __eq__(s, o):\n        return True\ndef volume_sphere(r):\n    return Close(1)"
+    always_equal = ("class Close(float):\n    def __eq__(s, o):\n        return True\n"
+                    "def volume_sphere(r):\n    return Close(1)")
     assert task.reward(example, always_equal) == 0.0
 
 

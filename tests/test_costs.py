@@ -95,7 +95,8 @@ def test_a_lora_run_saves_adapters_only_and_its_checkpoint_rebuilds_the_trained_
     logged = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     updates = [r for r in logged if "losses/policy_loss" in r]
     assert all(r["perf/rollout_tokens_per_s"] > 0 and r["perf/update_tokens_per_s"] > 0 for r in updates)
-    final = {r["policy"]: r["eval/heldout_accuracy"] for r in logged if r["iteration"] == 1 and "eval/heldout_accuracy" in r}
+    final = {r["policy"]: r["eval/heldout_accuracy"] for r in logged
+             if r["iteration"] == 1 and "eval/heldout_accuracy" in r}
     assert evaluation.evaluate_run(run_dir, "arith", eval_size=8, data_dir=None, max_new_tokens=None) == final
 
 

@@ -58,13 +58,17 @@ def test_an_iterations_fidelity_metrics_by_hand():
 
 def test_direction_terms_by_hand():
     nan = float("nan")
-    records = [{"source": "q", "receiver": "l", "D": 0.5, "dominant": "ccm", "terms": {"tbd": 0.0, "ccm": 0.6, "rsd": 0.2}},
-               {"source": "q", "receiver": "l", "D": 0.3, "dominant": "rsd", "terms": {"tbd": 0.1, "ccm": 0.2, "rsd": 0.4}},
-               {"source": "l", "receiver": "q", "D": 0.1, "dominant": "rsd", "terms": {"tbd": nan, "ccm": 0.0, "rsd": 0.3}},
+    records = [{"source": "q", "receiver": "l", "D": 0.5, "dominant": "ccm",
+                "terms": {"tbd": 0.0, "ccm": 0.6, "rsd": 0.2}},
+               {"source": "q", "receiver": "l", "D": 0.3, "dominant": "rsd",
+                "terms": {"tbd": 0.1, "ccm": 0.2, "rsd": 0.4}},
+               {"source": "l", "receiver": "q", "D": 0.1, "dominant": "rsd",
+                "terms": {"tbd": nan, "ccm": 0.0, "rsd": 0.3}},
                {"source": "l", "receiver": "q", "level": "inert"}]                       # not diagnosed: left out
     out = fidelity_record.direction_terms(records)
     assert list(out) == ["l->q", "q->l"]
-    assert out["q->l"]["diagnosed"] == 2 and out["q->l"]["terms"] == pytest.approx({"tbd": 0.05, "ccm": 0.4, "rsd": 0.3})
+    assert (out["q->l"]["diagnosed"] == 2
+            and out["q->l"]["terms"] == pytest.approx({"tbd": 0.05, "ccm": 0.4, "rsd": 0.3}))
     assert out["q->l"]["dominant"] == {"tbd": 0.0, "ccm": 0.5, "rsd": 0.5}
     assert math.isnan(out["l->q"]["terms"]["tbd"]) and out["l->q"]["terms"]["rsd"] == pytest.approx(0.3)
 

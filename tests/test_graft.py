@@ -89,7 +89,8 @@ def test_a_mixed_peer_group_replaces_a_failed_group_with_its_own_advantages(untr
     rows = [receiver.rollouts.completion_ids[i].tolist() for i in (2, 3)] + [encoded[i] for i in (0, 1, 5)]
     assert batch.input_ids.shape[0] == 5
     for row, ids in enumerate(rows):
-        prompt = receiver.rollouts.prompt_ids[2].tolist() if row < 2 else llama.encode_prompt(PROMPTS[[0, 0, 2][row - 2]])
+        prompt = (receiver.rollouts.prompt_ids[2].tolist() if row < 2
+                  else llama.encode_prompt(PROMPTS[[0, 0, 2][row - 2]]))
         assert batch.input_ids[row, :len(prompt) + len(ids)].tolist() == prompt + ids
 
 
@@ -103,7 +104,8 @@ def test_of_two_mixed_peer_groups_the_more_compatible_one_replaces_the_failed_gr
         s = [[0.95, 0.99], [0.9, 0.85]] if compatible_first else [[0.9, 0.85], [0.95, 0.99]]
         for peer, wanted in zip(peers, s):
             with_compatibility(peer, receiver, wanted)
-        mine = graft.exchange([receiver, *peers], sharing.ShareConfig("graft", temperature=0.7, settings=graft.Settings(0.8)))
+        mine = graft.exchange([receiver, *peers],
+                              sharing.ShareConfig("graft", temperature=0.7, settings=graft.Settings(0.8)))
         winner = "qwen2" if compatible_first else "twin"
         crossings = mine["llama"].crossings
         assert [(c.source, c.index) for c in crossings] == [(winner, 0), (winner, 1)]
@@ -114,7 +116,8 @@ def test_with_every_trajectory_below_delta_the_receiver_keeps_its_group(untraine
     peer = experience(untrained["qwen2"], PROMPTS[:1], TEXTS[:1], [[1.0, 0.0]])
     receiver = experience(untrained["llama"], PROMPTS[:1], TEXTS[:1], [[0.0, 0.0]])
     with_compatibility(peer, receiver, [0.5, 0.6])
-    mine = graft.exchange([receiver, peer], sharing.ShareConfig("graft", temperature=0.7, settings=graft.Settings()))["llama"]
+    mine = graft.exchange([receiver, peer],
+                          sharing.ShareConfig("graft", temperature=0.7, settings=graft.Settings()))["llama"]
     assert mine.crossings == [] and mine.kept.all() and mine.metrics["sharing/accepted"] == 0.0
 
 

@@ -261,7 +261,8 @@ def test_micro_batches_of_prompt_groups_give_the_full_batch_gradient_of_a_transf
 
 def test_minibatch_rows_split_the_batch_in_order_the_larger_parts_first():
     assert grpo.minibatch_rows(7, 3) == [range(0, 3), range(3, 5), range(5, 7)]
-    assert grpo.minibatch_rows(4, 1) == [range(0, 4)] and grpo.minibatch_rows(4, 4) == [range(k, k + 1) for k in range(4)]
+    assert (grpo.minibatch_rows(4, 1) == [range(0, 4)]
+            and grpo.minibatch_rows(4, 4) == [range(k, k + 1) for k in range(4)])
     assert grpo.row_steps(5, 2) == [0, 0, 0, 1, 1]
     for bad in (0, 5):
         with pytest.raises(ValueError, match="--minibatches"):

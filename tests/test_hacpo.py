@@ -207,7 +207,8 @@ def test_the_default_variant_weighs_the_peers_of_the_hand_example_about_1_43_tim
     assert coefficient == pytest.approx(1.4293, abs=1e-4)
     assert coefficient / recipe_iteration(untrained)[1] == pytest.approx(1.425, abs=1e-3)
     assert_same_gradients(trained(untrained, "ours"), want)
-    assert hacpo.Settings().variant == Args().hacpo_variant == Args(share="hacpo").share_config.settings.variant == "ours"
+    assert (hacpo.Settings().variant == Args().hacpo_variant == Args(share="hacpo").share_config.settings.variant
+            == "ours")
 
 
 def test_the_official_variant_sends_every_peer_rollout_without_its_eos(untrained):

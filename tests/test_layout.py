@@ -135,3 +135,11 @@ def test_the_readme_layout_table_lists_every_file_and_folder_at_the_top_level_an
     for package in PACKAGES:   # and a package's row names each of its modules
         listed = set(re.findall(r"`(\w+\.py)`", table[f"{package}/"]))
         assert listed == {p.name for p in (ROOT / package).glob("*.py") if p.name != "__init__.py"}, package
+
+
+def test_every_line_fits_a_screen():
+    tracked = subprocess.run(["git", "ls-files", "*.py"], cwd=ROOT, capture_output=True, text=True,
+                             check=True).stdout.split()
+    long = [f"{path}:{n}:{len(line)}" for path in tracked if (ROOT / path).is_file()
+            for n, line in enumerate((ROOT / path).read_text(encoding="utf-8").splitlines(), 1) if len(line) > 120]
+    assert tracked and not long, f"{len(long)} lines over 120 characters, the first: {long[:10]}"

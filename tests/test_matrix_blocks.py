@@ -160,7 +160,8 @@ def test_a_seed_whose_runs_started_from_other_weights_is_left_out_named_and_rest
     assert rows["cross-fidelity-last2 - sgt", "p"]["mean"] == pytest.approx(40 + 1 - 38)   # -30 at 1011 is out
     assert {c: list(u) for c, u in out["unpaired"].items()} == {"cross-fidelity-last2 - cross-fidelity": [1011],
                                                                 "cross-fidelity-last2 - sgt": [1011]}
-    assert "weights: cross-fidelity-last2 (p elsewhere, q q-s1011)" in out["unpaired"]["cross-fidelity-last2 - sgt"][1011]
+    assert ("weights: cross-fidelity-last2 (p elsewhere, q q-s1011)"
+            in out["unpaired"]["cross-fidelity-last2 - sgt"][1011])
     repaired = mb.family(runs, seeds, contrasts, cfg, repair=(1031,))
     assert repaired["repaired"] == [1031]
     assert set(rows_of(repaired)["cross-fidelity-last2 - cross-fidelity", "p"]["differences"]) == (
@@ -336,7 +337,8 @@ def test_h5_calls_adaptive_curation_by_dominance_in_the_plane_once_every_level_r
                                          "incomplete: cross-fidelity-adaptive on 0 of 6 seeds"}
     # adaptive receives more than prp with less variance, seed by seed: it dominates prp, and no level dominates it
     adaptive = [plane_run(h5.ADAPTIVE, s, 4.0 + s % 2, 0.022 + 0.001 * (s % 3)) for s in seeds]
-    assert h5.analyze(base + sgt + adaptive[1:], cfg)[0]["verdict"].startswith("incomplete: cross-fidelity-adaptive on 5")
+    assert h5.analyze(base + sgt + adaptive[1:], cfg)[0]["verdict"].startswith(
+        "incomplete: cross-fidelity-adaptive on 5")
     [p, q] = h5.analyze(base + sgt + adaptive, cfg)
     assert p["verdict"] == q["verdict"] == "supported (dominates prp)"
     point = {x["configuration"]: x for x in p["points"]}["prp"]
@@ -356,8 +358,8 @@ def test_h5_calls_adaptive_curation_by_dominance_in_the_plane_once_every_level_r
     # more received than prp on average (+1) but not seed by seed (+3, -1, ...): its interval holds 0, no dominance
     mixed = [plane_run(h5.ADAPTIVE, s, 2.0 + s % 2 + (3.0 if s % 2 else -1.0), 0.020) for s in seeds]
     assert h5.analyze(base + sgt + mixed, cfg)[0]["verdict"] == "not resolved"
-    assert h5.analyze(base + sgt + adaptive, cfg, ["ablations"])[0] == {"policy": "p", "points": [], "gaps": [], "path": [],
-                                                                  "verdict": "waits for block ablations"}
+    assert h5.analyze(base + sgt + adaptive, cfg, ["ablations"])[0] == {
+        "policy": "p", "points": [], "gaps": [], "path": [], "verdict": "waits for block ablations"}
 
 
 def test_h5_at_n_needs_each_difference_exact_sign_flip_p_at_most_alpha_and_reports_only_what_both_readings_give():
@@ -574,7 +576,8 @@ def test_the_repair_gives_each_affected_verdict_as_published_paired_and_repaired
     assert p["with the repair"].startswith("+2.00 [+1.00, +3.00], 3 seeds")
     without_repair = matrix_review.block6([r for r in runs if r["seed"] != 1031], cfg)
     assert all("with the repair" not in r for r in without_repair)
-    assert "| 6 | cross-fidelity - cross-fidelity-ablate-tbd (p) | " in "\n".join(matrix_review.markdown(without_repair, []))
+    assert ("| 6 | cross-fidelity - cross-fidelity-ablate-tbd (p) | "
+            in "\n".join(matrix_review.markdown(without_repair, [])))
     assert "not yet run |" in "\n".join(matrix_review.markdown(without_repair, []))
 
 

@@ -56,7 +56,7 @@ class Echo:
         return out
 
 
-# ---- a toy task: the arithmetic problems, rewarded where the completion's last digit is even --------------------------------
+# ---- a toy task: the arithmetic problems, rewarded where the completion's last digit is even --------------------
 
 def last_digit_even(problem, completion: str) -> float:
     digits = [c for c in completion if c.isdigit()]

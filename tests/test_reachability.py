@@ -50,7 +50,8 @@ def test_the_ccm_repair_scales_credit_by_reach_to_the_beta_by_hand():
 
 
 def test_step_token_ranges_and_bad_steps():
-    assert reachability.step_token_ranges([(0, 2), (2, 3), (3, 6), (6, 6)], [(0, 3), (4, 5), (9, 10)]) == [(0, 2), (2, 3)]
+    assert (reachability.step_token_ranges([(0, 2), (2, 3), (3, 6), (6, 6)], [(0, 3), (4, 5), (9, 10)])
+            == [(0, 2), (2, 3)])
     # a token that ends where a step begins is not the step's (an overlap, not a touch)
     assert reachability.step_token_ranges([(0, 2), (2, 3), (3, 6)], [(0, 3), (3, 6)]) == [(0, 2), (2, 3)]
     model = tiny.tiny_model("qwen2", tiny.TinyShape(32, 1, 4, 0), 50, seed=0)

@@ -249,7 +249,8 @@ def test_an_answer_of_more_than_4300_digits_crosses():
 
 def test_the_trusted_prefix_runs_in_the_judge_not_from_the_program():
     # HumanEval/32-style: the check uses a helper of the prompt; a program that redefines it changes nothing
-    prefix = "def poly(xs, x):\n    return sum(c * x ** i for i, c in enumerate(xs))\n\ndef find_zero(xs):\n    ''''''\n"
+    prefix = ("def poly(xs, x):\n    return sum(c * x ** i for i, c in enumerate(xs))\n\n"
+              "def find_zero(xs):\n    ''''''\n")
     cheat = prefix + "    return 0.0\n\ndef poly(xs, x):\n    return 0\n"
     tests = "assert abs(poly([1, 2], find_zero([1, 2]))) < 1e-6"
     assert not sandbox.judge(cheat, tests, ["find_zero"], trusted_prefix=prefix).passed
@@ -422,7 +423,8 @@ REWARD_HACKS = {
     "early clean exit": after_the_prompt("import os\nos._exit(0)"),
     "sys.exit at load": after_the_prompt("raise SystemExit(0)"),
     "nonce from the caller's frames": after_the_prompt(
-        "import sys\nframe = sys._getframe()\nwhile frame:\n    print(frame.f_locals.keys())\n    frame = frame.f_back"),
+        "import sys\nframe = sys._getframe()\nwhile frame:\n    print(frame.f_locals.keys())\n"
+        "    frame = frame.f_back"),
     "check from the garbage collector": after_the_prompt(
         "import gc\nfor f in gc.get_objects():\n    if getattr(f, '__name__', '') == 'check':\n"
         "        f.__code__ = (lambda candidate: None).__code__"),
@@ -498,7 +500,8 @@ def escapes(watched) -> dict[str, str]:
             "            pass"),
         "lower the trainer's limits": after_the_prompt(
             f"import os, resource\nfor pid in ({os.getpid()}, 1):\n    try:\n"
-            "        os.prlimit(pid, resource.RLIMIT_NOFILE, (1, 1))\n        os.prlimit(pid, resource.RLIMIT_AS, (1, 1))\n"
+            "        os.prlimit(pid, resource.RLIMIT_NOFILE, (1, 1))\n"
+            "        os.prlimit(pid, resource.RLIMIT_AS, (1, 1))\n"
             "    except OSError:\n        pass"),
         "make the work folder immutable": after_the_prompt(
             "import fcntl, os, struct\nfor d in ('/tmp', '/sandbox/run', '/sandbox'):\n    try:\n"
@@ -509,7 +512,8 @@ def escapes(watched) -> dict[str, str]:
             "        while True:\n            time.sleep(0.1)\n    os._exit(0)"),
         "new-session child that fills the disk": after_the_prompt(
             "import os\nif os.fork() == 0:\n    os.setsid()\n    i = 0\n    while True:\n        try:\n"
-            "            open(f'/tmp/fill{i}', 'wb').write(b'x' * (1 << 19))\n        except OSError:\n            pass\n"
+            "            open(f'/tmp/fill{i}', 'wb').write(b'x' * (1 << 19))\n"
+            "        except OSError:\n            pass\n"
             "        i += 1"),
         "network to the host": after_the_prompt(
             "import socket\nfor host in ('127.0.0.1', '10.0.0.1', '8.8.8.8'):\n    try:\n"
@@ -639,7 +643,8 @@ def test_no_connection_reaches_a_listener_on_the_host():
         listener.listen()
         listener.settimeout(0.5)
         port = listener.getsockname()[1]
-        program = f"import socket\ndef f():\n    socket.create_connection(('127.0.0.1', {port}), timeout=1).sendall(b'hi')\n"
+        program = (f"import socket\ndef f():\n"
+                   f"    socket.create_connection(('127.0.0.1', {port}), timeout=1).sendall(b'hi')\n")
         assert not sandbox.judge(program, "f()", ["f"]).passed
         with pytest.raises(TimeoutError):
             listener.accept()

@@ -51,7 +51,8 @@ def test_reference_solutions_verify_and_amounts_stay_non_negative(cfg, step_form
 
 @pytest.mark.parametrize("step_format, text, pieces", [
     ("inline", "7 + 5 = 12; 12 - 3 = 9; Answer: 9", ["7 + 5 = 12", "12 - 3 = 9", "Answer: 9"]),
-    ("prose", "7 plus 5 is 12.Then 12 minus 3 is 9.Answer: 9", ["7 plus 5 is 12.", "Then 12 minus 3 is 9.", "Answer: 9"]),
+    ("prose", "7 plus 5 is 12.Then 12 minus 3 is 9.Answer: 9", ["7 plus 5 is 12.", "Then 12 minus 3 is 9.",
+                                                                "Answer: 9"]),
     ("prose", "7 plus 5 is 13.Then 13 minus 3 is 10. Answer: 10", ["7 plus 5 is 13.", "Then 13 minus 3 is 10.",
                                                                   "Answer: 10"]),
 ])

@@ -114,7 +114,8 @@ def test_the_calibration_sample_is_the_receivers_last_window_and_follows_the_run
     after = [shifted_terms(10 + it, 60, -0.3) for it in range(3)]
     for rows in before + after:
         scales = cur.calibrate("llama", rows)
-    assert "qwen" not in cur.level0_thresholds and len(scales.terms) == 3 * 60            # llama's last 3 iterations only
+    # llama's last 3 iterations only
+    assert "qwen" not in cur.level0_thresholds and len(scales.terms) == 3 * 60
     sample = [r for rows in after for r in rows]
     assert sorted(scales.terms) == sorted(tuple(r.tolist()) for r in sample)
     # each scaled term is its mid-rank among the sample's values, counted by hand (up to the percentile grid)
