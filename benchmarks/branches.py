@@ -16,12 +16,13 @@ sampling in the evaluation, the same problems for every arm, so an arm's differe
 in the policy and nothing else.
 
 The arms: `none`; the shares as they run (sgt, hacpo, cross-fidelity); a control that must hurt (negated: the
-trunk's own admission, every admitted offer's credit negated), beside SGT's rescues of failed prompts, the
-candidate control that must help; and ranked admission (admission.py,
-`--admission ranked`) at the default run's PRP share, ordered by D, each raw term, the offer's reward or
-advantage, a density-ratio signal (HACPO's sequence ratio s, GRAFT's min(s, 1), an F-TIS-style KL), or chance (the
-random arm), so that every signal admits as many offers at the same level and is
-compared with chance, not with another amount of data or another way of crediting it.
+trunk's own admission, every admitted offer's credit negated), beside the candidate controls that must help, SGT's
+rescues of failed prompts and the receiver's own second group (second-group: `none` at twice the group size); and
+ranked admission (admission.py, `--admission ranked`) at the default run's PRP share, ordered by D, each raw term,
+the offer's reward or advantage, a density-ratio signal (HACPO's sequence ratio s, GRAFT's min(s, 1), an
+F-TIS-style KL), or chance (the random arm), so that every signal admits as many offers at the same level and is
+compared with chance, not with another amount of data or another way of crediting it. A share that keeps state
+(HACPO's capabilities) begins it afresh at the branch point.
 
 One row per (preset, seed, point), written whole or not at all, results/branches/PRESET-sSEED-itPOINT.json: each
 arm's held-out accuracy per policy at point + k, and the trunk's at the point. Branches run on one thread each,
@@ -56,7 +57,7 @@ TRUNK = ("--share", "cross-fidelity")
 RANKED = ("--share", "cross-fidelity", "--admission", "ranked")
 ARMS = {"none": ("--share", "none"), "sgt": ("--share", "sgt"),
         "hacpo": ("--share", "hacpo", "--hacpo-variant", "ours"), "cross-fidelity": TRUNK,
-        "negated": (*TRUNK, "--negate-credit"),
+        "negated": (*TRUNK, "--negate-credit"), "second-group": ("--share", "none", "--group-size", "16"),
         **{signal: (*RANKED, "--rank-by", signal) for signal in ("d", "tbd", "ccm", "rsd", "reward", "advantage",
                                                                   "sequence_ratio", "capped_ratio", "kl", "chance")}}
 """each arm's train.py flags over the preset's and the protocol's; the ranked arms admit --admit-share (its default,
