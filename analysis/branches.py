@@ -7,7 +7,7 @@ arm's held-out accuracy at a branch's end less a reference arm's at the same bra
 The unit is the seed: a seed's branch points are one trunk's run, so its differences are averaged over its points
 first, and the test is over seeds, the exact two-sided sign-flip test (stats.sign_flip_p), with Student's t
 interval beside the mean (results/reporting-rule.md). The controls come first: the arm that must hurt (negated)
-and the candidate that must help (sgt) against `none`; a measure whose controls do not separate from `none` is
+and the candidates that must help (sgt, second-group) against `none`; a measure whose controls do not separate from `none` is
 not read for any call.
 """
 
@@ -26,8 +26,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 POINTS = 100
 """accuracies in points"""
-CONTROLS = ("negated", "sgt")
-"""the control that must hurt and the candidate that must help, read against `none` first"""
+CONTROLS = ("negated", "second-group", "sgt")
+"""the control that must hurt and the candidates that must help, read against `none` first"""
 
 
 def load(folder: Path) -> list[dict]:
@@ -86,8 +86,8 @@ def markdown(result: list[dict], rows: list[dict]) -> str:
     lines = ["# Paired branches: the report of their rows\n",
              f"{len(rows)} rows (seed, branch point). Each cell: an arm's held-out greedy accuracy at the branch's end "
              "less the reference arm's, points, averaged over a seed's branch points, then mean over seeds [95% t "
-             "interval], exact sign-flip p over seeds. The controls (negated must hurt; sgt, the candidate that must "
-             "help) against none come first.\n",
+             "interval], exact sign-flip p over seeds. The controls (negated must hurt; second-group and sgt, the "
+             "candidates that must help) against none come first.\n",
              "| preset | receiver | arm | against chance | against none |", "|---|---|---|---|---|"]
     lines += [f"| {r['preset']} | {r['policy']} | {r['arm']} | {cell(r.get('against chance'))} "
               f"| {cell(r.get('against none'))} |" for r in result]
