@@ -69,6 +69,7 @@ def train_run(name: str, flags: list[str], iterations: int, runs_dir: Path) -> t
                "--runs-dir", str(runs_dir)]
     if (runs_dir / name).exists():
         command.append("--resume")
+    runs_dir.mkdir(parents=True, exist_ok=True)
     with open(runs_dir / f"{name}.log", "a") as log:
         code = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
                               env={**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}).returncode
