@@ -7,8 +7,8 @@ arm's held-out accuracy at a branch's end less a reference arm's at the same bra
 The unit is the seed: a seed's branch points are one trunk's run, so its differences are averaged over its points
 first, and the test is over seeds, the exact two-sided sign-flip test (stats.sign_flip_p), with Student's t
 interval beside the mean (results/reporting-rule.md). The controls come first: the arm that must hurt (negated)
-and the candidates that must help (sgt, second-group) against `none`; a measure whose controls do not separate from `none` is
-not read for any call.
+and the candidates that must help (sgt, second-group) against `none`; a measure whose controls do not separate
+from `none` is not read for any call.
 """
 
 from __future__ import annotations
