@@ -57,14 +57,17 @@ def permuted_bands(bands: list[int | None], sources: list[str], rng: random.Rand
     return out
 
 
-def ranked_bands(values: list[float | None], share: float, sense: int) -> list[int | None]:
+def ranked_bands(values: list[float | None], share: float, sense: int, rng: random.Random | None = None
+                 ) -> list[int | None]:
     """`--admission ranked`: of the offers with a value (None: inert, not ranked), the first share x n (rounded
-    half up) in the order of `sense` x value (1: lowest first) at PRP (band 0), the rest REJECTED; ties keep the
-    offers' order, so a ranking is repeatable. A NaN value (a term the offer's diagnosis could not measure) ranks
-    last."""
+    half up) in the order of `sense` x value (1: lowest first) at PRP (band 0), the rest REJECTED. Ties (a reward
+    of 1, a ratio capped at 1) are broken by a seeded draw from `rng`, so that no peer or rollout comes first for
+    its place in the batch, or without one kept in the offers' order. A NaN value (a term the offer's diagnosis
+    could not measure) ranks last."""
     present = {k: v for k, v in enumerate(values) if v is not None}
+    draw = {k: rng.random() if rng is not None else 0.0 for k in present}
     order = sorted(present, key=lambda k: (math.isnan(present[k]), 0.0 if math.isnan(present[k])
-                                           else sense * present[k]))
+                                           else sense * present[k], draw[k]))
     admitted = set(order[:int(share * len(present) + 0.5)])
     return [None if v is None else 0 if k in admitted else REJECTED for k, v in enumerate(values)]
 

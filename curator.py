@@ -133,6 +133,11 @@ class Curator:
         self.predictor = (coevolution.FidelityPredictor(len(diagnosis.FEATURES) + len(self.pairs), predictor, seed)
                           if predictor else None)
 
+    def __setstate__(self, state: dict) -> None:
+        """A checkpoint's curator; one saved under the attributes' earlier names (base, recent) resumes too."""
+        renamed = {"base": "level0_thresholds", "recent": "recent_d_ccm"}
+        self.__dict__.update({renamed.get(k, k): v for k, v in state.items()})
+
     def level(self, source: str, receiver: str, gap: float) -> int:
         """How far the pair's thresholds are raised this cycle: the bandit's level, 0 with fixed thresholds."""
         return self.bandit.choose(source, receiver, gap) if self.bandit else 0
@@ -259,7 +264,7 @@ class Curator:
             rules: tuple[str, ...] = BAND_RULES
             if self.cfg.admission == "ranked":
                 values = rank_values(offers, scores, self.cfg.rank_by, rng)
-                bands = ranked_bands(values, self.cfg.admit_share, diagnosis.RANK_SIGNALS[self.cfg.rank_by])
+                bands = ranked_bands(values, self.cfg.admit_share, diagnosis.RANK_SIGNALS[self.cfg.rank_by], rng)
                 rules = (f"in the first {self.cfg.admit_share:.0%} by {self.cfg.rank_by}",)
             decisions, picks, advantages = admit(offers, bands, receiver, share, rules)
         with timer("crossing"):

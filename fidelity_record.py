@@ -42,8 +42,9 @@ def offer_record(offer: Offer, scored: dict | None, level: str, crossed: str, re
                  theta: tuple[float, float] | None, predicted: int, prob: float, skipped: bool) -> dict:
     """One line of fidelity.jsonl: the decision with its reasons, the score (D, the band of the diagnosis, the
     terms raw and scaled; none for an inert or skipped offer), the thresholds (None before the receiver's
-    calibration sample holds an offer), where the repairs acted on a crossing (diagnosis.credit_record), and each
-    step with its values and the terms it is a hotspot of."""
+    calibration sample holds an offer), where the repairs acted on a crossing (diagnosis.credit_record), each
+    step with its values and the terms it is a hotspot of, and the offer's density-ratio signals where a ranked
+    admission measured them."""
     d = offer.diagnosis
     hot = hotspot_steps(d)
     sent = offer.source_encoding.data
@@ -59,7 +60,7 @@ def offer_record(offer: Offer, scored: dict | None, level: str, crossed: str, re
             "predicted": LEVELS[predicted] if predicted >= 0 else None,
             "predicted_prob": prob, "skipped": skipped, "tbd_jaccard": offer.jaccard,
             **(scored or {}), "text": text, "steps": steps,
-            "tbd_bytes": tbd_bytes(offer)}
+            "tbd_bytes": tbd_bytes(offer), **({"ratios": offer.ratios} if offer.ratios is not None else {})}
 
 
 def tbd_bytes(offer: Offer) -> list[tuple[int, int]]:

@@ -84,6 +84,9 @@ def receive(own: sharing.Experience, peers: list[sharing.Experience], cfg: shari
     name = own.policy.name
     if cfg.mode in sharing.SHARES:
         return sharing.SHARES[cfg.mode].exchange([own, *peers], cfg, context, name)[name]
+    if cfg.mode not in sharing.MODES:
+        raise ValueError(f"--share {cfg.mode} is registered in no share of this process ({', '.join(sharing.SHARES)}): "
+                         "a Ray actor knows the shares baselines/__init__.py registers, so register it there")
     return sharing.exchange([own, *peers], cfg, name)[name]
 
 

@@ -26,7 +26,7 @@ from typing import NamedTuple
 import torch
 
 import tokalign
-from grad_norms import ccm_scope, step_grad_norms
+from grad_norms import step_grad_norms
 from testbed import arith, tasks
 
 

@@ -113,7 +113,7 @@ class Graft:
     """GRAFT as the trainer runs it (sharing.Share)."""
 
     def settings(self, args: Any) -> Settings:
-        return Settings(args.graft_delta)
+        return Settings(delta=args.graft_delta)
 
     def check(self, args: Any) -> None:
         if args.minibatches > args.prompts_per_iteration:

@@ -267,8 +267,9 @@ class Hacpo:
     """HACPO as the trainer runs it (sharing.Share)."""
 
     def settings(self, args: Any) -> Settings:
-        return Settings(args.hacpo_alpha, args.hacpo_delta, args.hacpo_window, args.hacpo_capability_bound,
-                        args.hacpo_delta_step, args.hacpo_variant)
+        return Settings(alpha=args.hacpo_alpha, delta=args.hacpo_delta, window=args.hacpo_window,
+                        capability_bound=args.hacpo_capability_bound, delta_step=args.hacpo_delta_step,
+                        variant=args.hacpo_variant)
 
     def check(self, args: Any) -> None:
         if args.epochs > 1:

@@ -17,9 +17,9 @@ in the policy and nothing else.
 
 The arms: `none`; the shares as they run (sgt, hacpo, cross-fidelity); a control that must hurt (negated: the
 trunk's own admission, every admitted offer's credit negated), beside the candidate controls that must help, SGT's
-rescues of failed prompts and the receiver's own second group (second-group: `none` at twice the group size); and
-ranked admission (admission.py, `--admission ranked`) at the default run's PRP share, ordered by D, each raw term,
-the offer's reward or advantage, a density-ratio signal (HACPO's sequence ratio s, GRAFT's min(s, 1), an
+rescues of failed prompts and the receiver's own second group (second-group: `none` at twice the trunk's group
+size); and ranked admission (admission.py, `--admission ranked`) at the default run's PRP share, ordered by D, each
+raw term, the offer's reward or advantage, a density-ratio signal (HACPO's sequence ratio s, GRAFT's min(s, 1), an
 F-TIS-style KL), or chance (the random arm), so that every signal admits as many offers at the same level and is
 compared with chance, not with another amount of data or another way of crediting it. A share that keeps state
 (HACPO's capabilities) begins it afresh at the branch point.
@@ -57,7 +57,7 @@ TRUNK = ("--share", "cross-fidelity")
 RANKED = ("--share", "cross-fidelity", "--admission", "ranked")
 ARMS = {"none": ("--share", "none"), "sgt": ("--share", "sgt"),
         "hacpo": ("--share", "hacpo", "--hacpo-variant", "ours"), "cross-fidelity": TRUNK,
-        "negated": (*TRUNK, "--negate-credit"), "second-group": ("--share", "none", "--group-size", "16"),
+        "negated": (*TRUNK, "--negate-credit"), "second-group": ("--share", "none"),
         **{signal: (*RANKED, "--rank-by", signal) for signal in ("d", "tbd", "ccm", "rsd", "reward", "advantage",
                                                                   "sequence_ratio", "capped_ratio", "kl", "chance")}}
 """each arm's train.py flags over the preset's and the protocol's; the ranked arms admit --admit-share (its default,
@@ -66,8 +66,12 @@ the default run's PRP share) at PRP"""
 
 def flags_of(preset: str, seed: int, arm: str, extra: list[str]) -> list[str]:
     """train.py's flags for one arm's branch of a (preset, seed), or for its trunk (arm 'trunk'), with `extra`
-    flags after them (a smoke run's smaller settings); power.train_run adds --iterations, --name and --runs-dir."""
-    return [*PROTOCOL, *PRESETS[preset], *(TRUNK if arm == "trunk" else ARMS[arm]), "--seed", str(seed), *extra]
+    flags after them (a smoke run's smaller settings); power.train_run adds --iterations, --name and --runs-dir.
+    The second-group arm samples twice the trunk's group size."""
+    flags = [*PROTOCOL, *PRESETS[preset], *(TRUNK if arm == "trunk" else ARMS[arm]), "--seed", str(seed), *extra]
+    if arm == "second-group":
+        flags += ["--group-size", str(2 * tyro.cli(Args, args=flags).group_size)]
+    return flags
 
 
 def args_of(flags: list[str], iterations: int, name: str, runs_dir: Path) -> Args:

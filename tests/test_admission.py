@@ -130,3 +130,13 @@ def test_a_ranked_admission_is_refused_on_an_unknown_signal_an_ablated_term_or_a
     for bad in (dict(rank_by="length"), dict(rank_by="ccm", ablate=("ccm",)), dict(admit_share=1.5)):
         with pytest.raises(ValueError):
             diagnosis.CuratorConfig(admission="ranked", **bad)
+
+
+def test_a_ranked_admission_breaks_ties_by_its_seeded_draw_not_by_the_offers_order():
+    values = [1.0, 1.0, 1.0, 1.0, 0.0, None]
+    admitted = [frozenset(k for k, b in enumerate(admission.ranked_bands(values, 0.4, -1, random.Random(seed)))
+                          if b == 0) for seed in range(40)]
+    assert all(len(a) == 2 and a <= {0, 1, 2, 3} for a in admitted)     # two of the five ranked, both 1s
+    assert {k for a in admitted for k in a} == {0, 1, 2, 3}             # every tied offer is admitted sometimes
+    again = admission.ranked_bands(values, 0.4, -1, random.Random(7))
+    assert again == admission.ranked_bands(values, 0.4, -1, random.Random(7))           # and repeatably

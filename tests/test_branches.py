@@ -121,3 +121,11 @@ def test_branches_differ_in_what_they_admit_and_in_nothing_else(tmp_path, cache_
     assert [{k: v for k, v in r.items() if k.startswith(kept)} for r in lines(ranked)] == \
         [{k: v for k, v in r.items() if k.startswith(kept)} for r in lines(none)]
     assert row["trunk"] == branches.accuracy_at(tmp_path / "branches-qwen-llama-s7-trunk", 2)
+
+
+def test_the_second_group_arm_samples_twice_the_trunks_group_whatever_the_group_size():
+    for extra, group in (([], 8), (["--group-size", "4"], 4)):
+        flags = branches.flags_of("qwen-llama", 7, "second-group", extra)
+        assert branches.args_of(flags, 3, "b", Path("runs")).group_size == 2 * group
+        assert branches.args_of(branches.flags_of("qwen-llama", 7, "trunk", extra), 3, "t", Path("runs")).group_size \
+            == group

@@ -293,14 +293,16 @@ def test_the_negated_control_crosses_the_same_offers_with_every_credit_negated_a
     assert pairs and all(a.index == b.index and a.completion_ids == b.completion_ids for a, b in pairs)
     for a, b in pairs:                          # the repairs scale a credit; negating it negates every token's
         torch.testing.assert_close(b.advantages, -a.advantages)
-    # ranked by reward, half admitted: of llama's 6 offers from qwen (rewards 1, 0, 1, 1, 0, 1), 3 at PRP, the
-    # first three 1s in order (offers 0, 2, 3); the rest rejected whole, offer 5 too, a rescue (llama failed its
-    # prompt) that every band would let cross. Of the three, only offer 0 carries credit (a rescue): offers 2 and 3
-    # come from a prompt qwen's whole group solved, so their advantage is 0 and nothing crosses with them
+    # ranked by reward, half admitted: of llama's 6 offers from qwen (rewards 1, 0, 1, 1, 0, 1), 3 at PRP, three
+    # of the four 1s (a seeded draw breaks their tie); the rest rejected whole, a rescue too (offers 0 and 5: llama
+    # failed their prompts), which every band would let cross. Only the rescues carry credit: offers 2 and 3 come
+    # from a prompt qwen's whole group solved, so their advantage is 0 and nothing crosses with them
     _, ranked, records = hand_exchange(diagnosis.CuratorConfig(admission="ranked", rank_by="reward", admit_share=0.5))
     mine = [r for r in records if r["receiver"] == "llama"]
-    assert [r["level"] for r in mine] == ["prp", "rejected", "prp", "prp", "rejected", "rejected"]
-    assert [c.index for c in ranked["llama"].crossings] == [0]
+    admitted = {k for k, r in enumerate(mine) if r["level"] == "prp"}
+    assert len(admitted) == 3 and admitted <= {0, 2, 3, 5}
+    assert all(mine[k]["level"] == "rejected" for k in set(range(6)) - admitted)
+    assert {c.index for c in ranked["llama"].crossings} == admitted & {0, 5}
 
 
 def test_a_crossing_whose_every_step_is_in_reach_lists_no_ccm_repair(monkeypatch):
@@ -648,6 +650,25 @@ def test_the_density_ratio_signals_by_a_naive_forward_pass_and_a_ranked_admissio
         cur = curator.Curator(cfg, ["qwen2", "llama"], 0, None, None)
         _, records = cur.exchange([receiver, peer], task, problems, share, 1)
         mine = [r for r in records if r["receiver"] == "llama"]
-        # the first half of the 6 offers in the signal's order at PRP, ties in the offers' order; the rest rejected
+        assert [r["ratios"][rank_by] for r in mine] == pytest.approx([w[rank_by] for w in wanted], rel=1e-4)
+        # the first half of the 6 offers in the signal's order at PRP, the rest rejected; the capped ratio ties
+        # the four above 1, of which a seeded draw admits three
+        admitted = {k for k, r in enumerate(mine) if r["level"] == "prp"}
         order = sorted(range(6), key=lambda k: sense * wanted[k][rank_by])
-        assert [r["level"] == "prp" for r in mine] == [k in order[:3] for k in range(6)], (rank_by, wanted)
+        if rank_by == "capped_ratio":
+            assert len(admitted) == 3 and admitted <= {k for k in range(6) if wanted[k][rank_by] == 1.0}
+        else:
+            assert admitted == set(order[:3]), (rank_by, wanted)
+
+
+def test_a_curator_checkpointed_under_its_attributes_earlier_names_resumes():
+    import pickle
+    cur = curator.Curator(diagnosis.CuratorConfig(), ["qwen2", "llama"], 0, None, None)
+    cur.level0_thresholds["llama"] = (0.1, 0.2)
+    assert pickle.loads(pickle.dumps(cur)).level0_thresholds == {"llama": (0.1, 0.2)}
+    state = dict(cur.__dict__, base=cur.level0_thresholds, recent=cur.recent_d_ccm)
+    del state["level0_thresholds"], state["recent_d_ccm"]
+    old = curator.Curator.__new__(curator.Curator)
+    old.__setstate__(state)
+    assert old.level0_thresholds == {"llama": (0.1, 0.2)} and old.recent_d_ccm == cur.recent_d_ccm
+    assert not hasattr(old, "base") and not hasattr(old, "recent")

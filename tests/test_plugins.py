@@ -2,12 +2,13 @@
 name beyond its registries (sharing.SHARES, tasks.REGISTERED)."""
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
 import torch
 
+import reward_drift
 import sharing
 import train
 from testbed import arith, checkpoint, tasks
@@ -66,7 +67,8 @@ def last_digit_even(problem, completion: str) -> float:
 def even_task(seed: int, train_size: int, eval_size: int, cfg: arith.TaskConfig) -> tasks.Task:
     return tasks.Task("even", arith.generate_problems(train_size, "train", seed, cfg),
                       arith.generate_problems(eval_size, "heldout", seed, cfg), arith.prompt_text, last_digit_even,
-                      lambda problem, completion: [], step_type=lambda line: None)
+                      lambda problem, completion: [None] * len(tasks.line_spans(completion)),
+                      step_type=lambda line: f"{len(line)} characters")
 
 
 def reference(completion: str) -> float:
@@ -99,3 +101,12 @@ def test_the_core_names_no_baseline():
     for name in ("train.py", "learner.py", "sharing.py", "grpo.py", "curator.py", "diagnosis.py"):
         found = re.findall(r".*(?:hacpo|graft).*", (root / name).read_text(), flags=re.IGNORECASE)
         assert not found, f"{name} names a baseline: {found[:3]}"
+
+
+def test_a_task_types_its_own_steps_for_rsd_and_the_arithmetic_key_stands_in_without():
+    task = even_task(0, 2, 0, arith.TaskConfig())
+    steps = reward_drift.process_rewards(task, task.train[0], "7 + 5 = 12\nAnswer: 12")
+    assert [(s.span, s.type, s.reward) for s in steps] == [((0, 10), "10 characters", None),
+                                                          ((11, 21), "10 characters", None)]
+    plain = reward_drift.process_rewards(replace(task, step_type=None), task.train[0], "7 + 5 = 12\nAnswer: 12")
+    assert [s.type for s in plain] == ["+1c", None]     # 7 + 5 carries; an answer line is no typed step
