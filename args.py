@@ -38,9 +38,10 @@ class Args:
     implements: cross-fidelity = the curator (curator.py) diagnoses every peer rollout, repairs it and admits it to
     one of the three levels or rejects it; none = independent GRPO; prp = peer rollouts join the
     batch with truncated density ratios; xgrpo = peer rewards join the group baseline; sgt = peer successes
-    rescue prompts the receiver failed; hacpo = HACPO (baselines/hacpo.py): a capability-aware baseline over all policies'
-    rewards, and peer rollouts with sequence-level ratios clipped to [1 - delta, 1]; graft = GRAFT (baselines/graft.py): a
-    peer's mixed group replaces the receiver's failed group on a prompt, weighted by compatibility"""
+    rescue prompts the receiver failed; hacpo = HACPO (baselines/hacpo.py): a capability-aware baseline over all
+    policies' rewards, and peer rollouts with sequence-level ratios clipped to [1 - delta, 1]; graft = GRAFT
+    (baselines/graft.py): a peer's mixed group replaces the receiver's failed group on a prompt, weighted by
+    compatibility"""
     fidelity_lambdas: tuple[float, float, float] = diagnosis.CuratorConfig.lambdas
     """cross-fidelity: weights of the TBD, CCM and RSD terms in the degradation D (summing to 1)"""
     theta1: float | None = diagnosis.CuratorConfig.theta1
