@@ -20,6 +20,10 @@ from baselines import graft, hacpo
 from testbed import arith, policies
 
 
+SHARE_CHOICES = (*sharing.MODES, *sharing.SHARES, "cross-fidelity")
+"""--share's choices: the levels, every share registered when the command line is read (baselines/), the curator"""
+
+
 @dataclass
 class Args:
     pair: Literal["qwen-llama", "qwen-qwen", "trio", "qwen-mistral", "llama-mistral"] = "qwen-llama"
@@ -33,7 +37,7 @@ class Args:
     model_dir: str | None = None
     """a directory with one folder per real policy, named like the last part of its hub id
     (e.g. DIR/Qwen2.5-0.5B-Instruct, as `hf download` makes with --local-dir); --model-paths takes precedence"""
-    share: Literal["none", "prp", "xgrpo", "sgt", "hacpo", "graft", "cross-fidelity"] = "cross-fidelity"
+    share: Literal[SHARE_CHOICES] = "cross-fidelity"  # type: ignore[valid-type]
     """how experience crosses between policies (sharing.py), by default through the method this codebase
     implements: cross-fidelity = the curator (curator.py) diagnoses every peer rollout, repairs it and admits it to
     one of the three levels or rejects it; none = independent GRPO; prp = peer rollouts join the
@@ -242,8 +246,8 @@ class Args:
             raise ValueError(f"--minibatches {self.minibatches} exceeds the {self.prompts_per_iteration} x "
                              f"{self.group_size} rollouts of an iteration")
         if self.share not in (*sharing.MODES, "cross-fidelity", *sharing.SHARES):
-            raise ValueError(f"unknown --share {self.share!r}: use one of {(*sharing.MODES, 'cross-fidelity')} or a "
-                             f"registered share ({', '.join(sharing.SHARES)})")
+            raise ValueError(f"unknown --share {self.share!r}: use one of {', '.join(SHARE_CHOICES)}, or register it "
+                             "(sharing.SHARES) before the run")
         if self.share in sharing.SHARES:
             sharing.SHARES[self.share].check(self)
         try:   # here, not after the warm-up: the curator's own checks, in the flags' names
