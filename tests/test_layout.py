@@ -143,3 +143,26 @@ def test_every_line_fits_a_screen():
     long = [f"{path}:{n}:{len(line)}" for path in tracked if (ROOT / path).is_file()
             for n, line in enumerate((ROOT / path).read_text(encoding="utf-8").splitlines(), 1) if len(line) > 120]
     assert tracked and not long, f"{len(long)} lines over 120 characters, the first: {long[:10]}"
+
+
+def defined_names(path: Path) -> set[str]:
+    """Every function and class of a module, and each class's methods as Class.method."""
+    names = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        if isinstance(node, ast.ClassDef):
+            names |= {f"{node.name}.{m.name}" for m in node.body if isinstance(m, ast.FunctionDef)}
+    return names
+
+
+def test_every_stop_of_the_readers_walk_names_a_function_its_file_defines():
+    design = (ROOT / "DESIGN.md").read_text()
+    walk = design[design.index("### The reader's walk"):design.index("## 4.")]
+    stops = re.findall(r"`([\w/]+\.py): ([^`]+)`", walk)
+    assert len(stops) >= 15, stops
+    for path, listed in stops:
+        defined = defined_names(ROOT / path)
+        for name in (n.strip() for n in listed.split(",")):
+            # a name alone is a function of the file or a method of one of its classes
+            assert name in defined or any(d.endswith(f".{name}") for d in defined), f"{path} defines no {name}"
