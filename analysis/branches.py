@@ -8,12 +8,14 @@ The unit is the seed: a seed's branch points are one trunk's run, so its differe
 first, and the test is over seeds, the exact two-sided sign-flip test (stats.sign_flip_p), with Student's t
 interval beside the mean (results/reporting-rule.md). The controls come first: the arm that must hurt (negated)
 and the candidates that must help (sgt, second-group) against `none`; a measure whose controls do not separate
-from `none` is not read for any call.
+from `none` is not read for any call. Then the registered calls (`calls`, results/preregistration-branches.md):
+families A (each signal against chance) and B (against none) with Holm, and P1'/P2' over the cells that passed.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import matplotlib
@@ -28,6 +30,13 @@ POINTS = 100
 """accuracies in points"""
 CONTROLS = ("negated", "second-group", "sgt")
 """the control that must hurt and the candidates that must help, read against `none` first"""
+SIGNALS = ("d", "tbd", "ccm", "rsd")
+"""the premise's arms: P1' (d) and P2' (each term), called against chance (family A) and none (family B)"""
+MARGIN = 1.0
+"""points: a contrast whose t interval lies within (-MARGIN, +MARGIN) is "within 1 point" """
+WORDS = {"chance": ("beats chance", "worse than chance", "within 1 point of chance"),
+         "none": ("helps", "hurts", "within 1 point of none")}
+"""each family's words (results/preregistration-branches.md): Holm's rejection up or down, or within the margin"""
 
 
 def load(folder: Path) -> list[dict]:
@@ -73,6 +82,56 @@ def analyze(rows: list[dict]) -> list[dict]:
     return out
 
 
+def holm_rejected(contrasts: list[dict], alpha: float = 0.05) -> list[bool]:
+    """Holm over a family of contrasts by their exact sign-flip p (1 for a contrast of fewer than two seeds)."""
+    return stats.holm([c.get("sign_flip_p", 1.0) for c in contrasts], alpha)[2]
+
+
+def word(c: dict, rejected: bool, words: tuple[str, str, str]) -> str:
+    """A contrast's registered word, in its precedence: Holm's rejection with the mean's sign, else within the
+    margin by its unadjusted t interval, else not resolved."""
+    up, down, within = words
+    if rejected:
+        return up if c["mean"] > 0 else down
+    low, high = c.get("t_interval", (-math.inf, math.inf))
+    return within if -MARGIN < low and high < MARGIN else "not resolved"
+
+
+def calls(result: list[dict]) -> dict:
+    """The registered calls from `analyze`'s contrasts: per preset, the controls' family against none (negated must
+    hurt, one of second-group and sgt must help, per receiver), then families A (each signal against chance) and B
+    (against none) with Holm over signals x receivers; per signal, P1'/P2' over the cells whose controls pass."""
+    def contrast_of(preset, policy, arm, ref):
+        found = [r[f"against {ref}"] for r in result if (r["preset"], r["policy"], r["arm"]) == (preset, policy, arm)]
+        return found[0] if found and found[0].get("seeds") else {"seeds": 0}
+    cells = []
+    for preset in sorted({r["preset"] for r in result}):
+        policies = sorted({r["policy"] for r in result if r["preset"] == preset})
+        controls = [(p, arm) for p in policies for arm in CONTROLS]
+        rejected = dict(zip(controls, holm_rejected([contrast_of(preset, p, a, "none") for p, a in controls])))
+        for p in policies:
+            passed = (rejected[(p, "negated")] and contrast_of(preset, p, "negated", "none")["mean"] < 0
+                      and any(rejected[(p, a)] and contrast_of(preset, p, a, "none")["mean"] > 0
+                              for a in ("second-group", "sgt")))
+            cells.append({"preset": preset, "policy": p, "controls pass": passed})
+        for ref, family in (("chance", "A"), ("none", "B")):
+            members = [(p, arm) for p in policies for arm in SIGNALS]
+            found = [contrast_of(preset, p, a, ref) for p, a in members]
+            for (p, arm), c, r in zip(members, found, holm_rejected(found)):
+                cell_of = next(x for x in cells if (x["preset"], x["policy"]) == (preset, p))
+                cell_of.setdefault(family, {})[arm] = word(c, r, WORDS[ref]) if c["seeds"] else "no rows"
+    verdicts = {}
+    for arm in SIGNALS:
+        said = [x["A"][arm] for x in cells if x["controls pass"]]
+        if said and "beats chance" in said and "worse than chance" not in said:
+            verdicts[arm] = "supported"
+        elif said and all(w in ("within 1 point of chance", "worse than chance") for w in said):
+            verdicts[arm] = "refuted"
+        else:
+            verdicts[arm] = "not resolved"
+    return {"cells": cells, "verdicts": verdicts}
+
+
 def cell(c: dict | None) -> str:
     if not c or not c["seeds"]:
         return "—"
@@ -91,6 +150,16 @@ def markdown(result: list[dict], rows: list[dict]) -> str:
              "| preset | receiver | arm | against chance | against none |", "|---|---|---|---|---|"]
     lines += [f"| {r['preset']} | {r['policy']} | {r['arm']} | {cell(r.get('against chance'))} "
               f"| {cell(r.get('against none'))} |" for r in result]
+    called = calls(result)
+    lines += ["\n## Calls (results/preregistration-branches.md)\n",
+              "| preset | receiver | controls pass | " + " | ".join(f"{a} against chance" for a in SIGNALS)
+              + " | " + " | ".join(f"{a} against none" for a in SIGNALS) + " |",
+              "|---|---|---|" + "---|" * 2 * len(SIGNALS)]
+    lines += [f"| {x['preset']} | {x['policy']} | {'yes' if x['controls pass'] else 'no: not called'} | "
+              + " | ".join(x["A"][a] for a in SIGNALS) + " | " + " | ".join(x["B"][a] for a in SIGNALS) + " |"
+              for x in called["cells"]]
+    lines += ["", "P1' (d) and P2' (tbd, ccm, rsd), over the cells whose controls pass: "
+              + ", ".join(f"{a} {v}" for a, v in called["verdicts"].items()) + "."]
     return "\n".join(lines) + "\n"
 
 

@@ -82,7 +82,7 @@ def test_the_report_averages_a_seeds_points_first_then_tests_over_seeds_by_hand(
     assert d["sign_flip_p"] == pytest.approx(0.25)
     assert d["t_interval"] == pytest.approx((2 - 4.303 / 3 ** 0.5, 2 + 4.303 / 3 ** 0.5), abs=1e-3)  # SD 1
     assert "against chance" not in result["chance"]
-    assert (tmp_path / "report.md").read_text().count("| qwen-llama | qwen |") == 3
+    assert (tmp_path / "report.md").read_text().count("| qwen-llama | qwen |") == 3 + 1      # 3 arms, 1 call row
     assert (tmp_path / "report.png").stat().st_size > 0
 
 
@@ -129,3 +129,29 @@ def test_the_second_group_arm_samples_twice_the_trunks_group_whatever_the_group_
         assert branches.args_of(flags, 3, "b", Path("runs")).group_size == 2 * group
         assert branches.args_of(branches.flags_of("qwen-llama", 7, "trunk", extra), 3, "t", Path("runs")).group_size \
             == group
+
+
+def test_the_registered_calls_by_hand_the_controls_first_then_holm_the_words_and_p1_p2():
+    """Ten seeds, one point, two receivers. Into qwen every control separates; into llama negated does not hurt,
+    so llama's cells are not called. Against chance (points): d +3 on every seed (p 2/1024, rejected by Holm
+    over 8); tbd within +-0.3 (its t interval inside (-1, 1)); ccm +-5 alternating (not resolved); rsd -3."""
+    rows = []
+    for seed in range(1, 11):
+        sign = 1 if seed % 2 else -1
+        qwen = {"none": 0.40, "chance": 0.40, "negated": 0.35, "second-group": 0.45, "sgt": 0.40,
+                "d": 0.43, "tbd": 0.40 + sign * 0.003, "ccm": 0.40 + sign * 0.05, "rsd": 0.37}
+        llama = dict(qwen, negated=0.40 + sign * 0.01)
+        rows.append({"preset": "qwen-llama", "seed": seed, "point": 10, "k": 5, "trunk": {"qwen": 0.4, "llama": 0.4},
+                     "arms": {arm: {"qwen": qwen[arm], "llama": llama[arm]} for arm in qwen}})
+    called = branches_report.calls(branches_report.analyze(rows))
+    cells = {x["policy"]: x for x in called["cells"]}
+    assert cells["qwen"]["controls pass"] and not cells["llama"]["controls pass"]
+    assert cells["qwen"]["A"] == {"d": "beats chance", "tbd": "within 1 point of chance", "ccm": "not resolved",
+                                  "rsd": "worse than chance"}
+    assert cells["qwen"]["B"]["d"] == "helps" and cells["qwen"]["B"]["rsd"] == "hurts"
+    # P1' supported (beats chance, worse nowhere); tbd and rsd refuted (within 1 point, or worse); ccm not resolved
+    assert called["verdicts"] == {"d": "supported", "tbd": "refuted", "ccm": "not resolved", "rsd": "refuted"}
+    # nothing called where no cell's controls pass
+    for r in rows:
+        r["arms"]["negated"]["qwen"] = 0.40
+    assert set(branches_report.calls(branches_report.analyze(rows))["verdicts"].values()) == {"not resolved"}
