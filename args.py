@@ -17,11 +17,13 @@ import diagnosis
 import grpo
 import sharing
 from baselines import graft, hacpo
-from testbed import arith, policies
+from testbed import arith, policies, tasks
 
 
 SHARE_CHOICES = (*sharing.MODES, *sharing.SHARES, "cross-fidelity")
 """--share's choices: the levels, every share registered when the command line is read (baselines/), the curator"""
+TASK_CHOICES = (*tasks.TASK_NAMES, *tasks.REGISTERED)
+"""--task's and --eval-task's choices: the built-in tasks and every task registered when the command line is read"""
 
 
 @dataclass
@@ -154,10 +156,10 @@ class Args:
     """sequences per forward/backward pass (gradient accumulation); memory, not maths"""
     max_grad_norm: float = grpo.MAX_GRAD_NORM
     """gradient clipping"""
-    task: Literal["arith", "gsm8k", "math", "humaneval", "mbpp", "proofnet"] = "arith"
+    task: Literal[TASK_CHOICES] = "arith"  # type: ignore[valid-type]
     """what the policies train on (tasks.load_task): the embedded arithmetic task, or a real benchmark read from
     --data-dir, the Hugging Face cache or the hub"""
-    eval_task: Literal["arith", "gsm8k", "math", "humaneval", "mbpp", "proofnet"] | None = None
+    eval_task: Literal[TASK_CHOICES] | None = None  # type: ignore[valid-type]
     """a second task evaluated beside the training task's held-out split (transfer, proposal §3.3); its
     accuracy is logged as eval/transfer_accuracy"""
     data_dir: str | None = None

@@ -181,8 +181,7 @@ TASK_NAMES = ("arith", *BENCHMARKS)
 REGISTERED: dict[str, Callable[[int, int, int, TaskConfig], Task]] = {}
 """tasks beside the built-in ones, by name: (seed, train_size, eval_size, cfg) -> its Task. A new task is its file
 (its examples, verifier and step types), which registers its loader here, and its test (tests/test_plugins.py
-shows one); to be named on the command line, args.py also imports that file and lists its name among --task's
-choices"""
+shows one); the command line offers it by its name where its file is imported before args.py"""
 
 
 def _benchmark_splits(benchmark: Benchmark, cfg: TaskConfig, data_dir: str | None) -> tuple[list, list]:

@@ -112,7 +112,7 @@ def test_a_task_types_its_own_steps_for_rsd_and_the_arithmetic_key_stands_in_wit
     assert [s.type for s in plain] == ["+1c", None]     # 7 + 5 carries; an answer line is no typed step
 
 
-def test_the_command_line_offers_a_share_registered_before_it_is_read():
+def test_the_command_line_offers_a_share_and_a_task_registered_before_it_is_read():
     import subprocess
     import sys
     script = ("import sharing\n"
@@ -120,9 +120,12 @@ def test_the_command_line_offers_a_share_registered_before_it_is_read():
               "    def settings(self, args): return None\n"
               "    def check(self, args): pass\n"
               "sharing.SHARES['quiet'] = Quiet()\n"
+              "from testbed import tasks\n"
+              "tasks.REGISTERED['quiz'] = None\n"
               "import tyro\n"
               "from args import Args\n"
-              "print(tyro.cli(Args, args=['--share', 'quiet']).share)\n")
+              "chosen = tyro.cli(Args, args=['--share', 'quiet', '--task', 'quiz', '--eval-task', 'quiz'])\n"
+              "print(chosen.share, chosen.task, chosen.eval_task)\n")
     root = Path(__file__).resolve().parents[1]
     done = subprocess.run([sys.executable, "-c", script], cwd=root, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0 and done.stdout.split()[-1] == "quiet", done.stderr[-2000:]
+    assert done.returncode == 0 and done.stdout.split()[-3:] == ["quiet", "quiz", "quiz"], done.stderr[-2000:]
