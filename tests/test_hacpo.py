@@ -252,3 +252,13 @@ def test_a_run_of_the_official_variant_sends_every_peer_rollout(tmp_path, cache_
     assert len(updates) == 4 and all(math.isfinite(r["losses/policy_loss"]) for r in updates)
     assert all(r["sharing/received"] == r["sharing/offered"] == 8 * 6 for r in updates)   # 8 prompts x 6
     assert json.loads((run_dir / "config.json").read_text())["hacpo_variant"] == "official"
+
+
+def test_every_hacpo_flag_reaches_its_setting_and_grafts_too():
+    args = Args(share="hacpo", hacpo_alpha=1.5, hacpo_delta=0.3, hacpo_window=7, hacpo_capability_bound=4.0,
+                hacpo_delta_step=0.01, hacpo_variant="official")
+    assert args.share_config.settings == hacpo.Settings(alpha=1.5, delta=0.3, window=7, capability_bound=4.0,
+                                                        delta_step=0.01, variant="official")
+    from baselines import graft
+    assert Args(share="graft", graft_delta=0.6).share_config.settings == graft.Settings(delta=0.6)
+    assert Args(share="sgt").share_config.settings is None
