@@ -35,15 +35,18 @@ FAMILIES = {
     "tbd": ("matrix-trio-prose", range(1009, 1012), (("cross-fidelity", "cross-fidelity-ablate-tbd", "component"),)),
     "hacpo-official": ("hacpo-official", range(7001, 7028), (("hacpo-official", "sgt", "lead"),
                                                              ("hacpo-official", "hacpo", "lead"))),
+    "ccm-estimate": ("ccm-estimate", range(2301, 2312),
+                     (("cross-fidelity-last0", "cross-fidelity-last2", "estimate"),)),
 }
 """block -> (the set its runs are in, its registered seeds, its contrasts (A, B, how each is called)); the last,
-HACPO as its authors wrote it, is registered on its own (results/preregistration-hacpo-official.md)"""
+HACPO as its authors wrote it, and the cheaper CCM estimate are each registered on their own
+(results/preregistration-hacpo-official.md, results/preregistration-ccm-estimate.md)"""
 REPAIRS = {"main": (1031,), "tbd": (1031,)}
 """block -> the fresh seeds that restore its count where a registered seed is unpaired (results/preregistration-
 repair.md), read once every run of the block is in on them; block 1's ("main") in results/matrix-main"""
-IN_PLACE = ("hacpo-official",)
+IN_PLACE = ("hacpo-official", "ccm-estimate")
 """the blocks whose registration leaves a seed unpaired in any of its runs out of every contrast and owes the next
-fresh seed (7028, then 7029, ...) run in full in its place, read in turn, before the block is called
+fresh seed (7028 or 2312, then the next, ...) run in full in its place, read in turn, before the block is called
 (results/preregistration-hacpo-official.md)"""
 DESCRIBED = {"hacpo-official": (("hacpo", "sgt"),)}
 """block -> contrasts its registration shows beside its calls on the same seeds, never tested nor in Holm's family"""

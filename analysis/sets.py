@@ -58,6 +58,12 @@ H3_SEEDS = tuple(range(6001, 6009))
 H3_GROUPINGS = ("trio", "qwen-llama", "qwen-mistral", "llama-mistral")
 """H3's configurations, its seeds and the trio's groupings it runs them in, the trio first so that its warm-ups
 serve the pairs (results/preregistration-h3.md)"""
+CCM_ESTIMATE_CONFIGURATIONS = {
+    "cross-fidelity-last0": ("--share", "cross-fidelity", "--ccm-estimate", "last:0"),
+    "cross-fidelity-last2": MATRIX_CONFIGURATIONS["cross-fidelity-last2"],
+}
+"""CCM's norms over the head and final norm alone against the default last:2
+(results/preregistration-ccm-estimate.md)"""
 SETS = {
     "pilot": MatrixSet(PILOT_CONFIGURATIONS, tuple(range(1001, 1009)), PROTOCOL),
     "matrix": MatrixSet(MATRIX_CONFIGURATIONS, tuple(range(1009, 1031)), PROTOCOL),
@@ -77,10 +83,12 @@ SETS = {
                        ("--eval-size", "16", "--eval-every", "1", "--eval-samples", "0", "--minibatches", "2",
                         "--prompts-per-iteration", "4", "--group-size", "4", "--max-new-tokens", "16",
                         "--warmup-scale", "0.05", "--train-size", "100"), iterations=2),
+    "ccm-estimate": MatrixSet(CCM_ESTIMATE_CONFIGURATIONS, tuple(range(2301, 2312)), PROTOCOL),
     "speed-check": MatrixSet({"none": ("--share", "none")}, (700, 900, 901), (*EVALUATION, "--minibatches", "2")),
 }
 """the named sets: the pre-registered pilot (results/preregistration.md); the matrix's, each run as its
 registration's blocks say (results/preregistration-matrix.md); HACPO as its authors wrote it against today's
-(results/preregistration-hacpo-official.md); the check of a change that alters metrics, the
+(results/preregistration-hacpo-official.md); the cheaper CCM estimate against the default
+(results/preregistration-ccm-estimate.md); the check of a change that alters metrics, the
 pilot's protocol on three seeds no comparison uses, run at the commits before and after it
 (benchmarks/speed_check.py); and a smoke test of the runner"""

@@ -149,7 +149,7 @@ def main() -> None:
     cli.add_argument("--seed", type=int, default=900)
     cli.add_argument("--iterations", type=int, default=100)
     cli.add_argument("--configurations", nargs="+", default=list(CONFIGURATIONS),
-                     help="of the matrix's (benchmarks/matrix.py MATRIX_CONFIGURATIONS); default: the pilot's seven")
+                     help="of the matrix's or the CCM estimate's (analysis/sets.py); default: the pilot's seven")
     cli.add_argument("--before", help="a commit to time beside this one, side by side")
     cli.add_argument("--train-args", default="", help="train.py flags added to every run (both commits)")
     cli.add_argument("--out", type=Path, default=ROOT / "results")
@@ -160,10 +160,11 @@ def main() -> None:
         instrumented_run(Path(args.inner[0]), args.flags, Path(args.inner[1]))
         return
     # only here, never in a timed run, which must import its own commit's modules alone
-    from analysis.sets import EVALUATION, MATRIX_CONFIGURATIONS
-    unknown = sorted(set(args.configurations) - set(MATRIX_CONFIGURATIONS))
+    from analysis.sets import CCM_ESTIMATE_CONFIGURATIONS, EVALUATION, MATRIX_CONFIGURATIONS
+    known = {**MATRIX_CONFIGURATIONS, **CCM_ESTIMATE_CONFIGURATIONS}
+    unknown = sorted(set(args.configurations) - set(known))
     if unknown:
-        raise SystemExit(f"unknown configurations {unknown}: choose from {sorted(MATRIX_CONFIGURATIONS)}")
+        raise SystemExit(f"unknown configurations {unknown}: choose from {sorted(known)}")
     with tempfile.TemporaryDirectory(prefix="wall-time-") as tmp:
         work = Path(tmp)
         repos = {"after": ROOT}
@@ -176,7 +177,7 @@ def main() -> None:
             for name in args.configurations:
                 def side(label: str, name=name) -> dict[str, float]:
                     flags = ["--seed", str(args.seed), "--iterations", str(args.iterations), *EVALUATION,
-                             *MATRIX_CONFIGURATIONS[name], *args.train_args.split(),
+                             *known[name], *args.train_args.split(),
                              "--runs-dir", str(work / label / "runs"), "--cache-dir", str(work / label / "cache"),
                              "--name", name]
                     (work / label).mkdir(exist_ok=True)

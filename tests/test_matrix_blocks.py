@@ -15,7 +15,7 @@ import pytest
 
 from analysis import blocks as mb
 from analysis import h3 as matrix_h3
-from analysis import h4, h5, plots, stats, verdicts
+from analysis import h4, h5, plots, sets, stats, verdicts
 from analysis import matrix as ma
 from benchmarks import h5_path
 from test_matrix import ROOT, summary, write_summaries
@@ -96,8 +96,15 @@ def test_the_families_are_the_registrations():
         # results/preregistration-hacpo-official.md
         "hacpo-official": ("hacpo-official", range(7001, 7028), {("hacpo-official", "sgt", "lead"),
                                                                  ("hacpo-official", "hacpo", "lead")}),
+        # results/preregistration-ccm-estimate.md
+        "ccm-estimate": ("ccm-estimate", range(2301, 2312), {("cross-fidelity-last0", "cross-fidelity-last2",
+                                                               "estimate")}),
     }
     assert {k: (s, seeds, set(c)) for k, (s, seeds, c) in mb.FAMILIES.items()} == registered
+    assert set(mb.IN_PLACE) == {"hacpo-official", "ccm-estimate"}
+    assert sets.SETS["ccm-estimate"].configurations == {
+        "cross-fidelity-last0": ("--share", "cross-fidelity", "--ccm-estimate", "last:0"),
+        "cross-fidelity-last2": ("--share", "cross-fidelity", "--ccm-estimate", "last:2")}
     assert len(h4.H4_CELLS) == 10 and list(h4.H4_SEEDS) == [1009, 1010] and list(h5.SEEDS) == list(range(1009, 1015))
 
 
