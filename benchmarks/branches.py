@@ -4,6 +4,7 @@ seed).
 
     python -m benchmarks.branches run --preset qwen-llama --seeds 3101 --points 10 30 --k 5 --arms none chance d
     python -m benchmarks.branches report results/branches      # analysis/branches.py: report.md, report.png
+    python -m benchmarks.branches plan results/branches-pilot results/branches-pilot-k10   # the pilot's rules
 
 A trunk (the default run's cross-fidelity, at the comparison's evaluation protocol) trains to each branch point in
 turn; at each, every arm continues it k iterations from a copy of its checkpoint: every policy's weights and
@@ -25,8 +26,9 @@ compared with chance, not with another amount of data or another way of creditin
 (HACPO's capabilities) begins it afresh at the branch point.
 
 One row per (preset, seed, point), written whole or not at all, results/branches/PRESET-sSEED-itPOINT.json: each
-arm's held-out accuracy per policy at point + k, and the trunk's at the point. Branches run on one thread each,
-resumable: a row already written is skipped, and a branch killed midway resumes from its checkpoint.
+arm's held-out accuracy per policy at point + k, the trunk's at the point, and the seconds each took. Branches run
+on one thread each, resumable: a row already written is skipped, and a branch killed midway resumes from its
+checkpoint.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import time
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
@@ -43,6 +46,7 @@ import tyro
 
 import eval as evaluation
 from analysis import branches as branches_report
+from analysis import branches_plan
 from analysis.sets import PROTOCOL
 from args import Args
 from benchmarks import power
@@ -137,22 +141,27 @@ def branch_point(preset: str, seed: int, point: int, k: int, arms: list[str], ru
                  extra: list[str] = (), train: Train = power.train_run) -> dict:
     """The row of one branch point: the trunk trained (or resumed) to `point`, then each arm forked from its
     checkpoint and trained k iterations; each policy's held-out accuracy, the trunk's at the point and each arm's at
-    point + k. The trunk's next point resumes from this one's checkpoint, so its branches fork from the run this
+    point + k; and the wall seconds each took here, evaluations included (the trunk's from the previous point, or
+    from its start), which cost the budget (analysis/branches_plan.py); a row resumed midway counts only what ran
+    since. The trunk's next point resumes from this one's checkpoint, so its branches fork from the run this
     one's continued."""
     trunk_name, trunk_flags = f"branches-{preset}-s{seed}-trunk", flags_of(preset, seed, "trunk", list(extra))
     trunk = args_of(trunk_flags, point, trunk_name, runs_dir)
     if point % trunk.eval_every or k < 1:
         raise ValueError(f"a branch point on the evaluation schedule (every {trunk.eval_every} iterations) and k >= 1, "
                          f"got {point} and {k}")
+    started = time.perf_counter()
     trunk_dir = trained(train, trunk_name, trunk_flags, point, runs_dir)
-    outcome = {}
+    outcome, seconds = {}, {"trunk": time.perf_counter() - started}
     for arm in arms:
+        started = time.perf_counter()
         name, flags = f"branches-{preset}-s{seed}-it{point:03d}-{arm}", flags_of(preset, seed, arm, list(extra))
         if not (runs_dir / name).exists():
             fork(trunk_dir, runs_dir / name, trunk, args_of(flags, point + k, name, runs_dir))
         outcome[arm] = accuracy_at(trained(train, name, flags, point + k, runs_dir), point + k)
+        seconds[arm] = time.perf_counter() - started
     return {"preset": preset, "seed": seed, "point": point, "k": k, "trunk": accuracy_at(trunk_dir, point),
-            "arms": outcome}
+            "arms": outcome, "seconds": seconds}
 
 
 def write_whole(path: Path, row: dict) -> None:
@@ -177,10 +186,17 @@ def main(argv: list[str] | None = None) -> list[Path]:
     run.add_argument("extra", nargs="*", help="train.py flags after --, for every run (a smoke run's settings)")
     report = commands.add_parser("report", help="the report of a folder's rows (analysis/branches.py)")
     report.add_argument("folder", type=Path)
+    plan = commands.add_parser("plan", help="what the pilot's rows set: k, n, the controls' power and the budget's "
+                                            "cuts (analysis/branches_plan.py)")
+    plan.add_argument("folders", type=Path, nargs="+")
     cli = parser.parse_args(argv)
     if cli.command == "report":
         print(branches_report.report(cli.folder))
         return [cli.folder / "report.md"]
+    if cli.command == "plan":
+        rows = [row for folder in cli.folders for row in branches_report.load(folder)]
+        print(branches_plan.markdown(branches_plan.plan(rows, len(ARMS))))
+        return []
     written = []
     for seed in cli.seeds:
         for point in sorted(cli.points):

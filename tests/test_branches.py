@@ -121,6 +121,8 @@ def test_branches_differ_in_what_they_admit_and_in_nothing_else(tmp_path, cache_
     assert [{k: v for k, v in r.items() if k.startswith(kept)} for r in lines(ranked)] == \
         [{k: v for k, v in r.items() if k.startswith(kept)} for r in lines(none)]
     assert row["trunk"] == branches.accuracy_at(tmp_path / "branches-qwen-llama-s7-trunk", 2)
+    assert set(row["seconds"]) == {"trunk", "cross-fidelity", "none", "chance"}       # what the budget reads
+    assert all(seconds > 0 for seconds in row["seconds"].values())
 
 
 def test_the_second_group_arm_samples_twice_the_trunks_group_whatever_the_group_size():

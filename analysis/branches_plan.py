@@ -1,0 +1,199 @@
+"""What the branches pilot sets (results/preregistration-branches.md, "The pilot and the rules it applies"): the
+branch length k, the seed count n, the controls' power and the budget's cuts, from the pilot's rows alone, so that
+part 2 of the registration writes down numbers this file computes and anyone can recompute.
+
+    python -m benchmarks.branches plan results/branches-pilot results/branches-pilot-k10
+
+1. k: per k, the per-point `negated - none` differences (both receivers, both seeds, every point), in points; the k
+   with the larger -mean / SD (the control that must hurt, hurting most per unit of noise); a tie, or neither
+   positive, gives 5.
+2. n: at that k, per receiver, the per-point `d - chance` differences; their SD / sqrt(points) stands for the SD of
+   a seed's mean; the larger over receivers, at its one-sided upper 80% bound (chi-square); n is the smallest of
+   9-16 whose exact two-sided sign-flip test at 0.05 / 8 rejects in at least 80% of 10,000 simulated samples of n
+   normal differences of mean 1 point (numpy seed 0). Short at 16: n is 16, underpowered, with the effect it has 80%
+   power against.
+3. The budget: 20 hours of two processes at a time, the pilot's included; trio-prose costs three times qwen-llama;
+   over it, the registered cuts in order.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from analysis import stats
+
+POINTS = 100.0
+"""accuracy in points"""
+SEED_COUNTS = range(9, 17)
+"""below 9 seeds the smallest two-sided sign-flip p, 2 / 2^n, exceeds 0.05 / 8"""
+ALPHA_CALLS = 0.05 / 8
+"""Holm's strictest level of family A at qwen-llama (4 signals x 2 receivers)"""
+CONTROL_FAMILIES = {"qwen-llama": 6, "trio-prose": 9}
+"""the controls' family per preset: negated, second-group and sgt per receiver"""
+TARGET, POWER, DRAWS = 1.0, 0.8, 10_000
+BUDGET_HOURS, PROCESSES, TRIO_COST = 20.0, 2, 3.0
+RATIO_ARMS = ("sequence_ratio", "capped_ratio", "kl")
+
+
+def per_point(rows: list[dict], policies: list[str], arm: str, reference: str) -> list[float]:
+    """arm - reference held-out accuracy, in points, at every row (seed and point) and receiver where both ran."""
+    return [POINTS * (r["arms"][arm][p] - r["arms"][reference][p])
+            for r in rows if arm in r["arms"] and reference in r["arms"] for p in policies]
+
+
+def separation(values: list[float]) -> float:
+    """-mean / SD (ddof 1) of a control that must hurt: larger is a clearer hurt."""
+    return -float(np.mean(values)) / float(np.std(values, ddof=1))
+
+
+def choose_k(by_k: dict[int, list[dict]]) -> tuple[int, dict[int, float]]:
+    """Rule 1: the k whose negated - none differences separate most; a tie or no positive separation gives 5."""
+    scores = {k: separation(per_point(rows, policies_of(rows), "negated", "none")) for k, rows in by_k.items()}
+    best = max(scores.values())
+    winners = [k for k, s in scores.items() if s == best]
+    return (winners[0] if best > 0 and len(winners) == 1 else 5), scores
+
+
+def policies_of(rows: list[dict]) -> list[str]:
+    return sorted({p for r in rows for p in r["trunk"]})
+
+
+def seed_mean_sd(values: list[float], points: int) -> tuple[float, float]:
+    """The SD of a seed's mean over `points` points, treating them as independent, and its one-sided upper 80%
+    bound, s * sqrt(dof / chi2_0.2(dof))."""
+    sd = float(np.std(values, ddof=1)) / math.sqrt(points)
+    dof = len(values) - 1
+    return sd, sd * math.sqrt(dof / stats.chi2_quantile(0.2, dof))
+
+
+def sign_flip_p_many(samples: np.ndarray) -> np.ndarray:
+    """[m] the exact two-sided sign-flip p of each row of samples [m, n] (as stats.sign_flip_p, vectorized): the
+    share of the 2^n sign assignments whose sum is at least as far from 0 as the observed one."""
+    n = samples.shape[1]
+    signs = np.array(list(itertools.product((1.0, -1.0), repeat=n)))              # [2^n, n], row 0 the observed
+    out = np.empty(samples.shape[0])
+    for start in range(0, samples.shape[0], 256):
+        sums = np.abs(samples[start:start + 256] @ signs.T)                          # [chunk, 2^n]
+        observed = sums[:, :1]
+        out[start:start + 256] = (sums >= observed * (1 - 1e-12)).mean(axis=1)
+    return out
+
+
+def power(n: int, mean: float, sd: float, alpha: float, draws: int = DRAWS, seed: int = 0) -> float:
+    """The share of `draws` simulated samples of n normal differences (mean, sd) that the exact sign-flip test
+    rejects at two-sided `alpha`."""
+    samples = np.random.default_rng(seed).normal(mean, sd, size=(draws, n))
+    return float((sign_flip_p_many(samples) <= alpha).mean())
+
+
+def seed_count(sd: float, draws: int = DRAWS) -> tuple[int, bool, float]:
+    """Rule 2: n, whether n is short of 80% power against 1 point, and the effect (0.1-point grid) n has 80% power
+    against."""
+    for n in SEED_COUNTS:
+        if power(n, TARGET, sd, ALPHA_CALLS, draws) >= POWER:
+            return n, False, TARGET
+    n = SEED_COUNTS[-1]
+    effect = next(e / 10 for e in itertools.count(11) if power(n, e / 10, sd, ALPHA_CALLS, draws) >= POWER)
+    return n, True, effect
+
+
+@dataclass(frozen=True)
+class Costs:
+    """Seconds of one process: a trunk iteration, and one branch at the chosen k (evaluations included)."""
+    trunk_iteration: float
+    branch: float
+
+    def seed(self, arms: int, points: list[int]) -> float:
+        """One seed of one preset at qwen-llama's cost: the trunk to the last point and every arm at every point."""
+        return max(points) * self.trunk_iteration + arms * len(points) * self.branch
+
+
+def costs(rows: list[dict]) -> Costs:
+    """The pilot's seconds per trunk iteration (each seed's trunk to its last point) and per branch."""
+    seeds = [[r for r in rows if r["seed"] == s] for s in sorted({r["seed"] for r in rows})]
+    trunk = [sum(r["seconds"]["trunk"] for r in mine) / max(r["point"] for r in mine) for mine in seeds]
+    branches = [v for r in rows for arm, v in r["seconds"].items() if arm != "trunk"]
+    return Costs(float(np.mean(trunk)), float(np.mean(branches)))
+
+
+def budget(c: Costs, pilot_seconds: float, n: int, arms: int, points: list[int]) -> dict:
+    """Rule 3: the calls' hours at n seeds on both presets, and the registered cuts in order while they exceed
+    what the pilot left of the budget: trio-prose's ratio arms, its point 60, its seeds (descriptive), then
+    qwen-llama's n down to 9 (over the budget, said so, where even 9 does not fit)."""
+    left = BUDGET_HOURS - pilot_seconds / PROCESSES / 3600
+
+    def hours(ql_seeds: int, trio_seeds: int, trio_arms: int, trio_points: list[int]) -> float:
+        return (ql_seeds * c.seed(arms, points) + trio_seeds * TRIO_COST * c.seed(trio_arms, trio_points)
+                ) / PROCESSES / 3600
+    plan = {"hours_left": left, "cuts": [], "qwen-llama seeds": n, "trio-prose seeds": n,
+            "trio-prose arms": arms, "trio-prose points": list(points)}
+    if hours(n, n, arms, points) > left:
+        plan["cuts"].append("trio-prose's ratio-signal arms")
+        plan["trio-prose arms"] = arms - len(RATIO_ARMS)
+    if hours(n, n, plan["trio-prose arms"], points) > left and max(points) == 60:
+        plan["cuts"].append("trio-prose's branch point 60")
+        plan["trio-prose points"] = [p for p in points if p != 60]
+    trio = (plan["trio-prose arms"], plan["trio-prose points"])
+    if hours(n, n, *trio) > left:
+        fits = [m for m in range(n) if hours(n, m, *trio) <= left]
+        plan["cuts"].append("trio-prose's calls, descriptive")
+        plan["trio-prose seeds"] = max(fits, default=0)
+    if hours(n, plan["trio-prose seeds"], *trio) > left:
+        fits = [m for m in range(SEED_COUNTS[0], n) if hours(m, 0, *trio) <= left]
+        plan["cuts"].append("qwen-llama's n")
+        plan["qwen-llama seeds"] = max(fits, default=SEED_COUNTS[0])
+    plan["hours"] = hours(plan["qwen-llama seeds"], plan["trio-prose seeds"], *trio)
+    plan["over budget"] = plan["hours"] > left
+    return plan
+
+
+def plan(rows: list[dict], arms: int) -> dict:
+    """The pilot's rules applied to its rows (both k), for `arms` arms a seed at each point. The controls' power is
+    rule 2's simulation against the pilot's mean negated - none, its SD taken as rule 2 takes d - chance's (per
+    receiver, the larger, at its upper 80% bound), at each preset's Holm's strictest level for its controls."""
+    by_k = {k: [r for r in rows if r["k"] == k] for k in sorted({r["k"] for r in rows})}
+    k, scores = choose_k(by_k)
+    chosen, policies = by_k[k], policies_of(by_k[k])
+    points = sorted({r["point"] for r in chosen})
+    spread = {p: seed_mean_sd(per_point(chosen, [p], "d", "chance"), len(points)) for p in policies}
+    own_means = {p: {s: float(np.mean(per_point([r for r in chosen if r["seed"] == s], [p], "d", "chance")))
+                     for s in sorted({r["seed"] for r in chosen})} for p in policies}
+    n, short, effect = seed_count(max(upper for _, upper in spread.values()))
+    negated = per_point(chosen, policies, "negated", "none")
+    control_sd = max(seed_mean_sd(per_point(chosen, [p], "negated", "none"), len(points))[1] for p in policies)
+    controls = {preset: power(n, float(np.mean(negated)), control_sd, 0.05 / tests)
+                for preset, tests in CONTROL_FAMILIES.items()}
+    pilot_seconds = sum(v for r in rows for v in r["seconds"].values())
+    return {"k": k, "separation": scores, "sd_of_seed_mean": spread, "own_means": own_means, "n": n,
+            "underpowered": short, "effect_at_80": effect, "negated_mean": float(np.mean(negated)),
+            "controls_power": controls, "costs": costs(chosen).__dict__,
+            "pilot_hours": pilot_seconds / PROCESSES / 3600,
+            "budget": budget(costs(chosen), pilot_seconds, n, arms, points)}
+
+
+def markdown(p: dict) -> str:
+    """Part 2's numbers, as the rules give them."""
+    b = p["budget"]
+    lines = ["# The branches pilot: what its rules give (results/preregistration-branches.md, part 2)", "",
+             "1. k: -mean / SD of the per-point negated - none differences: "
+             + ", ".join(f"k = {k}: {s:+.3f}" for k, s in p["separation"].items()) + f"; **k = {p['k']}**.",
+             "2. The SD of a seed's mean d - chance (per-point SD / sqrt(points)), and its upper 80% bound: "
+             + "; ".join(f"{pol} {sd:.3f} ({up:.3f})" for pol, (sd, up) in p["sd_of_seed_mean"].items())
+             + ". The seeds' own means: " + "; ".join(f"{pol} " + ", ".join(f"{s} {m:+.2f}" for s, m in ms.items())
+                                                      for pol, ms in p["own_means"].items())
+             + f". **n = {p['n']}**" + (f", underpowered: 80% power against {p['effect_at_80']:.1f} points"
+                                       if p["underpowered"] else ", 80% power against 1 point") + ".",
+             f"   The controls' power at n against the pilot's negated - none ({p['negated_mean']:+.2f} points): "
+             + ", ".join(f"{preset} {v:.2f}" for preset, v in p["controls_power"].items()) + ".",
+             f"3. Seconds of one process: a trunk iteration {p['costs']['trunk_iteration']:.1f}, a branch "
+             f"{p['costs']['branch']:.1f}. The pilot took {p['pilot_hours']:.2f} h of two processes; "
+             f"{b['hours_left']:.2f} h left; the calls take {b['hours']:.2f} h"
+             + (", **over the budget** even at 9 seeds" if b["over budget"] else "") + ". Cuts: "
+             + ("; ".join(b["cuts"]) if b["cuts"] else "none")
+             + f". qwen-llama {b['qwen-llama seeds']} seeds; trio-prose {b['trio-prose seeds']} seeds, "
+             f"{b['trio-prose arms']} arms, points {b['trio-prose points']}."]
+    return "\n".join(lines) + "\n"

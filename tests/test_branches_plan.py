@@ -1,0 +1,94 @@
+"""The branches pilot's rules (analysis/branches_plan.py) against hand examples, scipy's sign-flip test and the
+registration's own numbers (results/preregistration-branches.md)."""
+
+import math
+
+import numpy as np
+import pytest
+
+from analysis import branches_plan as bp
+from analysis import stats
+
+
+def row(seed: int, point: int, k: int, arms: dict[str, tuple[float, float]], seconds: float = 10.0) -> dict:
+    """A pilot row: each arm's (qwen, llama) accuracy, every run `seconds` long."""
+    return {"preset": "qwen-llama", "seed": seed, "point": point, "k": k, "trunk": {"qwen": 0.2, "llama": 0.3},
+            "arms": {arm: {"qwen": q, "llama": l} for arm, (q, l) in arms.items()},
+            "seconds": {"trunk": seconds, **{arm: seconds for arm in arms}}}
+
+
+def test_the_vectorized_sign_flip_p_is_scipys_exact_one():
+    rng = np.random.default_rng(3)
+    samples = np.vstack([rng.normal(0.4, 1.0, size=(12, 7)), [[1, -1, 1, -1, 2, -2, 0.5]]])   # ties in the last
+    expected = [stats.sign_flip_p(list(s)) for s in samples]
+    np.testing.assert_allclose(bp.sign_flip_p_many(samples), expected, rtol=1e-12)
+
+
+def test_power_is_the_tests_level_under_the_null_and_zero_where_n_cannot_reach_the_level():
+    # 8 seeds' smallest two-sided p is 2 / 2^8 = 0.0078, above 0.05 / 8 = 0.00625: no rejection, whatever the data
+    assert bp.power(8, 10.0, 1.0, bp.ALPHA_CALLS, draws=200) == 0.0
+    assert bp.power(9, 10.0, 1.0, bp.ALPHA_CALLS, draws=200) == 1.0       # 2 / 512 = 0.0039 < 0.00625
+    level = bp.power(10, 0.0, 1.0, 0.05, draws=4000)
+    assert level <= 0.05 + 3 * math.sqrt(0.05 * 0.95 / 4000)
+
+
+def test_the_upper_80_bound_is_the_registrations_factor_of_1_461():
+    sd, upper = bp.seed_mean_sd([1.0, 2.0, 3.0, 4.0, 5.0, 6.0], points=3)
+    assert sd == pytest.approx(math.sqrt(3.5) / math.sqrt(3))
+    assert upper / sd == pytest.approx(1.461, abs=5e-4)
+
+
+def test_the_seed_count_is_9_where_the_noise_is_small_and_16_underpowered_where_it_is_large():
+    assert bp.seed_count(0.3, draws=500) == (9, False, 1.0)
+    n, short, effect = bp.seed_count(3.0, draws=500)
+    assert (n, short) == (16, True) and effect > 1.0
+
+
+def test_k_is_the_one_whose_negated_control_hurts_most_per_unit_of_noise_and_5_on_a_tie_or_no_hurt():
+    def rows(k, hurts):
+        return [row(s, p, k, {"none": (0.5, 0.5), "negated": (0.5 - h, 0.5 - h)})
+                for s, p, h in zip((1, 1, 2, 2), (10, 30, 10, 30), hurts)]
+    five, ten = rows(5, [0.01, 0.03, 0.01, 0.03]), rows(10, [0.02, 0.03, 0.02, 0.03])
+    # k = 5: -mean / SD = 2 / 1.069 = 1.87; k = 10: 2.5 / 0.535 = 4.67 (points)
+    k, scores = bp.choose_k({5: five, 10: ten})
+    assert k == 10 and scores[5] == pytest.approx(2 / np.std([1, 3, 1, 3] * 2, ddof=1))
+    assert bp.choose_k({5: five, 10: rows(10, [0.01, 0.03, 0.01, 0.03])})[0] == 5      # a tie
+    helps = rows(10, [-0.02, -0.03, -0.02, -0.03])
+    assert bp.choose_k({5: rows(5, [-0.01, -0.03, -0.01, -0.03]), 10: helps})[0] == 5  # neither hurts
+
+
+def test_the_budgets_cuts_go_in_the_registered_order_by_hand():
+    costs = bp.Costs(trunk_iteration=10.0, branch=100.0)
+    # a qwen-llama seed: 60 x 10 + 16 arms x 3 points x 100 = 5,400 s; trio-prose three times its own arms' cost
+    plan = bp.budget(costs, 0.0, 12, 16, [10, 30, 60])
+    # all: 12 x (5,400 + 16,200) / 2 / 3600 = 36 h; without the ratio arms 31.5 h; without point 60 23.5 h; then
+    # trio-prose's seeds: 12 x 5,400 + m x 3 x (30 x 10 + 13 x 2 x 100) <= 20 h x 2 processes gives m = 9
+    assert plan["cuts"] == ["trio-prose's ratio-signal arms", "trio-prose's branch point 60",
+                            "trio-prose's calls, descriptive"]
+    assert (plan["trio-prose arms"], plan["trio-prose points"], plan["trio-prose seeds"]) == (13, [10, 30], 9)
+    assert plan["qwen-llama seeds"] == 12 and plan["hours"] == pytest.approx((12 * 5400 + 9 * 8700) / 7200)
+    # a pilot that took 12.5 h of its 20 leaves 7.5 (54,000 process-seconds): trio-prose none, and qwen-llama's n
+    # down to what fits, 10 seeds of 5,400 s
+    tight = bp.budget(costs, 12.5 * 7200, 12, 16, [10, 30, 60])
+    assert tight["trio-prose seeds"] == 0 and tight["qwen-llama seeds"] == 10 and not tight["over budget"]
+    assert tight["cuts"][-1] == "qwen-llama's n"
+    over = bp.budget(costs, 15 * 7200, 12, 16, [10, 30, 60])            # 5 h left: not even 9 seeds fit
+    assert over["qwen-llama seeds"] == 9 and over["over budget"]
+    roomy = bp.budget(bp.Costs(1.0, 1.0), 0.0, 12, 16, [10, 30, 60])
+    assert roomy["cuts"] == [] and roomy["trio-prose seeds"] == 12 and not roomy["over budget"]
+
+
+def test_the_plan_reads_the_pilots_rows_end_to_end():
+    rows = []
+    for k in (5, 10):
+        for seed in (3101, 3102):
+            for i, point in enumerate((10, 30, 60)):
+                wobble = 0.001 * (i - 1) * (1 if seed == 3101 else -1)
+                rows.append(row(seed, point, k, {"none": (0.5, 0.5), "negated": (0.45 + wobble, 0.46),
+                                                 "d": (0.51 + wobble, 0.5), "chance": (0.5, 0.5 + wobble)}, 60.0))
+    plan = bp.plan(rows, arms=16)
+    assert plan["n"] == 9 and not plan["underpowered"]
+    assert plan["negated_mean"] == pytest.approx(-4.5, abs=1e-9)
+    assert plan["costs"] == {"trunk_iteration": pytest.approx(3 * 60 / 60), "branch": 60.0}
+    assert plan["pilot_hours"] == pytest.approx(2 * 2 * 3 * 5 * 60 / 7200)
+    assert "**k = " in bp.markdown(plan) and "**n = 9**" in bp.markdown(plan)
