@@ -102,8 +102,8 @@ def rank_values(offers: list[Offer], scores: list[Score | None], rank_by: str, r
 
 class Side(Protocol):
     """One receiver's side of an iteration's curation, where its model is (diagnosis.ReceiverSide's steps, in the
-    order `Curator._receive` calls them): a ReceiverSide, the receiver's worker (learner.PolicyWorker) in this
-    process, or that worker in its Ray actor (train_ray.ActorSide)."""
+    order `Curator._receive` calls them): a ReceiverSide in this process, or the receiver's worker in its Ray
+    actor (train_ray.ActorSide), which forwards each step across the process boundary."""
 
     def offers(self, examples: list, stats: dict[str, reward_drift.StepStats]) -> tuple[list[Offer], list[dict]]: ...
 
@@ -179,8 +179,9 @@ class Curator:
         """Curate what every policy receives from every other one. examples [B]: the iteration's prompts' items.
 
         `sides`: each receiver's side of the curation (`Side`), by name, where its model is; by default made here
-        (diagnosis.ReceiverSide), from the experiences' own policies. train.run passes its team's workers', and
-        what is then returned holds no crossings: those stay with the receiver's worker, which trains on them.
+        (diagnosis.ReceiverSide), from the experiences' own policies. train.run passes its team's (Team.sides),
+        which keep what their receivers train on (ReceiverSide.received); from a Ray actor, what returns here holds
+        no crossings: those stay in the actor, which trains on them.
 
         Returns per receiver what it trains on (metrics under fidelity/ and sharing/) and one record per offered
         trajectory (fidelity.jsonl)."""

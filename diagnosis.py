@@ -325,13 +325,15 @@ def offer_features(offer: Offer, cfg: CuratorConfig, recent: tuple[float, float]
 
 
 class ReceiverSide:
-    """One receiver's side of one iteration's curation: its experience, its peers' as it received them, and the
-    offers it diagnosed, which the later steps refer to by position."""
+    """One receiver's side of one iteration's curation: its experience, its peers' as it received them, the
+    offers it diagnosed, which the later steps refer to by position, and at the end what its receiver trains on
+    (`received`, read by the receiver's update where the side lives)."""
 
     def __init__(self, receiver: sharing.Experience, peers: list[sharing.Experience], task: tasks.Task,
                  cfg: CuratorConfig, share: sharing.ShareConfig):
         self.receiver, self.peers, self.task, self.cfg, self.share = receiver, peers, task, cfg, share
         self.offered: list[Offer] = []
+        self.received: sharing.Received | None = None
 
     def offers(self, examples: list, stats: dict[str, reward_drift.StepStats]) -> tuple[list[Offer], list[dict]]:
         """The cheap diagnosis of every peer rollout for this receiver, and a record for each that cannot be.
@@ -409,4 +411,5 @@ class ReceiverSide:
                 crossed[by_index[c.index][0]] = repaired[c.index][1]
                 crossings.append(c)
         metrics = sharing.crossing_metrics(crossings, self.share.ratio_cap)
-        return crossed, sharing.Received(advantages, crossings, metrics)
+        self.received = sharing.Received(advantages, crossings, metrics)
+        return crossed, self.received

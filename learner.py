@@ -242,14 +242,16 @@ class PolicyWorker:
 
     def cross(self, credit: dict[int, float], advantages: torch.Tensor, stats: StepStats
               ) -> tuple[dict[int, dict], sharing.Received]:
-        """diagnosis.ReceiverSide.cross; the crossings stay here, where the update trains on them."""
+        """diagnosis.ReceiverSide.cross; the crossings stay here, with the side, where the update trains on them."""
         assert self.side is not None, "curation before the peers' experience arrived"
-        crossed, self.received = self.side.cross(credit, advantages, stats)
-        return crossed, replace(self.received, crossings=[], metrics=dict(self.received.metrics))
+        crossed, received = self.side.cross(credit, advantages, stats)
+        return crossed, replace(received, crossings=[], metrics=dict(received.metrics))
 
     def update(self, measure_kl: bool) -> dict[str, float]:
-        assert self.rollouts is not None and self.received is not None, "phase 4 before phase 3"
-        return update(self.learner, self.args, self.rollouts, self.received, measure_kl)
+        """Phase 4 on what phase 3 left here: the curation side's crossings, or a fixed level's or share's."""
+        received = self.side.received if self.side is not None else self.received
+        assert self.rollouts is not None and received is not None, "phase 4 before phase 3"
+        return update(self.learner, self.args, self.rollouts, received, measure_kl)
 
     def evaluate(self, iteration: int) -> dict[str, float]:
         return evaluate(self.learner, self.args, self.task, self.transfer, iteration)

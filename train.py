@@ -322,8 +322,9 @@ class LocalTeam:
         return [w.receive(context) for w in self.workers]
 
     def sides(self, experiences: list[sharing.Experience]) -> dict[str, curator.Side]:
-        """Each worker is its policy's side of curation, here in this process."""
-        return {w.name: w for w in self.workers}
+        """Each worker's side of curation (diagnosis.ReceiverSide), called directly: here no process boundary
+        lies between the curator and a policy."""
+        return {w.name: w.side for w in self.workers if w.side is not None}
 
     def update(self, measure_kl: bool) -> list[dict[str, float]]:
         return [w.update(measure_kl) for w in self.workers]
