@@ -40,14 +40,18 @@ RATIO_ARMS = ("sequence_ratio", "capped_ratio", "kl")
 
 
 def per_point(rows: list[dict], policies: list[str], arm: str, reference: str) -> list[float]:
-    """arm - reference held-out accuracy, in points, at every row (seed and point) and receiver where both ran."""
-    return [POINTS * (r["arms"][arm][p] - r["arms"][reference][p])
-            for r in rows if arm in r["arms"] and reference in r["arms"] for p in policies]
+    """arm - reference held-out accuracy, in points, at every row (seed and point) and receiver; a row without
+    either arm is refused, since the rules count every seed's every point."""
+    missing = [(r["seed"], r["point"]) for r in rows if arm not in r["arms"] or reference not in r["arms"]]
+    if missing:
+        raise ValueError(f"the pilot's rows {missing} lack {arm} or {reference}: rerun them before part 2")
+    return [POINTS * (r["arms"][arm][p] - r["arms"][reference][p]) for r in rows for p in policies]
 
 
 def separation(values: list[float]) -> float:
-    """-mean / SD (ddof 1) of a control that must hurt: larger is a clearer hurt."""
-    return -float(np.mean(values)) / float(np.std(values, ddof=1))
+    """-mean / SD (ddof 1) of a control that must hurt: larger is a clearer hurt (infinite at SD 0)."""
+    mean, sd = float(np.mean(values)), float(np.std(values, ddof=1))
+    return -mean / sd if sd > 0 else -math.copysign(math.inf, mean) if mean else 0.0
 
 
 def choose_k(by_k: dict[int, list[dict]]) -> tuple[int, dict[int, float]]:
@@ -112,12 +116,30 @@ class Costs:
         return max(points) * self.trunk_iteration + arms * len(points) * self.branch
 
 
-def costs(rows: list[dict]) -> Costs:
-    """The pilot's seconds per trunk iteration (each seed's trunk to its last point) and per branch."""
-    seeds = [[r for r in rows if r["seed"] == s] for s in sorted({r["seed"] for r in rows})]
+def costs(by_k: dict[int, list[dict]], k: int) -> Costs:
+    """The pilot's seconds per trunk iteration (each seed's trunk to its last point, at k = 5) and per branch at k:
+    the mean over every arm at k = 5, where all ran, times the ratio of the arms both k ran at k to at 5."""
+    five = by_k[5]
+    seeds = [[r for r in five if r["seed"] == s] for s in sorted({r["seed"] for r in five})]
     trunk = [sum(r["seconds"]["trunk"] for r in mine) / max(r["point"] for r in mine) for mine in seeds]
-    branches = [v for r in rows for arm, v in r["seconds"].items() if arm != "trunk"]
-    return Costs(float(np.mean(trunk)), float(np.mean(branches)))
+
+    def mean_branch(rows: list[dict], arms: set[str]) -> float:
+        return float(np.mean([v for r in rows for arm, v in r["seconds"].items() if arm in arms]))
+    every = {a for r in five for a in r["arms"]}
+    both = every & {a for r in by_k[k] for a in r["arms"]}
+    return Costs(float(np.mean(trunk)), mean_branch(five, every) * mean_branch(by_k[k], both) / mean_branch(five, both))
+
+
+def same_trunks(by_k: dict[int, list[dict]]) -> None:
+    """Each k's runs train their trunk again in their own folder: it must reach the same accuracies at every
+    (seed, point), or the pilot has a defect to fix before part 2."""
+    trunks = {}
+    for k, rows in by_k.items():
+        for r in rows:
+            first = trunks.setdefault((r["seed"], r["point"]), (k, r["trunk"]))
+            if first[1] != r["trunk"]:
+                raise ValueError(f"seed {r['seed']}'s trunk at {r['point']} reached {first[1]} at k = {first[0]} and "
+                                 f"{r['trunk']} at k = {k}: fix the defect before part 2")
 
 
 def budget(c: Costs, pilot_seconds: float, n: int, arms: int, points: list[int]) -> dict:
@@ -154,46 +176,68 @@ def budget(c: Costs, pilot_seconds: float, n: int, arms: int, points: list[int])
 def plan(rows: list[dict], arms: int) -> dict:
     """The pilot's rules applied to its rows (both k), for `arms` arms a seed at each point. The controls' power is
     rule 2's simulation against the pilot's mean negated - none, its SD taken as rule 2 takes d - chance's (per
-    receiver, the larger, at its upper 80% bound), at each preset's Holm's strictest level for its controls."""
+    receiver, the larger, at its upper 80% bound), at each preset's Holm's strictest level for its controls; the
+    power, its effect and the controls' power are given again at the seed count the budget leaves."""
     by_k = {k: [r for r in rows if r["k"] == k] for k in sorted({r["k"] for r in rows})}
+    same_trunks(by_k)
     k, scores = choose_k(by_k)
     chosen, policies = by_k[k], policies_of(by_k[k])
-    points = sorted({r["point"] for r in chosen})
+    points, seeds = sorted({r["point"] for r in chosen}), sorted({r["seed"] for r in chosen})
     spread = {p: seed_mean_sd(per_point(chosen, [p], "d", "chance"), len(points)) for p in policies}
     own_means = {p: {s: float(np.mean(per_point([r for r in chosen if r["seed"] == s], [p], "d", "chance")))
-                     for s in sorted({r["seed"] for r in chosen})} for p in policies}
-    n, short, effect = seed_count(max(upper for _, upper in spread.values()))
-    negated = per_point(chosen, policies, "negated", "none")
+                     for s in seeds} for p in policies}
+    sd = max(upper for _, upper in spread.values())
+    n, short, effect = seed_count(sd)
+    negated = {k_: per_point(rows_, policies_of(rows_), "negated", "none") for k_, rows_ in by_k.items()}
     control_sd = max(seed_mean_sd(per_point(chosen, [p], "negated", "none"), len(points))[1] for p in policies)
-    controls = {preset: power(n, float(np.mean(negated)), control_sd, 0.05 / tests)
-                for preset, tests in CONTROL_FAMILIES.items()}
+    cost = costs(by_k, k)
     pilot_seconds = sum(v for r in rows for v in r["seconds"].values())
-    return {"k": k, "separation": scores, "sd_of_seed_mean": spread, "own_means": own_means, "n": n,
-            "underpowered": short, "effect_at_80": effect, "negated_mean": float(np.mean(negated)),
-            "controls_power": controls, "costs": costs(chosen).__dict__,
-            "pilot_hours": pilot_seconds / PROCESSES / 3600,
-            "budget": budget(costs(chosen), pilot_seconds, n, arms, points)}
+    plan_ = budget(cost, pilot_seconds, n, arms, points)
+    final = plan_["qwen-llama seeds"]
+
+    def controls(at: int) -> dict[str, float]:
+        return {preset: power(at, float(np.mean(negated[k])), control_sd, 0.05 / tests)
+                for preset, tests in CONTROL_FAMILIES.items()}
+    return {"k": k, "separation": {k_: (float(np.mean(v)), float(np.std(v, ddof=1)), scores[k_])
+                                   for k_, v in negated.items()},
+            "sd_of_seed_mean": spread, "own_means": own_means, "sd_upper": sd, "n": n, "underpowered": short,
+            "effect_at_80": effect, "controls_sd": control_sd, "controls_power": controls(n),
+            "costs": cost.__dict__, "pilot_hours": pilot_seconds / PROCESSES / 3600, "budget": plan_,
+            "after_cuts": None if final == n else {
+                "n": final, "power": power(final, TARGET, sd, ALPHA_CALLS),
+                "effect_at_80": next(e / 10 for e in itertools.count(10) if power(final, e / 10, sd, ALPHA_CALLS)
+                                     >= POWER), "controls_power": controls(final)}}
 
 
 def markdown(p: dict) -> str:
-    """Part 2's numbers, as the rules give them."""
-    b = p["budget"]
+    """Part 2's numbers, as the rules give them, with what each is computed from."""
+    b, after = p["budget"], p["after_cuts"]
+    n = after["n"] if after else p["n"]
+    levels = ", ".join(f"{preset} 0.05 / {tests}" for preset, tests in CONTROL_FAMILIES.items())
     lines = ["# The branches pilot: what its rules give (results/preregistration-branches.md, part 2)", "",
-             "1. k: -mean / SD of the per-point negated - none differences: "
-             + ", ".join(f"k = {k}: {s:+.3f}" for k, s in p["separation"].items()) + f"; **k = {p['k']}**.",
+             "1. k: the per-point negated - none differences (mean, SD, -mean / SD, points): "
+             + "; ".join(f"k = {k}: {m:+.3f}, {s:.3f}, {r:+.3f}" for k, (m, s, r) in p["separation"].items())
+             + f". **k = {p['k']}**.",
              "2. The SD of a seed's mean d - chance (per-point SD / sqrt(points)), and its upper 80% bound: "
              + "; ".join(f"{pol} {sd:.3f} ({up:.3f})" for pol, (sd, up) in p["sd_of_seed_mean"].items())
              + ". The seeds' own means: " + "; ".join(f"{pol} " + ", ".join(f"{s} {m:+.2f}" for s, m in ms.items())
                                                       for pol, ms in p["own_means"].items())
-             + f". **n = {p['n']}**" + (f", underpowered: 80% power against {p['effect_at_80']:.1f} points"
-                                       if p["underpowered"] else ", 80% power against 1 point") + ".",
-             f"   The controls' power at n against the pilot's negated - none ({p['negated_mean']:+.2f} points): "
+             + f". **n = {p['n']}**" + (f", underpowered: 80% power against {p['effect_at_80']:.1f} points (a "
+                                       "0.1-point grid)" if p["underpowered"] else ", 80% power against 1 point")
+             + " (10,000 draws of numpy.random.default_rng(0) for each n).",
+             f"   The controls' power at n against the pilot's negated - none (its SD of a seed's mean, the larger "
+             f"receiver's at its upper bound, {p['controls_sd']:.3f}; levels {levels}): "
              + ", ".join(f"{preset} {v:.2f}" for preset, v in p["controls_power"].items()) + ".",
-             f"3. Seconds of one process: a trunk iteration {p['costs']['trunk_iteration']:.1f}, a branch "
+             f"3. Seconds of one process: a trunk iteration {p['costs']['trunk_iteration']:.1f}, a branch at k "
              f"{p['costs']['branch']:.1f}. The pilot took {p['pilot_hours']:.2f} h of two processes; "
              f"{b['hours_left']:.2f} h left; the calls take {b['hours']:.2f} h"
              + (", **over the budget** even at 9 seeds" if b["over budget"] else "") + ". Cuts: "
              + ("; ".join(b["cuts"]) if b["cuts"] else "none")
              + f". qwen-llama {b['qwen-llama seeds']} seeds; trio-prose {b['trio-prose seeds']} seeds, "
              f"{b['trio-prose arms']} arms, points {b['trio-prose points']}."]
+    if after:
+        lines.append(f"   At the {after['n']} seeds the budget leaves: power {after['power']:.2f} against 1 point, 80% "
+                     f"against {after['effect_at_80']:.1f}; the controls' "
+                     + ", ".join(f"{preset} {v:.2f}" for preset, v in after["controls_power"].items()) + ".")
+    lines.append(f"\nThe calls' seeds: 3103-{3102 + n}.")
     return "\n".join(lines) + "\n"

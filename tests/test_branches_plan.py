@@ -38,7 +38,19 @@ def test_the_upper_80_bound_is_the_registrations_factor_of_1_461():
     assert upper / sd == pytest.approx(1.461, abs=5e-4)
 
 
-def test_the_seed_count_is_9_where_the_noise_is_small_and_16_underpowered_where_it_is_large():
+def test_the_rules_constants_are_the_registrations():
+    assert (bp.ALPHA_CALLS, bp.POWER, bp.TARGET, bp.DRAWS) == (0.05 / 8, 0.8, 1.0, 10_000)
+    assert list(bp.SEED_COUNTS) == list(range(9, 17)) and bp.CONTROL_FAMILIES == {"qwen-llama": 6, "trio-prose": 9}
+    assert (bp.BUDGET_HOURS, bp.PROCESSES, bp.TRIO_COST) == (20.0, 2, 3.0)
+
+
+def test_the_seed_count_is_a_naive_search_with_scipys_test():
+    def naive(sd, draws):
+        for n in range(9, 17):
+            samples = np.random.default_rng(0).normal(1.0, sd, size=(draws, n))
+            if np.mean([stats.sign_flip_p(list(s)) <= 0.05 / 8 for s in samples]) >= 0.8:
+                return n
+    assert bp.seed_count(0.7, draws=150)[0] == naive(0.7, 150)
     assert bp.seed_count(0.3, draws=500) == (9, False, 1.0)
     n, short, effect = bp.seed_count(3.0, draws=500)
     assert (n, short) == (16, True) and effect > 1.0
@@ -78,17 +90,46 @@ def test_the_budgets_cuts_go_in_the_registered_order_by_hand():
     assert roomy["cuts"] == [] and roomy["trio-prose seeds"] == 12 and not roomy["over budget"]
 
 
-def test_the_plan_reads_the_pilots_rows_end_to_end():
+def pilot(hurt_at_10: float = 0.0, trunk_at_10: float = 0.2) -> list[dict]:
+    """Both k's rows: d beats chance by about a point, negated hurts by 4.5 points (more at k = 10 by
+    `hurt_at_10`, as noisily); every run 60 s at k = 5 and 120 s at k = 10, the trunk's 60 s a segment."""
     rows = []
     for k in (5, 10):
         for seed in (3101, 3102):
             for i, point in enumerate((10, 30, 60)):
                 wobble = 0.001 * (i - 1) * (1 if seed == 3101 else -1)
-                rows.append(row(seed, point, k, {"none": (0.5, 0.5), "negated": (0.45 + wobble, 0.46),
-                                                 "d": (0.51 + wobble, 0.5), "chance": (0.5, 0.5 + wobble)}, 60.0))
-    plan = bp.plan(rows, arms=16)
-    assert plan["n"] == 9 and not plan["underpowered"]
-    assert plan["negated_mean"] == pytest.approx(-4.5, abs=1e-9)
+                r = row(seed, point, k, {"none": (0.5, 0.5), "negated": (0.45 + wobble - hurt_at_10 * (k == 10),
+                                                                          0.46 - hurt_at_10 * (k == 10)),
+                                         "d": (0.51 + wobble, 0.5), "chance": (0.5, 0.5 + wobble)},
+                        60.0 if k == 5 else 120.0)
+                r["seconds"]["trunk"] = 60.0
+                r["trunk"]["qwen"] = trunk_at_10 if k == 10 else 0.2
+                rows.append(r)
+    return rows
+
+
+def test_the_plan_reads_the_pilots_rows_end_to_end():
+    plan = bp.plan(pilot(), arms=16)
+    assert plan["k"] == 5                      # k = 10 separates exactly as well: a tie gives 5
+    assert plan["n"] == 9 and not plan["underpowered"] and plan["after_cuts"] is None
+    mean, sd, score = plan["separation"][5]
+    assert mean == pytest.approx(-4.5) and score == pytest.approx(4.5 / sd)
     assert plan["costs"] == {"trunk_iteration": pytest.approx(3 * 60 / 60), "branch": 60.0}
-    assert plan["pilot_hours"] == pytest.approx(2 * 2 * 3 * 5 * 60 / 7200)
-    assert "**k = " in bp.markdown(plan) and "**n = 9**" in bp.markdown(plan)
+    assert plan["pilot_hours"] == pytest.approx((2 * 3 * (5 * 60) + 2 * 3 * (60 + 4 * 120)) / 7200)
+    text = bp.markdown(plan)
+    assert "**k = 5**" in text and "**n = 9**" in text and "The calls' seeds: 3103-3111." in text
+
+
+def test_k_10_wins_where_its_negated_control_hurts_more_and_its_branches_cost_what_k_10_ran():
+    plan = bp.plan(pilot(hurt_at_10=0.02), arms=16)
+    assert plan["k"] == 10
+    assert plan["costs"]["branch"] == pytest.approx(60.0 * 120.0 / 60.0)    # every arm at 5, scaled as k = 10 ran
+
+
+def test_a_pilot_whose_two_trunks_differ_or_that_lacks_an_arm_is_refused():
+    with pytest.raises(ValueError, match="fix the defect before part 2"):
+        bp.plan(pilot(trunk_at_10=0.25), arms=16)
+    rows = pilot()
+    del rows[0]["arms"]["chance"]
+    with pytest.raises(ValueError, match="lack d or chance"):
+        bp.plan(rows, arms=16)
