@@ -8,6 +8,7 @@ import pytest
 
 from analysis import branches_plan as bp
 from analysis import stats
+from benchmarks import branches
 
 
 def row(seed: int, point: int, k: int, arms: dict[str, tuple[float, float]], seconds: float = 10.0) -> dict:
@@ -133,3 +134,11 @@ def test_a_pilot_whose_two_trunks_differ_or_that_lacks_an_arm_is_refused():
     del rows[0]["arms"]["chance"]
     with pytest.raises(ValueError, match="lack d or chance"):
         bp.plan(rows, arms=16)
+
+
+def test_the_plan_command_reads_the_pilots_two_folders(tmp_path, capsys):
+    for r in pilot():
+        folder = tmp_path / ("branches-pilot" if r["k"] == 5 else "branches-pilot-k10")
+        branches.write_whole(folder / f"{r['preset']}-s{r['seed']}-it{r['point']:03d}.json", r)
+    branches.main(["plan", str(tmp_path / "branches-pilot"), str(tmp_path / "branches-pilot-k10")])
+    assert "**k = 5**" in capsys.readouterr().out
