@@ -18,7 +18,9 @@ embedding/head matrix sums both calls before the norm (cross terms included). A 
 summed over positions, and a norm scale's (y = w * h) is d_k * h summed likewise.
 
 Trajectories are batched: rows do not interact, so one cotangent per step index j (the sum of every row's j-th step
-loss) gives each row its own j-th step's gradient (benchmarks/reachability_bench.py times it).
+loss) gives each row its own j-th step's gradient (benchmarks/reachability_bench.py times it). A scope of the final
+norm and the head alone (last:0) needs no backward: its norms follow in closed form from the forward's
+probabilities and the head's inputs (`_output_sq_norms`).
 """
 
 from __future__ import annotations
@@ -247,6 +249,63 @@ def _rows_sq_norms(model: torch.nn.Module, input_ids: torch.Tensor, attention_ma
     return squared
 
 
+def _is_output_side(model: torch.nn.Module, params: list[torch.nn.Parameter],
+                    modules: list[torch.nn.Module] | None) -> bool:
+    """Whether the scope is the final norm and a plain Linear head alone (last:0), whose norms have a closed form."""
+    if modules is None:
+        return False
+    _, norm, head = output_side(model)
+    outside = {id(m) for m in modules} - {id(m) for top in (norm, head) for m in top.modules()}
+    return not outside and type(head) is torch.nn.Linear and any(p is head.weight for p in params)
+
+
+def _output_sq_norms(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                     steps: list[list[tuple[int, int]]], params: list[torch.nn.Parameter]) -> torch.Tensor:
+    """[J, B] ||grad L_{b,j}||^2 over the head and the final norm (last:0), from one forward and no backward.
+
+    With y_t the head's input (the final norm's output) at the position predicting token t, p_t its softmax and
+    g_t = (p_t - onehot(t)) / |k| = dL_k/dlogits_t for t in step k: the head's weight gradient is sum_t g_t y_t^T,
+    so its squared norm is sum over t, t' in k of (g_t . g_t')(y_t . y_t'); a head bias's is ||sum_t g_t||^2; the
+    norm's scale w (y = w * h) gets sum_t (g_t W) * h_t, W the head's weight (_scale_grads).
+    """
+    length = max(c for spans in steps for _, c in spans)             # causal: later tokens change no L_k
+    _, norm, head = output_side(model)
+    calls, handles = _record_calls(model, params, [norm, head])
+    try:
+        with torch.no_grad():
+            logits = model(input_ids=input_ids[:, :length], attention_mask=attention_mask[:, :length]).logits
+    finally:
+        for handle in handles:
+            handle.remove()
+    first = min(a for spans in steps for a, _ in spans) - 1          # the window of positions any step predicts
+    if first < 0:
+        raise ValueError("a step starts at token 0, which nothing predicts")
+    g = torch.softmax(logits[:, first:-1].float(), dim=-1)                                     # [B, T, V]
+    g.scatter_add_(2, input_ids[:, first + 1:length, None], -torch.ones_like(g[..., :1]))
+    depth, rows = max(len(spans) for spans in steps), input_ids.shape[0]
+    weights = torch.zeros(depth, rows, g.shape[1], dtype=torch.float64, device=g.device)      # [J, B, T]: 1/|k|
+    for b, spans in enumerate(steps):
+        for j, (a, c) in enumerate(spans):
+            if not 1 <= a < c <= length:
+                raise ValueError(f"step [{a}, {c}) of trajectory {b} is empty or outside its {length} tokens")
+            weights[j, b, a - 1 - first:c - 1 - first] = 1.0 / (c - a)
+    scaled = [c for c in calls if c.module is norm]
+    y = next(c.inputs[0] for c in calls if c.module is head)[:, first:-1].double()             # [B, T, d]
+    with torch.no_grad():
+        gram = (g @ g.transpose(1, 2)).double() * (y @ y.transpose(1, 2))                       # [B, T, T]
+        squared = torch.einsum("jbt,bts,jbs->jb", weights, gram, weights)
+        if head.bias is not None and any(p is head.bias for p in params):
+            squared += torch.einsum("jbt,btv->jbv", weights, g.double()).pow(2).sum(2)
+        if scaled:
+            u = torch.einsum("jbt,btd->jbtd", weights.to(g.dtype), g @ head.weight.float())     # [J, B, T, d]
+            d = torch.nn.functional.pad(u, (0, 0, first, 1)).to(scaled[0].output.dtype)        # [J, B, L, d]
+            wanted = {id(p) for p in params}
+            for key, grad in _scale_grads(scaled[0], d).items():
+                if key in wanted:
+                    squared += grad.flatten(2).pow(2).sum(2).double()
+    return squared
+
+
 def step_grad_norms(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                     steps: list[list[tuple[int, int]]], params: list[torch.nn.Parameter],
                     modules: list[torch.nn.Module] | None = None, rows_per_pass: int = 32) -> torch.Tensor:
@@ -264,7 +323,10 @@ def step_grad_norms(model: torch.nn.Module, input_ids: torch.Tensor, attention_m
     for start in range(0, len(rows), rows_per_pass):
         chunk = rows[start:start + rows_per_pass]
         spans = [steps[b] for b in chunk]
-        squared = _rows_sq_norms(model, input_ids[chunk], attention_mask[chunk], spans, params, modules).cpu()  # [J, B]
+        if _is_output_side(model, params, modules):
+            squared = _output_sq_norms(model, input_ids[chunk], attention_mask[chunk], spans, params).cpu()
+        else:
+            squared = _rows_sq_norms(model, input_ids[chunk], attention_mask[chunk], spans, params, modules).cpu()
         for i, b in enumerate(chunk):
             sizes = torch.tensor([c - a for a, c in spans[i]], dtype=torch.float64)
             norms[b] = (squared[:len(spans[i]), i].sqrt() * sizes.sqrt()).float()

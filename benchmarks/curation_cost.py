@@ -47,7 +47,8 @@ def rows(model: torch.nn.Module, work: costs.Workload, offers: int, own: int, st
     seq = work.prompt_len + work.max_new_tokens
     out = {phase: f / 1e12 for phase, f in costs.iteration_flops(model, work).items()}
     for estimate in ESTIMATES:
-        parts = costs.curation_flops(model, grad_norms.ccm_scope(model, estimate), offers + own, offers, seq, steps)
+        parts = costs.curation_flops(model, grad_norms.ccm_scope(model, estimate), offers + own, offers, seq, steps,
+                                     window=work.max_new_tokens)
         out[f"curation, {estimate}"] = sum(parts.values()) / 1e12
     return out
 

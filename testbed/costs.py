@@ -199,7 +199,7 @@ def iteration_flops(model: torch.nn.Module, work: Workload) -> dict[str, float]:
 
 
 def curation_flops(model: torch.nn.Module, scope: tuple[list, list | None], diagnosed: int, crossed: int, seq: int,
-                   steps: int) -> dict[str, float]:
+                   steps: int, window: int | None = None) -> dict[str, float]:
     """FLOPs of one receiver's curation in one iteration, beside `iteration_flops`: CCM's per-step gradient norms
     over `diagnosed` trajectories (peer offers and the receiver's own calibration rollouts) of `seq` tokens and
     `steps` steps each, over `scope` (a CCM estimate's parameters and modules, grad_norms.ccm_scope), and the
@@ -207,11 +207,21 @@ def curation_flops(model: torch.nn.Module, scope: tuple[list, list | None], diag
     cost a forward over every matrix; a backward batched over the steps, each step's cotangent multiplying every
     matrix it passes through once (activation gradients only: the scope's matrices and, for `exact`, all below
     them to the lowest trained one); and per weight of the scope the cheaper of its ghost norm, T^2 (steps out +
-    in), and its formed per-step gradients, steps T out in. Attention's own products, the diagnosis's bookkeeping
+    in), and its formed per-step gradients, steps T out in. A scope whose one matrix is the head (last:0) has a
+    closed form instead (grad_norms._output_sq_norms): no backward, and per trajectory W^2 (V + d) for the two
+    Gram matrices and W V d for the norm scale's gradients, W the `window` of positions from the first step on
+    (default: all T). Attention's own products, the diagnosis's bookkeeping
     and the norm layers are left out, as in `iteration_flops`."""
     multiplying, (params, modules) = multiplying_parameters(model), scope
     scoped = {id(p) for p in params}
     linears = [m for m in (model.modules() if modules is None else modules) if isinstance(m, torch.nn.Linear)]
+    if modules is not None and len(linears) == 1:
+        (vocab, width), = [m.weight.shape for m in linears]
+        span = seq if window is None else window
+        closed = span * span * (vocab + width) + span * vocab * width
+        return {"norms: forward": float(2 * multiplying * seq * diagnosed), "norms: batched backward": 0.0,
+                "norms: from factors": float(2 * closed * diagnosed),
+                "crossing": float(2 * multiplying * seq * crossed)}
     passed = multiplying if modules is None else sum(m.weight.numel() for m in {id(m): m for m in linears}.values())
     ghost = sum(min(seq * seq * (steps * out + inp), steps * seq * out * inp)
                 for m in linears if id(m.weight) in scoped for out, inp in [m.weight.shape])

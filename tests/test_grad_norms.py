@@ -136,6 +136,20 @@ def test_last_n_estimate_differentiates_nothing_below_its_blocks():
         assert set(map(id, reached)) == set(map(id, model.model.layers[3 - n_blocks:]))
 
 
+@pytest.mark.parametrize("bias", [False, True])
+def test_last_0_is_a_closed_form_from_the_forward_with_no_backward(bias):
+    model = tiny.tiny_model("qwen2", tiny.TinyShape(32, 2, 4, 0), vocab_size=50, seed=0).double()
+    model.lm_head = torch.nn.Linear(32, 50, bias=bias).double()          # untied, so the loop's gradient is the head's
+    torch.nn.init.normal_(model.model.norm.weight, 1.0, 0.3, generator=torch.Generator().manual_seed(2))
+    inputs = reachability.batch_inputs(random_trajectories(50, torch.Generator().manual_seed(8)), pad_id=0)
+    reached = []
+    model.lm_head.register_full_backward_pre_hook(lambda module, grad: reached.append(module))
+    estimate = grad_norms.step_grad_norms(model, *inputs, *grad_norms.ccm_scope(model, "last:0"))
+    assert reached == []                                                 # no backward, not even into the head
+    scope = [model.model.norm.weight, *model.lm_head.parameters()]
+    torch.testing.assert_close(estimate, grad_norms.step_grad_norms_loop(model, *inputs, scope), rtol=1e-5, atol=0)
+
+
 def test_ccm_scope_refuses_what_it_cannot_measure():
     model = tiny.tiny_model("llama", tiny.TinyShape(32, 2, 4, 0), 50, seed=0)
     assert grad_norms.ccm_scope(model, "exact") == (grad_norms.parameter_subset(model, "all"), None)
