@@ -54,11 +54,11 @@ SHARING = {"hacpo-official": ("sharing/accepted", "sharing/received")}
 """block -> what each of its configurations' runs shared, per iteration, that its registration shows (not tested)"""
 REGISTERED_AT = {"hacpo-official": "d37ed732563c168fddc1d096aafe8a8aeefe6c51",
                  "h3": "3019911cd159a421af4f3129e5458b4de7b97639",
-                 "ccm-estimate": "86a77121e9142bc5f72648ddf01eb9f9346b4f67"}
+                 "ccm-estimate": "fb0b30247257c7a2802d616e235c133d6ba6f49b"}
 """the code commit each experiment registered on its own runs at, as its summaries record it (the last commit
 outside results/; results/preregistration-hacpo-official.md, amendment 1, 1038738, whose code is d37ed73's;
-results/preregistration-h3.md; results/preregistration-ccm-estimate.md, the commit that adds it): its runs are read
-only at it or at a commit declared metric-equivalent to it"""
+results/preregistration-h3.md; results/preregistration-ccm-estimate.md, amendment 1, whose code is fb0b302's): its
+runs are read only at it or at a commit declared metric-equivalent to it"""
 UNDERPOWERED = {("ablations", None, "llama"), ("hacpo", "cross-fidelity - hacpo", "llama")}
 """(block, contrast or every one, policy) the registration says are underpowered at its seeds, and reported so"""
 H4_WAITS = ("estimate", "tbd")
