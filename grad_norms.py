@@ -269,6 +269,10 @@ def _output_sq_norms(model: torch.nn.Module, input_ids: torch.Tensor, attention_
     norm's scale w (y = w * h) gets sum_t (g_t W) * h_t, W the head's weight (_scale_grads).
     """
     length = max(c for spans in steps for _, c in spans)             # causal: later tokens change no L_k
+    for b, spans in enumerate(steps):
+        for a, c in spans:
+            if not 1 <= a < c <= length:
+                raise ValueError(f"step [{a}, {c}) of trajectory {b} is empty or outside its {length} tokens")
     _, norm, head = output_side(model)
     calls, handles = _record_calls(model, params, [norm, head])
     try:
@@ -278,16 +282,12 @@ def _output_sq_norms(model: torch.nn.Module, input_ids: torch.Tensor, attention_
         for handle in handles:
             handle.remove()
     first = min(a for spans in steps for a, _ in spans) - 1          # the window of positions any step predicts
-    if first < 0:
-        raise ValueError("a step starts at token 0, which nothing predicts")
     g = torch.softmax(logits[:, first:-1].float(), dim=-1)                                     # [B, T, V]
     g.scatter_add_(2, input_ids[:, first + 1:length, None], -torch.ones_like(g[..., :1]))
     depth, rows = max(len(spans) for spans in steps), input_ids.shape[0]
     weights = torch.zeros(depth, rows, g.shape[1], dtype=torch.float64, device=g.device)      # [J, B, T]: 1/|k|
     for b, spans in enumerate(steps):
         for j, (a, c) in enumerate(spans):
-            if not 1 <= a < c <= length:
-                raise ValueError(f"step [{a}, {c}) of trajectory {b} is empty or outside its {length} tokens")
             weights[j, b, a - 1 - first:c - 1 - first] = 1.0 / (c - a)
     scaled = [c for c in calls if c.module is norm]
     y = next(c.inputs[0] for c in calls if c.module is head)[:, first:-1].double()             # [B, T, d]

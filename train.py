@@ -322,8 +322,8 @@ class LocalTeam:
         return [w.receive(context) for w in self.workers]
 
     def sides(self, experiences: list[sharing.Experience]) -> dict[str, curator.Side]:
-        """Each worker's side of curation (diagnosis.ReceiverSide), called directly: here no process boundary
-        lies between the curator and a policy."""
+        """Each worker's diagnosis.ReceiverSide, called directly: no process boundary lies in between."""
+        assert all(w.side is not None for w in self.workers), "curation before the peers' experience (Team.share)"
         return {w.name: w.side for w in self.workers if w.side is not None}
 
     def update(self, measure_kl: bool) -> list[dict[str, float]]:

@@ -94,15 +94,17 @@ def power(n: int, mean: float, sd: float, alpha: float, draws: int = DRAWS, seed
     return float((sign_flip_p_many(samples) <= alpha).mean())
 
 
+def effect_at_power(n: int, sd: float, draws: int = DRAWS) -> float:
+    """The smallest effect, on a 0.1-point grid from 1 point up, that n seeds have 80% power against."""
+    return next(e / 10 for e in itertools.count(10) if power(n, e / 10, sd, ALPHA_CALLS, draws) >= POWER)
+
+
 def seed_count(sd: float, draws: int = DRAWS) -> tuple[int, bool, float]:
-    """Rule 2: n, whether n is short of 80% power against 1 point, and the effect (0.1-point grid) n has 80% power
-    against."""
+    """Rule 2: n, whether n is short of 80% power against 1 point, and the effect n has 80% power against."""
     for n in SEED_COUNTS:
         if power(n, TARGET, sd, ALPHA_CALLS, draws) >= POWER:
             return n, False, TARGET
-    n = SEED_COUNTS[-1]
-    effect = next(e / 10 for e in itertools.count(11) if power(n, e / 10, sd, ALPHA_CALLS, draws) >= POWER)
-    return n, True, effect
+    return SEED_COUNTS[-1], True, effect_at_power(SEED_COUNTS[-1], sd, draws)
 
 
 @dataclass(frozen=True)
@@ -205,8 +207,7 @@ def plan(rows: list[dict], arms: int) -> dict:
             "costs": cost.__dict__, "pilot_hours": pilot_seconds / PROCESSES / 3600, "budget": plan_,
             "after_cuts": None if final == n else {
                 "n": final, "power": power(final, TARGET, sd, ALPHA_CALLS),
-                "effect_at_80": next(e / 10 for e in itertools.count(10) if power(final, e / 10, sd, ALPHA_CALLS)
-                                     >= POWER), "controls_power": controls(final)}}
+                "effect_at_80": effect_at_power(final, sd), "controls_power": controls(final)}}
 
 
 def markdown(p: dict) -> str:
