@@ -118,18 +118,41 @@ class Costs:
         return max(points) * self.trunk_iteration + arms * len(points) * self.branch
 
 
-def costs(by_k: dict[int, list[dict]], k: int) -> Costs:
-    """The pilot's seconds per trunk iteration (each seed's trunk to its last point, at k = 5) and per branch at k:
-    the mean over every arm at k = 5, where all ran, times the ratio of the arms both k ran at k to at 5."""
-    five = by_k[5]
-    seeds = [[r for r in five if r["seed"] == s] for s in sorted({r["seed"] for r in five})]
-    trunk = [sum(r["seconds"]["trunk"] for r in mine) / max(r["point"] for r in mine) for mine in seeds]
+def trunk_iteration_seconds(rows: list[dict]) -> float:
+    """Seconds per trunk iteration: per seed, its trunk's seconds over the iterations they trained (each row's from
+    the trunk's checkpoint at the row's start to the point, so a resumed row counts what it ran), then the mean."""
+    seeds = [[r for r in rows if r["seed"] == s] for s in sorted({r["seed"] for r in rows})]
+    return float(np.mean([sum(r["seconds"]["trunk"] for r in mine)
+                          / sum(r["point"] - r["started_at"]["trunk"] for r in mine) for mine in seeds]))
 
-    def mean_branch(rows: list[dict], arms: set[str]) -> float:
-        return float(np.mean([v for r in rows for arm, v in r["seconds"].items() if arm in arms]))
-    every = {a for r in five for a in r["arms"]}
+
+def whole_branches(rows: list[dict], arms: set[str]) -> list[float]:
+    """The seconds of the branches of `arms` that ran whole in their row's process (forked at the point): a branch
+    resumed after a kill counts only what ran since, and is left out."""
+    return [r["seconds"][a] for r in rows for a in r["arms"] if a in arms and r["started_at"][a] == r["point"]]
+
+
+def costs(by_k: dict[int, list[dict]], k: int) -> Costs:
+    """The pilot's seconds per trunk iteration (at k = 5) and per branch at k: the mean over every whole branch at
+    k = 5, where all arms ran, times the ratio of the arms both k ran at k to at 5."""
+    every = {a for r in by_k[5] for a in r["arms"]}
     both = every & {a for r in by_k[k] for a in r["arms"]}
-    return Costs(float(np.mean(trunk)), mean_branch(five, every) * mean_branch(by_k[k], both) / mean_branch(five, both))
+
+    def mean(rows: list[dict], arms: set[str]) -> float:
+        return float(np.mean(whole_branches(rows, arms)))
+    return Costs(trunk_iteration_seconds(by_k[5]), mean(by_k[5], every) * mean(by_k[k], both) / mean(by_k[5], both))
+
+
+def pilot_seconds(by_k: dict[int, list[dict]]) -> float:
+    """The process-seconds the pilot spent: each k's trunks to their last point at the trunk's rate, and every
+    branch, one resumed after a kill counted at its k's mean whole branch."""
+    trunk = trunk_iteration_seconds(by_k[5]) * sum(max(r["point"] for r in rows if r["seed"] == s)
+                                                   for rows in by_k.values() for s in {r["seed"] for r in rows})
+    branches = 0.0
+    for rows in by_k.values():
+        mean = float(np.mean(whole_branches(rows, {a for r in rows for a in r["arms"]})))
+        branches += sum(r["seconds"][a] if r["started_at"][a] == r["point"] else mean for r in rows for a in r["arms"])
+    return trunk + branches
 
 
 def same_trunks(by_k: dict[int, list[dict]]) -> None:
@@ -144,11 +167,11 @@ def same_trunks(by_k: dict[int, list[dict]]) -> None:
                                  f"{r['trunk']} at k = {k}: fix the defect before part 2")
 
 
-def budget(c: Costs, pilot_seconds: float, n: int, arms: int, points: list[int]) -> dict:
+def budget(c: Costs, spent_seconds: float, n: int, arms: int, points: list[int]) -> dict:
     """Rule 3: the calls' hours at n seeds on both presets, and the registered cuts in order while they exceed
     what the pilot left of the budget: trio-prose's ratio arms, its point 60, its seeds (descriptive), then
     qwen-llama's n down to 9 (over the budget, said so, where even 9 does not fit)."""
-    left = BUDGET_HOURS - pilot_seconds / PROCESSES / 3600
+    left = BUDGET_HOURS - spent_seconds / PROCESSES / 3600
 
     def hours(ql_seeds: int, trio_seeds: int, trio_arms: int, trio_points: list[int]) -> float:
         return (ql_seeds * c.seed(arms, points) + trio_seeds * TRIO_COST * c.seed(trio_arms, trio_points)
@@ -193,8 +216,8 @@ def plan(rows: list[dict], arms: int) -> dict:
     negated = {k_: per_point(rows_, policies_of(rows_), "negated", "none") for k_, rows_ in by_k.items()}
     control_sd = max(seed_mean_sd(per_point(chosen, [p], "negated", "none"), len(points))[1] for p in policies)
     cost = costs(by_k, k)
-    pilot_seconds = sum(v for r in rows for v in r["seconds"].values())
-    plan_ = budget(cost, pilot_seconds, n, arms, points)
+    spent = pilot_seconds(by_k)
+    plan_ = budget(cost, spent, n, arms, points)
     final = plan_["qwen-llama seeds"]
 
     def controls(at: int) -> dict[str, float]:
@@ -204,7 +227,7 @@ def plan(rows: list[dict], arms: int) -> dict:
                                    for k_, v in negated.items()},
             "sd_of_seed_mean": spread, "own_means": own_means, "sd_upper": sd, "n": n, "underpowered": short,
             "effect_at_80": effect, "controls_sd": control_sd, "controls_power": controls(n),
-            "costs": cost.__dict__, "pilot_hours": pilot_seconds / PROCESSES / 3600, "budget": plan_,
+            "costs": cost.__dict__, "pilot_hours": spent / PROCESSES / 3600, "budget": plan_,
             "after_cuts": None if final == n else {
                 "n": final, "power": power(final, TARGET, sd, ALPHA_CALLS),
                 "effect_at_80": effect_at_power(final, sd), "controls_power": controls(final)}}

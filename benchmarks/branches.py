@@ -26,9 +26,9 @@ compared with chance, not with another amount of data or another way of creditin
 (HACPO's capabilities) begins it afresh at the branch point.
 
 One row per (preset, seed, point), written whole or not at all, results/branches/PRESET-sSEED-itPOINT.json: each
-arm's held-out accuracy per policy at point + k, the trunk's at the point, and the seconds each took. Branches run
-on one thread each, resumable: a row already written is skipped, and a branch killed midway resumes from its
-checkpoint.
+arm's held-out accuracy per policy at point + k, the trunk's at the point, the seconds each took and the iteration
+it started from. Branches run on one thread each, resumable: a row already written is skipped, and a branch killed
+midway resumes from its checkpoint.
 """
 
 from __future__ import annotations
@@ -142,15 +142,16 @@ def branch_point(preset: str, seed: int, point: int, k: int, arms: list[str], ru
     """The row of one branch point: the trunk trained (or resumed) to `point`, then each arm forked from its
     checkpoint and trained k iterations; each policy's held-out accuracy, the trunk's at the point and each arm's at
     point + k; and the wall seconds each took here, evaluations included (the trunk's from the previous point, or
-    from its start), which cost the budget (analysis/branches_plan.py); a row resumed midway counts only what ran
-    since. The trunk's next point resumes from this one's checkpoint, so its branches fork from the run this
+    from its start), which cost the budget (analysis/branches_plan.py); and the iteration each run started from
+    here (its checkpoint's), so that a row resumed midway, whose seconds count only what ran since, is read as
+    such. The trunk's next point resumes from this one's checkpoint, so its branches fork from the run this
     one's continued."""
     trunk_name, trunk_flags = f"branches-{preset}-s{seed}-trunk", flags_of(preset, seed, "trunk", list(extra))
     trunk = args_of(trunk_flags, point, trunk_name, runs_dir)
     if point % trunk.eval_every or k < 1:
         raise ValueError(f"a branch point on the evaluation schedule (every {trunk.eval_every} iterations) and k >= 1, "
                          f"got {point} and {k}")
-    started = time.perf_counter()
+    started, started_at = time.perf_counter(), {"trunk": checkpoint.checkpointed_iterations(runs_dir / trunk_name)}
     trunk_dir = trained(train, trunk_name, trunk_flags, point, runs_dir)
     outcome, seconds = {}, {"trunk": time.perf_counter() - started}
     for arm in arms:
@@ -158,10 +159,11 @@ def branch_point(preset: str, seed: int, point: int, k: int, arms: list[str], ru
         name, flags = f"branches-{preset}-s{seed}-it{point:03d}-{arm}", flags_of(preset, seed, arm, list(extra))
         if not (runs_dir / name).exists():
             fork(trunk_dir, runs_dir / name, trunk, args_of(flags, point + k, name, runs_dir))
+        started_at[arm] = checkpoint.checkpointed_iterations(runs_dir / name)
         outcome[arm] = accuracy_at(trained(train, name, flags, point + k, runs_dir), point + k)
         seconds[arm] = time.perf_counter() - started
     return {"preset": preset, "seed": seed, "point": point, "k": k, "trunk": accuracy_at(trunk_dir, point),
-            "arms": outcome, "seconds": seconds}
+            "arms": outcome, "seconds": seconds, "started_at": started_at}
 
 
 def write_whole(path: Path, row: dict) -> None:

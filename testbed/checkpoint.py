@@ -216,6 +216,12 @@ def commit_checkpoint(run_dir: Path, iteration: int, names: list[str], state: ob
             shutil.rmtree(old)
 
 
+def checkpointed_iterations(run_dir: Path) -> int:
+    """How many iterations the run's last checkpoint had done, 0 for a run without one (or no run)."""
+    latest = run_dir / "checkpoints" / "latest"
+    return int(latest.read_text().strip().split("-")[1]) if latest.exists() else 0
+
+
 def latest_checkpoint(run_dir: Path) -> tuple[int, Path, object]:
     """The last checkpoint: how many iterations it had done, its folder, and the run's other state saved with it
     (None if none was)."""
@@ -224,7 +230,7 @@ def latest_checkpoint(run_dir: Path) -> tuple[int, Path, object]:
         raise FileNotFoundError(f"{run_dir} has no checkpoint")
     folder = latest.parent / latest.read_text().strip()
     other = torch.load(folder / "state.pt", weights_only=False) if (folder / "state.pt").exists() else None
-    return int(folder.name.split("-")[1]), folder, other
+    return checkpointed_iterations(run_dir), folder, other
 
 
 def load_policy(folder: Path, policy: policies.Policy, optimizer: torch.optim.Optimizer | None) -> None:

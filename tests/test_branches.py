@@ -63,6 +63,24 @@ def test_a_branch_point_off_the_evaluation_schedule_is_refused_before_anything_t
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_row_records_the_iteration_each_run_started_from_so_that_a_resumed_branch_reads_as_one(tmp_path):
+    def stand_in(name: str, flags: list[str], iterations: int, runs_dir: Path) -> tuple[bool, str]:
+        """train.py as far as the row reads it: the run's curve and checkpoint at `iterations`."""
+        target = checkpoint.checkpoint_folder(runs_dir / name, iterations)
+        target.mkdir(parents=True, exist_ok=True)
+        (runs_dir / name / "checkpoints" / "latest").write_text(target.name)
+        with open(runs_dir / name / "metrics.jsonl", "a") as log:
+            log.write(json.dumps({"iteration": iterations, "policy": "qwen", "eval/heldout_accuracy": 0.5}) + "\n")
+        return True, name
+    hand_trunk(tmp_path / "branches-qwen-llama-s7-trunk", "cross-fidelity")          # checkpointed at 2
+    every_2 = ["--eval-every", "2"]
+    first = branches.branch_point("qwen-llama", 7, 2, 1, ["none"], tmp_path, every_2, stand_in)
+    row = branches.branch_point("qwen-llama", 7, 2, 1, ["none", "chance"], tmp_path, every_2, stand_in)
+    assert first["started_at"] == {"trunk": 2, "none": 2}
+    # the same point again, as after a kill: none's branch had already trained to 3, chance's is forked at 2
+    assert row["started_at"] == {"trunk": 2, "none": 3, "chance": 2}
+
+
 def row(seed: int, point: int, arms: dict[str, float]) -> dict:
     return {"preset": "qwen-llama", "seed": seed, "point": point, "k": 5, "trunk": {"qwen": 0.2},
             "arms": {arm: {"qwen": accuracy} for arm, accuracy in arms.items()}}
@@ -123,6 +141,7 @@ def test_branches_differ_in_what_they_admit_and_in_nothing_else(tmp_path, cache_
     assert row["trunk"] == branches.accuracy_at(tmp_path / "branches-qwen-llama-s7-trunk", 2)
     assert set(row["seconds"]) == {"trunk", "cross-fidelity", "none", "chance"}       # what the budget reads
     assert all(seconds > 0 for seconds in row["seconds"].values())
+    assert row["started_at"] == {"trunk": 0, "cross-fidelity": 2, "none": 2, "chance": 2}      # every run whole
 
 
 def test_the_second_group_arm_samples_twice_the_trunks_group_whatever_the_group_size():

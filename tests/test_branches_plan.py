@@ -11,11 +11,14 @@ from analysis import stats
 from benchmarks import branches
 
 
-def row(seed: int, point: int, k: int, arms: dict[str, tuple[float, float]], seconds: float = 10.0) -> dict:
-    """A pilot row: each arm's (qwen, llama) accuracy, every run `seconds` long."""
+def row(seed: int, point: int, k: int, arms: dict[str, tuple[float, float]], seconds: float = 10.0,
+        trunk_from: int = 0) -> dict:
+    """A pilot row: each arm's (qwen, llama) accuracy, every run `seconds` long, run whole (the trunk from
+    `trunk_from`, each branch from the point)."""
     return {"preset": "qwen-llama", "seed": seed, "point": point, "k": k, "trunk": {"qwen": 0.2, "llama": 0.3},
             "arms": {arm: {"qwen": q, "llama": l} for arm, (q, l) in arms.items()},
-            "seconds": {"trunk": seconds, **{arm: seconds for arm in arms}}}
+            "seconds": {"trunk": seconds, **{arm: seconds for arm in arms}},
+            "started_at": {"trunk": trunk_from, **{arm: point for arm in arms}}}
 
 
 def test_the_vectorized_sign_flip_p_is_scipys_exact_one():
@@ -97,12 +100,12 @@ def pilot(hurt_at_10: float = 0.0, trunk_at_10: float = 0.2) -> list[dict]:
     rows = []
     for k in (5, 10):
         for seed in (3101, 3102):
-            for i, point in enumerate((10, 30, 60)):
+            for i, (since, point) in enumerate(((0, 10), (10, 30), (30, 60))):
                 wobble = 0.001 * (i - 1) * (1 if seed == 3101 else -1)
                 r = row(seed, point, k, {"none": (0.5, 0.5), "negated": (0.45 + wobble - hurt_at_10 * (k == 10),
                                                                           0.46 - hurt_at_10 * (k == 10)),
                                          "d": (0.51 + wobble, 0.5), "chance": (0.5, 0.5 + wobble)},
-                        60.0 if k == 5 else 120.0)
+                        60.0 if k == 5 else 120.0, trunk_from=since)
                 r["seconds"]["trunk"] = 60.0
                 r["trunk"]["qwen"] = trunk_at_10 if k == 10 else 0.2
                 rows.append(r)
@@ -119,6 +122,20 @@ def test_the_plan_reads_the_pilots_rows_end_to_end():
     assert plan["pilot_hours"] == pytest.approx((2 * 3 * (5 * 60) + 2 * 3 * (60 + 4 * 120)) / 7200)
     text = bp.markdown(plan)
     assert "**k = 5**" in text and "**n = 9**" in text and "The calls' seeds: 3103-3111." in text
+
+
+def test_a_row_resumed_after_a_kill_costs_what_the_same_row_run_whole_costs():
+    whole, resumed = bp.plan(pilot(), arms=16), pilot()
+    # seed 3101's row at 30, killed and resumed: its trunk (3 s an iteration) from its checkpoint at 20, so 10
+    # iterations, 30 s; its `d` branch already trained to 35, so it read its accuracy in 0.5 s
+    r = next(r for r in resumed if (r["seed"], r["point"], r["k"]) == (3101, 30, 5))
+    r["started_at"]["trunk"], r["seconds"]["trunk"] = 20, 30.0
+    r["started_at"]["d"], r["seconds"]["d"] = 35, 0.5
+    again = bp.plan(resumed, arms=16)
+    assert again["costs"] == pytest.approx(whole["costs"])
+    assert again["pilot_hours"] == pytest.approx(whole["pilot_hours"])
+    r["started_at"]["d"] = 30                                    # read as whole, the 0.5 s would lower the cost
+    assert bp.plan(resumed, arms=16)["costs"]["branch"] < whole["costs"]["branch"]
 
 
 def test_k_10_wins_where_its_negated_control_hurts_more_and_its_branches_cost_what_k_10_ran():
