@@ -228,6 +228,7 @@ def plan(rows: list[dict], arms: int) -> dict:
             "sd_of_seed_mean": spread, "own_means": own_means, "sd_upper": sd, "n": n, "underpowered": short,
             "effect_at_80": effect, "controls_sd": control_sd, "controls_power": controls(n),
             "costs": cost.__dict__, "pilot_hours": spent / PROCESSES / 3600, "budget": plan_,
+            "resumed": sum(r["started_at"][a] != r["point"] for r in rows for a in r["arms"]),
             "after_cuts": None if final == n else {
                 "n": final, "power": power(final, TARGET, sd, ALPHA_CALLS),
                 "effect_at_80": effect_at_power(final, sd), "controls_power": controls(final)}}
@@ -253,7 +254,8 @@ def markdown(p: dict) -> str:
              f"receiver's at its upper bound, {p['controls_sd']:.3f}; levels {levels}): "
              + ", ".join(f"{preset} {v:.2f}" for preset, v in p["controls_power"].items()) + ".",
              f"3. Seconds of one process: a trunk iteration {p['costs']['trunk_iteration']:.1f}, a branch at k "
-             f"{p['costs']['branch']:.1f}. The pilot took {p['pilot_hours']:.2f} h of two processes; "
+             f"{p['costs']['branch']:.1f} (whole branches; those resumed after a kill, counted at the mean: "
+             f"{p['resumed']}). The pilot took {p['pilot_hours']:.2f} h of two processes; "
              f"{b['hours_left']:.2f} h left; the calls take {b['hours']:.2f} h"
              + (", **over the budget** even at 9 seeds" if b["over budget"] else "") + ". Cuts: "
              + ("; ".join(b["cuts"]) if b["cuts"] else "none")

@@ -134,6 +134,7 @@ def test_a_row_resumed_after_a_kill_costs_what_the_same_row_run_whole_costs():
     again = bp.plan(resumed, arms=16)
     assert again["costs"] == pytest.approx(whole["costs"])
     assert again["pilot_hours"] == pytest.approx(whole["pilot_hours"])
+    assert (whole["resumed"], again["resumed"]) == (0, 1) and "counted at the mean: 1)" in bp.markdown(again)
     r["started_at"]["d"] = 30                                    # read as whole, the 0.5 s would lower the cost
     assert bp.plan(resumed, arms=16)["costs"]["branch"] < whole["costs"]["branch"]
 
