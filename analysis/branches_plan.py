@@ -126,10 +126,15 @@ def trunk_iteration_seconds(rows: list[dict]) -> float:
                           / sum(r["point"] - r["started_at"]["trunk"] for r in mine) for mine in seeds]))
 
 
+def ran_whole(row: dict, arm: str) -> bool:
+    """Whether the arm's branch ran whole in its row's process, forked at the point: one resumed after a kill
+    counts only the seconds since."""
+    return row["started_at"][arm] == row["point"]
+
+
 def whole_branches(rows: list[dict], arms: set[str]) -> list[float]:
-    """The seconds of the branches of `arms` that ran whole in their row's process (forked at the point): a branch
-    resumed after a kill counts only what ran since, and is left out."""
-    return [r["seconds"][a] for r in rows for a in r["arms"] if a in arms and r["started_at"][a] == r["point"]]
+    """The seconds of the branches of `arms` that ran whole."""
+    return [r["seconds"][a] for r in rows for a in r["arms"] if a in arms and ran_whole(r, a)]
 
 
 def costs(by_k: dict[int, list[dict]], k: int) -> Costs:
@@ -143,15 +148,15 @@ def costs(by_k: dict[int, list[dict]], k: int) -> Costs:
     return Costs(trunk_iteration_seconds(by_k[5]), mean(by_k[5], every) * mean(by_k[k], both) / mean(by_k[5], both))
 
 
-def pilot_seconds(by_k: dict[int, list[dict]]) -> float:
-    """The process-seconds the pilot spent: each k's trunks to their last point at the trunk's rate, and every
-    branch, one resumed after a kill counted at its k's mean whole branch."""
-    trunk = trunk_iteration_seconds(by_k[5]) * sum(max(r["point"] for r in rows if r["seed"] == s)
-                                                   for rows in by_k.values() for s in {r["seed"] for r in rows})
+def pilot_seconds(by_k: dict[int, list[dict]], trunk_iteration: float) -> float:
+    """The process-seconds the pilot spent: each k's trunks to their last point at `trunk_iteration` seconds an
+    iteration, and every branch, one resumed after a kill counted at its k's mean whole branch."""
+    trunk = trunk_iteration * sum(max(r["point"] for r in rows if r["seed"] == s)
+                                  for rows in by_k.values() for s in {r["seed"] for r in rows})
     branches = 0.0
     for rows in by_k.values():
         mean = float(np.mean(whole_branches(rows, {a for r in rows for a in r["arms"]})))
-        branches += sum(r["seconds"][a] if r["started_at"][a] == r["point"] else mean for r in rows for a in r["arms"])
+        branches += sum(r["seconds"][a] if ran_whole(r, a) else mean for r in rows for a in r["arms"])
     return trunk + branches
 
 
@@ -216,7 +221,7 @@ def plan(rows: list[dict], arms: int) -> dict:
     negated = {k_: per_point(rows_, policies_of(rows_), "negated", "none") for k_, rows_ in by_k.items()}
     control_sd = max(seed_mean_sd(per_point(chosen, [p], "negated", "none"), len(points))[1] for p in policies)
     cost = costs(by_k, k)
-    spent = pilot_seconds(by_k)
+    spent = pilot_seconds(by_k, cost.trunk_iteration)
     plan_ = budget(cost, spent, n, arms, points)
     final = plan_["qwen-llama seeds"]
 
@@ -228,7 +233,7 @@ def plan(rows: list[dict], arms: int) -> dict:
             "sd_of_seed_mean": spread, "own_means": own_means, "sd_upper": sd, "n": n, "underpowered": short,
             "effect_at_80": effect, "controls_sd": control_sd, "controls_power": controls(n),
             "costs": cost.__dict__, "pilot_hours": spent / PROCESSES / 3600, "budget": plan_,
-            "resumed": sum(r["started_at"][a] != r["point"] for r in rows for a in r["arms"]),
+            "resumed": sum(not ran_whole(r, a) for r in rows for a in r["arms"]),
             "after_cuts": None if final == n else {
                 "n": final, "power": power(final, TARGET, sd, ALPHA_CALLS),
                 "effect_at_80": effect_at_power(final, sd), "controls_power": controls(final)}}
