@@ -265,16 +265,24 @@ def evaluate_run(run_dir: Path, task_name: str, eval_size: int, data_dir: str | 
                  devices: str | None = None) -> dict[str, float]:
     """Greedy pass@1 of a run's last checkpoint on a task's held-out split (transfer, proposal §3.3), its policies on
     `devices` (default: those it trained on)."""
-    config = json.loads((Path(run_dir) / "config.json").read_text())
+    config, task_cfg, pols = run_policies(Path(run_dir), devices)
+    task = tasks.load_task(task_name, config["seed"], 0, eval_size, task_cfg, data_dir)
+    return {p.name: heldout_accuracy(p, task.heldout, max_new_tokens or config["max_new_tokens"], task) for p in pols}
+
+
+def run_policies(run_dir: Path, devices: str | None = None
+                 ) -> tuple[dict, arith.TaskConfig, list[policies.Policy]]:
+    """A run's config.json, its task's shape and its policies at its last checkpoint, built exactly as train.py
+    built them, on `devices` (default: those it trained on); the curator's state, if any, is not loaded."""
+    config = json.loads((run_dir / "config.json").read_text())
     config["devices"] = devices or config["devices"]
     task_cfg = arith.TaskConfig(num_steps=config["num_steps"], max_operand=config["max_operand"], ops=config["ops"],
                                 step_format=config.get("step_format", arith.TaskConfig.step_format))
     setup = policies.PolicySetup.of(config)
     pols = policies.build_policies(setup, policies.policy_devices(config["devices"], len(
-        presets.PRESETS[setup.scale][setup.pair])), task_cfg)   # exactly as train.py built them
-    checkpoint.load_checkpoint(Path(run_dir), pols)  # the curator's state, if any, is not needed here
-    task = tasks.load_task(task_name, setup.seed, 0, eval_size, task_cfg, data_dir)
-    return {p.name: heldout_accuracy(p, task.heldout, max_new_tokens or config["max_new_tokens"], task) for p in pols}
+        presets.PRESETS[setup.scale][setup.pair])), task_cfg)
+    checkpoint.load_checkpoint(run_dir, pols)
+    return config, task_cfg, pols
 
 
 def main(argv: list[str] | None = None) -> None:

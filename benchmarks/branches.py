@@ -14,7 +14,10 @@ draw the same prompts, and the same rollouts wherever a policy's weights have no
 starting point cancel between arms, which differ only in what is admitted. The measure, each receiver's greedy
 held-out accuracy on the protocol's 2,000 fixed problems at the branch's end, is chosen for its low variance: no
 sampling in the evaluation, the same problems for every arm, so an arm's difference from another is the change
-in the policy and nothing else.
+in the policy and nothing else. It moves in steps, though, and at the pilot's variance the controls would separate
+from `none` with power 0.04 (results/preregistration-branches.md, part 2): with --measures a row carries beside it two measures that
+move with the weights continuously (branch_measures.py), among which a registered study chooses
+(results/preregistration-branches-measure.md).
 
 The arms: `none`; the shares as they run (sgt, hacpo, cross-fidelity); a control that must hurt (negated: the
 trunk's own admission, every admitted offer's credit negated), beside the candidate controls that must help, SGT's
@@ -49,7 +52,7 @@ from analysis import branches as branches_report
 from analysis import branches_plan
 from analysis.sets import PROTOCOL
 from args import Args
-from benchmarks import power
+from benchmarks import branch_measures, power
 from testbed import checkpoint
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -137,15 +140,21 @@ def trained(train: Train, name: str, flags: list[str], iterations: int, runs_dir
     return runs_dir / name
 
 
+Measures = Callable[[Path], Callable[[Path], dict]]
+"""a branch point's held-out measures from its trunk's run directory, then applied to each run's
+(branch_measures.HeldOutMeasures)"""
+
+
 def branch_point(preset: str, seed: int, point: int, k: int, arms: list[str], runs_dir: Path,
-                 extra: list[str] = (), train: Train = power.train_run) -> dict:
+                 extra: list[str] = (), train: Train = power.train_run, measures: Measures | None = None) -> dict:
     """The row of one branch point: the trunk trained (or resumed) to `point`, then each arm forked from its
     checkpoint and trained k iterations; each policy's held-out accuracy, the trunk's at the point and each arm's at
     point + k; and the wall seconds each took here, evaluations included (the trunk's from the previous point, or
     from its start), which cost the budget (analysis/branches_plan.py); and the iteration each run started from
     here (its checkpoint's), so that a row resumed midway, whose seconds count only what ran since, is read as
     such. The trunk's next point resumes from this one's checkpoint, so its branches fork from the run this
-    one's continued."""
+    one's continued. With `measures`, the row carries too each run's measures at its end, the trunk's at the
+    point."""
     trunk_name, trunk_flags = f"branches-{preset}-s{seed}-trunk", flags_of(preset, seed, "trunk", list(extra))
     trunk = args_of(trunk_flags, point, trunk_name, runs_dir)
     if point % trunk.eval_every or k < 1:
@@ -154,6 +163,8 @@ def branch_point(preset: str, seed: int, point: int, k: int, arms: list[str], ru
     started, started_at = time.perf_counter(), {"trunk": checkpoint.checkpointed_iterations(runs_dir / trunk_name)}
     trunk_dir = trained(train, trunk_name, trunk_flags, point, runs_dir)
     outcome, seconds = {}, {"trunk": time.perf_counter() - started}
+    measure = measures(trunk_dir) if measures else None
+    measured = {"trunk": measure(trunk_dir)} if measure else {}
     for arm in arms:
         started = time.perf_counter()
         name, flags = f"branches-{preset}-s{seed}-it{point:03d}-{arm}", flags_of(preset, seed, arm, list(extra))
@@ -161,9 +172,12 @@ def branch_point(preset: str, seed: int, point: int, k: int, arms: list[str], ru
             fork(trunk_dir, runs_dir / name, trunk, args_of(flags, point + k, name, runs_dir))
         started_at[arm] = checkpoint.checkpointed_iterations(runs_dir / name)
         outcome[arm] = accuracy_at(trained(train, name, flags, point + k, runs_dir), point + k)
+        if measure:
+            measured[arm] = measure(runs_dir / name)
         seconds[arm] = time.perf_counter() - started
-    return {"preset": preset, "seed": seed, "point": point, "k": k, "trunk": accuracy_at(trunk_dir, point),
-            "arms": outcome, "seconds": seconds, "started_at": started_at}
+    row = {"preset": preset, "seed": seed, "point": point, "k": k, "trunk": accuracy_at(trunk_dir, point),
+           "arms": outcome, "seconds": seconds, "started_at": started_at}
+    return {**row, "measures": measured} if measure else row
 
 
 def write_whole(path: Path, row: dict) -> None:
@@ -185,6 +199,8 @@ def main(argv: list[str] | None = None) -> list[Path]:
     run.add_argument("--arms", nargs="+", choices=ARMS, default=list(ARMS))
     run.add_argument("--runs-dir", type=Path, default=ROOT / "runs")
     run.add_argument("--out", type=Path, default=ROOT / "results" / "branches")
+    run.add_argument("--measures", action="store_true", help="each run's reference log-likelihood and "
+                     "importance-weighted reward too (benchmarks/branch_measures.py)")
     run.add_argument("extra", nargs="*", help="train.py flags after --, for every run (a smoke run's settings)")
     report = commands.add_parser("report", help="the report of a folder's rows (analysis/branches.py)")
     report.add_argument("folder", type=Path)
@@ -204,7 +220,8 @@ def main(argv: list[str] | None = None) -> list[Path]:
         for point in sorted(cli.points):
             path = cli.out / f"{cli.preset}-s{seed}-it{point:03d}.json"
             if not path.exists():
-                write_whole(path, branch_point(cli.preset, seed, point, cli.k, cli.arms, cli.runs_dir, cli.extra))
+                write_whole(path, branch_point(cli.preset, seed, point, cli.k, cli.arms, cli.runs_dir, cli.extra,
+                                               measures=branch_measures.HeldOutMeasures if cli.measures else None))
             print(f"{path.name}: written")
             written.append(path)
     return written

@@ -12,7 +12,7 @@ import torch
 
 import train
 from analysis import branches as branches_report
-from benchmarks import branches
+from benchmarks import branch_measures, branches
 from test_train import MIXED
 from testbed import checkpoint
 from testbed.metrics_log import timeless
@@ -120,7 +120,7 @@ def test_branches_differ_in_what_they_admit_and_in_nothing_else(tmp_path, cache_
     scripted_rewards(lambda policy, problems: torch.tensor([MIXED] * len(problems)))
     extra = [*SMOKE, "--group-size", str(len(MIXED)), "--cache-dir", cache_dir, "--admit-share", "0"]
     row = branches.branch_point("qwen-llama", 7, 2, 1, ["cross-fidelity", "none", "chance"], tmp_path, extra,
-                                in_process)
+                                in_process, branch_measures.HeldOutMeasures)
     # the trunk's own arm from its checkpoint at 2 is the run straight through to 3, every line bit for bit
     in_process("straight", branches.flags_of("qwen-llama", 7, "cross-fidelity", extra), 3, tmp_path)
     branch = tmp_path / "branches-qwen-llama-s7-it002-cross-fidelity"
@@ -139,6 +139,14 @@ def test_branches_differ_in_what_they_admit_and_in_nothing_else(tmp_path, cache_
     assert [{k: v for k, v in r.items() if k.startswith(kept)} for r in lines(ranked)] == \
         [{k: v for k, v in r.items() if k.startswith(kept)} for r in lines(none)]
     assert row["trunk"] == branches.accuracy_at(tmp_path / "branches-qwen-llama-s7-trunk", 2)
+    # the measures: arms that trained alike measure alike; greedy accuracy re-measured from each run's last
+    # checkpoint is what the run logged; at the trunk's own weights the weighted reward is its samples' mean
+    assert row["measures"]["chance"] == row["measures"]["none"] != row["measures"]["cross-fidelity"]
+    for run in ("trunk", "cross-fidelity", "none"):
+        assert {p: m["accuracy"] for p, m in row["measures"][run].items()} == row["arms"].get(run, row["trunk"])
+    drawn = branch_measures.HeldOutMeasures(tmp_path / "branches-qwen-llama-s7-trunk").behaviour
+    for policy, measured in row["measures"]["trunk"].items():
+        assert measured["iw_reward"] == pytest.approx(drawn[policy].rewards.double().mean().item(), abs=1e-12)
     assert set(row["seconds"]) == {"trunk", "cross-fidelity", "none", "chance"}       # what the budget reads
     assert all(seconds > 0 for seconds in row["seconds"].values())
     assert row["started_at"] == {"trunk": 0, "cross-fidelity": 2, "none": 2, "chance": 2}      # every run whole
