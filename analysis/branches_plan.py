@@ -39,13 +39,13 @@ BUDGET_HOURS, PROCESSES, TRIO_COST = 20.0, 2, 3.0
 RATIO_ARMS = ("sequence_ratio", "capped_ratio", "kl")
 
 
-def per_point(rows: list[dict], policies: list[str], arm: str, reference: str) -> list[float]:
-    """arm - reference held-out accuracy, in points, at every row (seed and point) and receiver; a row without
-    either arm is refused, since the rules count every seed's every point."""
+def per_point(rows: list[dict], policies: list[str], arm: str, reference: str, scale: float = POINTS) -> list[float]:
+    """arm - reference held-out accuracy (times `scale`: in points), at every row (seed and point) and receiver; a
+    row without either arm is refused, since the rules count every seed's every point."""
     missing = [(r["seed"], r["point"]) for r in rows if arm not in r["arms"] or reference not in r["arms"]]
     if missing:
         raise ValueError(f"the pilot's rows {missing} lack {arm} or {reference}: rerun them before part 2")
-    return [POINTS * (r["arms"][arm][p] - r["arms"][reference][p]) for r in rows for p in policies]
+    return [scale * (r["arms"][arm][p] - r["arms"][reference][p]) for r in rows for p in policies]
 
 
 def separation(values: list[float]) -> float:

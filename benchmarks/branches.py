@@ -5,6 +5,8 @@ seed).
     python -m benchmarks.branches run --preset qwen-llama --seeds 3101 --points 10 30 --k 5 --arms none chance d
     python -m benchmarks.branches report results/branches      # analysis/branches.py: report.md, report.png
     python -m benchmarks.branches plan results/branches-pilot results/branches-pilot-k10   # the pilot's rules
+    python -m benchmarks.branches measure results/branches-measure-k1 results/branches-measure-k5 \
+        --pilot results/branches-pilot                                  # analysis/branches_measure.py
 
 A trunk (the default run's cross-fidelity, at the comparison's evaluation protocol) trains to each branch point in
 turn; at each, every arm continues it k iterations from a copy of its checkpoint: every policy's weights and
@@ -49,7 +51,7 @@ import tyro
 
 import eval as evaluation
 from analysis import branches as branches_report
-from analysis import branches_plan
+from analysis import branches_measure, branches_plan
 from analysis.sets import PROTOCOL
 from args import Args
 from benchmarks import branch_measures, power
@@ -207,7 +209,17 @@ def main(argv: list[str] | None = None) -> list[Path]:
     plan = commands.add_parser("plan", help="what the pilot's rows set: k, n, the controls' power and the budget's "
                                             "cuts (analysis/branches_plan.py)")
     plan.add_argument("folders", type=Path, nargs="+")
+    measure = commands.add_parser("measure", help="the measure study's cells and choice, its branches checked "
+                                                  "against the pilot's (analysis/branches_measure.py)")
+    measure.add_argument("folders", type=Path, nargs="+")
+    measure.add_argument("--pilot", type=Path, required=True, help="the pilot's rows at the same k")
     cli = parser.parse_args(argv)
+    if cli.command == "measure":
+        rows = [row for folder in cli.folders for row in branches_report.load(folder)]
+        branches_measure.reproduced(rows, branches_report.load(cli.pilot))
+        print(branches_measure.markdown(*branches_measure.choice(
+            {k: [r for r in rows if r["k"] == k] for k in sorted({r["k"] for r in rows})})))
+        return []
     if cli.command == "report":
         print(branches_report.report(cli.folder))
         return [cli.folder / "report.md"]

@@ -1,0 +1,79 @@
+"""The measure study's choice (analysis/branches_measure.py, results/preregistration-branches-measure.md) on rows
+built by hand: the cell whose control that must hurt separates is chosen, ties go to the smaller k and then to
+accuracy, a cell whose helpers do not help is not used, and the study's branches must reproduce the pilot's."""
+
+import itertools
+
+import pytest
+
+from analysis import branches_measure
+
+ARMS = ("none", "negated", "second-group", "sgt", "d", "chance")
+POLICIES = ("qwen", "llama")
+
+
+def study_row(seed: int, point: int, k: int, effects: dict[str, dict[str, float]], noise: dict[str, float]) -> dict:
+    """A study row: each measure's `none` at 0.5, every other arm at 0.5 + its effect (0 if unnamed) plus the
+    measure's noise times a pattern over (seed, point, policy) whose mean over the two seeds is 0, so that an arm's
+    mean difference is its effect and no SD is 0."""
+    def value(measure: str, arm: str, index: int) -> float:
+        pattern = (1.0 if seed % 2 else -1.0) * {10: 1.0, 30: 0.5, 60: 2.0}[point] * (1 + index)
+        jitter = 0.0 if arm == "none" else noise[measure] * pattern
+        return 0.5 + effects.get(measure, {}).get(arm, 0.0) + jitter
+    runs = {arm: {p: {m: value(m, arm, i) for m in branches_measure.MEASURES} for i, p in enumerate(POLICIES)}
+            for arm in ARMS}
+    runs["trunk"] = runs["none"]
+    return {"preset": "qwen-llama", "seed": seed, "point": point, "k": k,
+            "trunk": {p: m["accuracy"] for p, m in runs["trunk"].items()},
+            "arms": {arm: {p: m["accuracy"] for p, m in runs[arm].items()} for arm in ARMS}, "measures": runs}
+
+
+def rows(k: int, effects: dict, noise: dict) -> list[dict]:
+    return [study_row(seed, point, k, effects, noise) for seed, point in itertools.product((3101, 3102), (10, 30, 60))]
+
+
+NOISY = {"accuracy": 0.02, "iw_reward": 0.02, "loglik": 2.0}
+CLEAN_LOGLIK = {**NOISY, "loglik": 0.01}
+DRAWS = 400
+"""simulated samples per power: enough to tell a power near 1 from one below 0.8, at a test's cost"""
+
+
+def test_the_cell_whose_negated_control_separates_is_chosen_in_its_own_units():
+    helps = {"loglik": {"negated": -1.0, "second-group": 0.4}, "accuracy": {"negated": -0.01}}
+    cells, chosen = branches_measure.choice({1: rows(1, helps, CLEAN_LOGLIK), 5: rows(5, helps, NOISY)}, DRAWS)
+    assert chosen == (1, "loglik")
+    assert cells[(1, "loglik")]["power"] >= 0.99 and cells[(5, "loglik")]["power"] < 0.5
+    # by hand: the pattern's mean over the 12 (seed, point, receiver) values is 0, so the mean is the effect,
+    # in nats for L and in points (x 100) for A
+    assert cells[(1, "loglik")]["mean"] == pytest.approx(-1.0)
+    assert cells[(1, "accuracy")]["mean"] == pytest.approx(-1.0)
+    assert cells[(1, "loglik")]["helps"] == pytest.approx({"second-group": 0.4, "sgt": 0.0})
+
+
+def test_ties_go_to_the_smaller_k_then_accuracy():
+    clean = {m: 1e-4 for m in branches_measure.MEASURES}
+    hurt = {m: {"negated": -0.05, "sgt": 0.01} for m in branches_measure.MEASURES}
+    cells, chosen = branches_measure.choice({5: rows(5, hurt, clean), 1: rows(1, hurt, clean)}, DRAWS)
+    assert all(c["power"] == 1.0 for c in cells.values())
+    assert chosen == (1, "accuracy")
+
+
+def test_a_cell_whose_controls_that_must_help_do_not_is_not_used_and_the_report_says_no_call():
+    hurts_all = {"loglik": {"negated": -1.0, "second-group": -0.2, "sgt": -0.1}}
+    cells, chosen = branches_measure.choice({1: rows(1, hurts_all, CLEAN_LOGLIK)}, DRAWS)
+    assert cells[(1, "loglik")]["power"] >= 0.99 and chosen is None
+    assert "No cell is used" in branches_measure.markdown(cells, chosen)
+    noisy_cells, noisy_choice = branches_measure.choice({1: rows(1, {}, NOISY)}, DRAWS)
+    assert noisy_choice is None and max(c["power"] for c in noisy_cells.values()) < 0.8
+
+
+def test_the_studys_branches_must_reproduce_the_pilots_and_their_own_logged_accuracy():
+    study = rows(5, {"accuracy": {"negated": -0.01}}, NOISY)
+    pilot = [{**r, "arms": {**r["arms"], "hacpo": {"qwen": 0.1, "llama": 0.2}}} for r in study]
+    branches_measure.reproduced(study, pilot)                     # the pilot ran more arms: the shared ones match
+    pilot[2]["arms"]["d"] = {"qwen": 0.0, "llama": 0.0}
+    with pytest.raises(ValueError, match="do not reproduce"):
+        branches_measure.reproduced(study, pilot)
+    study[0]["measures"]["chance"]["qwen"]["accuracy"] += 0.0005
+    with pytest.raises(ValueError, match="measured accuracy"):
+        branches_measure.reproduced(study, [])
