@@ -16,10 +16,10 @@ draw the same prompts, and the same rollouts wherever a policy's weights have no
 starting point cancel between arms, which differ only in what is admitted. The measure, each receiver's greedy
 held-out accuracy on the protocol's 2,000 fixed problems at the branch's end, is chosen for its low variance: no
 sampling in the evaluation, the same problems for every arm, so an arm's difference from another is the change
-in the policy and nothing else. It moves in steps, though, and at the pilot's variance the controls would separate
-from `none` with power 0.04 (results/preregistration-branches.md, part 2): with --measures a row carries beside it two measures that
-move with the weights continuously (branch_measures.py), among which a registered study chooses
-(results/preregistration-branches-measure.md).
+in the policy and nothing else. It moves in steps, though, and at the pilot's variance the controls would
+separate from `none` with power 0.04 (results/preregistration-branches.md, part 2): with --measures a row carries
+beside it two measures that move with the weights continuously (branch_measures.py), among which a registered
+study chooses (results/preregistration-branches-measure.md).
 
 The arms: `none`; the shares as they run (sgt, hacpo, cross-fidelity); a control that must hurt (negated: the
 trunk's own admission, every admitted offer's credit negated), beside the candidate controls that must help, SGT's
