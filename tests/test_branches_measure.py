@@ -7,6 +7,7 @@ import itertools
 import pytest
 
 from analysis import branches_measure
+from benchmarks import branches
 
 ARMS = ("none", "negated", "second-group", "sgt", "d", "chance")
 POLICIES = ("qwen", "llama")
@@ -77,3 +78,15 @@ def test_the_studys_branches_must_reproduce_the_pilots_and_their_own_logged_accu
     study[0]["measures"]["chance"]["qwen"]["accuracy"] += 0.0005
     with pytest.raises(ValueError, match="measured accuracy"):
         branches_measure.reproduced(study, [])
+
+
+@pytest.mark.slow
+def test_the_measure_command_checks_the_rows_then_prints_the_choice(tmp_path, capsys):
+    helps = {"loglik": {"negated": -1.0, "sgt": 0.3}}
+    folders = {k: tmp_path / f"k{k}" for k in (1, 5)}
+    for k, folder in folders.items():
+        for r in rows(k, helps, CLEAN_LOGLIK if k == 1 else NOISY):
+            branches.write_whole(folder / f"qwen-llama-s{r['seed']}-it{r['point']:03d}.json", r)
+    branches.main(["measure", str(folders[1]), str(folders[5]), "--pilot", str(folders[5])])
+    printed = capsys.readouterr().out
+    assert "**Chosen: loglik at k = 1.**" in printed and printed.count("\n| ") == 7      # a header, six cells
