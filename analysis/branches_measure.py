@@ -3,7 +3,7 @@ alone: per cell (a measure at a k), the pilot seeds' `negated - none` difference
 give, the cell chosen by the registered rule, and the checks that the study's branches reproduce the pilot's.
 
     python -m benchmarks.branches measure results/branches-measure-k1 results/branches-measure-k5 \\
-        --pilot results/branches-pilot
+        --pilot results/branches-pilot results/branches-pilot-k10
 
 The power is part 1's simulation (analysis/branches_plan.py): the SD of a seed's mean is the larger receiver's
 per-point SD / sqrt(points), at its upper 80% bound; the exact two-sided sign-flip test at 0.05 / 6 (the controls'
@@ -58,6 +58,30 @@ def choice(by_k: dict[int, list[dict]], draws: int = plan.DRAWS
     return cells, best if usable else None
 
 
+def calls_plan(by_k: dict[int, list[dict]], pilot: list[dict], cells: dict[tuple[int, str], dict],
+               chosen: tuple[int, str], arms: int, draws: int = plan.DRAWS) -> dict:
+    """Part 3's numbers: part 1's rules 2 and 3 on the chosen cell. The effect of interest is a third of the cell's
+    |negated - none|; n is rule 2's, from the cell's `d - chance`; the budget is rule 3's, at the chosen k's
+    seconds a trunk iteration and a whole branch in this study's rows, less what the pilot and the study spent."""
+    k, measure = chosen
+    rows, scale = as_measure(by_k[k], measure), MEASURES[measure]
+    points = sorted({r["point"] for r in rows})
+    effect = abs(cells[chosen]["mean"]) / 3
+    spread = {p: plan.seed_mean_sd(plan.per_point(rows, [p], "d", "chance", scale), len(points))
+              for p in plan.policies_of(rows)}
+    sd = max(upper for _, upper in spread.values())
+    n, short, effect_at_80 = plan.seed_count(sd, draws, effect)
+    cost = plan.Costs(plan.trunk_iteration_seconds(by_k[k]),
+                      float(np.mean(plan.whole_branches(by_k[k], {a for r in by_k[k] for a in r["arms"]}))))
+    pilot_by_k = {k_: [r for r in pilot if r["k"] == k_] for k_ in sorted({r["k"] for r in pilot})}
+    spent = {"pilot": plan.pilot_seconds(pilot_by_k, plan.costs(pilot_by_k, 5).trunk_iteration),
+             "study": plan.pilot_seconds(by_k, cost.trunk_iteration)}
+    return {"effect": effect, "sd_of_seed_mean": spread, "sd_upper": sd, "n": n, "underpowered": short,
+            "effect_at_80": effect_at_80, "costs": cost.__dict__,
+            "spent_hours": {what: seconds / plan.PROCESSES / 3600 for what, seconds in spent.items()},
+            "budget": plan.budget(cost, sum(spent.values()), n, arms, points)}
+
+
 def reproduced(study: list[dict], pilot: list[dict]) -> None:
     """The registered checks before the choice is read: in every study row, each run's measured accuracy is what
     it logged; at the pilot's k, each arm's logged accuracy is the pilot's, bit for bit."""
@@ -75,8 +99,9 @@ def reproduced(study: list[dict], pilot: list[dict]) -> None:
                              "pilot's accuracies")
 
 
-def markdown(cells: dict[tuple[int, str], dict], chosen: tuple[int, str] | None) -> str:
-    """The study's table and its choice, every cell's numbers beside it."""
+def markdown(cells: dict[tuple[int, str], dict], chosen: tuple[int, str] | None, calls: dict | None = None) -> str:
+    """The study's table and its choice, every cell's numbers beside it, and part 3's numbers where a cell is
+    chosen."""
     lines = ["# The branches' measure: the study's cells (results/preregistration-branches-measure.md)", "",
              f"negated - none over every point and receiver; the controls' power at {SEEDS} seeds and 0.05 / 6.", "",
              "| k | measure | negated - none | SD per receiver | power | second-group - none | sgt - none |",
@@ -87,4 +112,19 @@ def markdown(cells: dict[tuple[int, str], dict], chosen: tuple[int, str] | None)
                      f"| {c['helps']['sgt']:+.3f} |")
     lines += ["", f"**Chosen: {chosen[1]} at k = {chosen[0]}.**" if chosen else
               "**No cell is used**: none reaches power 0.80 with a control that must help moving up; no call is made."]
+    if calls:
+        b = calls["budget"]
+        lines += ["", "Part 3's numbers (part 1's rules 2 and 3 on the chosen cell):",
+                  f"- the effect of interest, a third of |negated - none|: {calls['effect']:.4f};",
+                  "- the SD of a seed's mean d - chance, and its upper 80% bound: "
+                  + "; ".join(f"{p} {sd:.4f} ({up:.4f})" for p, (sd, up) in calls["sd_of_seed_mean"].items())
+                  + f"; **n = {calls['n']}**" + (f", underpowered: 80% power against {calls['effect_at_80']:.4f}"
+                                                  if calls["underpowered"] else ", 80% power against the effect") + ";",
+                  f"- seconds of one process: a trunk iteration {calls['costs']['trunk_iteration']:.1f}, a branch "
+                  f"{calls['costs']['branch']:.1f}; spent: the pilot {calls['spent_hours']['pilot']:.2f} h, the study "
+                  f"{calls['spent_hours']['study']:.2f} h; {b['hours_left']:.2f} h left; the calls take "
+                  f"{b['hours']:.2f} h" + (", **over the budget**" if b["over budget"] else "") + "; cuts: "
+                  + ("; ".join(b["cuts"]) if b["cuts"] else "none") + f"; qwen-llama {b['qwen-llama seeds']} seeds, "
+                  f"trio-prose {b['trio-prose seeds']} seeds, {b['trio-prose arms']} arms, points "
+                  f"{b['trio-prose points']}."]
     return "\n".join(lines) + "\n"

@@ -94,17 +94,20 @@ def power(n: int, mean: float, sd: float, alpha: float, draws: int = DRAWS, seed
     return float((sign_flip_p_many(samples) <= alpha).mean())
 
 
-def effect_at_power(n: int, sd: float, draws: int = DRAWS) -> float:
-    """The smallest effect, on a 0.1-point grid from 1 point up, that n seeds have 80% power against."""
-    return next(e / 10 for e in itertools.count(10) if power(n, e / 10, sd, ALPHA_CALLS, draws) >= POWER)
+def effect_at_power(n: int, sd: float, draws: int = DRAWS, target: float = TARGET) -> float:
+    """The smallest effect, on a grid of tenths of `target` from `target` up (0.1 points from 1 point), that n seeds
+    have 80% power against."""
+    return next(target * e / 10 for e in itertools.count(10)
+                if power(n, target * e / 10, sd, ALPHA_CALLS, draws) >= POWER)
 
 
-def seed_count(sd: float, draws: int = DRAWS) -> tuple[int, bool, float]:
-    """Rule 2: n, whether n is short of 80% power against 1 point, and the effect n has 80% power against."""
+def seed_count(sd: float, draws: int = DRAWS, target: float = TARGET) -> tuple[int, bool, float]:
+    """Rule 2: n, whether n is short of 80% power against `target` (1 point), and the effect n has 80% power
+    against."""
     for n in SEED_COUNTS:
-        if power(n, TARGET, sd, ALPHA_CALLS, draws) >= POWER:
-            return n, False, TARGET
-    return SEED_COUNTS[-1], True, effect_at_power(SEED_COUNTS[-1], sd, draws)
+        if power(n, target, sd, ALPHA_CALLS, draws) >= POWER:
+            return n, False, target
+    return SEED_COUNTS[-1], True, effect_at_power(SEED_COUNTS[-1], sd, draws, target)
 
 
 @dataclass(frozen=True)

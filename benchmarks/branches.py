@@ -6,7 +6,7 @@ seed).
     python -m benchmarks.branches report results/branches      # analysis/branches.py: report.md, report.png
     python -m benchmarks.branches plan results/branches-pilot results/branches-pilot-k10   # the pilot's rules
     python -m benchmarks.branches measure results/branches-measure-k1 results/branches-measure-k5 \
-        --pilot results/branches-pilot                                  # analysis/branches_measure.py
+        --pilot results/branches-pilot results/branches-pilot-k10        # analysis/branches_measure.py
 
 A trunk (the default run's cross-fidelity, at the comparison's evaluation protocol) trains to each branch point in
 turn; at each, every arm continues it k iterations from a copy of its checkpoint: every policy's weights and
@@ -212,13 +212,16 @@ def main(argv: list[str] | None = None) -> list[Path]:
     measure = commands.add_parser("measure", help="the measure study's cells and choice, its branches checked "
                                                   "against the pilot's (analysis/branches_measure.py)")
     measure.add_argument("folders", type=Path, nargs="+")
-    measure.add_argument("--pilot", type=Path, required=True, help="the pilot's rows at the same k")
+    measure.add_argument("--pilot", type=Path, nargs="+", required=True, help="the pilot's folders, both k")
     cli = parser.parse_args(argv)
     if cli.command == "measure":
         rows = [row for folder in cli.folders for row in branches_report.load(folder)]
-        branches_measure.reproduced(rows, branches_report.load(cli.pilot))
-        print(branches_measure.markdown(*branches_measure.choice(
-            {k: [r for r in rows if r["k"] == k] for k in sorted({r["k"] for r in rows})})))
+        pilot = [row for folder in cli.pilot for row in branches_report.load(folder)]
+        branches_measure.reproduced(rows, pilot)
+        by_k = {k: [r for r in rows if r["k"] == k] for k in sorted({r["k"] for r in rows})}
+        cells, chosen = branches_measure.choice(by_k)
+        calls = branches_measure.calls_plan(by_k, pilot, cells, chosen, len(ARMS)) if chosen else None
+        print(branches_measure.markdown(cells, chosen, calls))
         return []
     if cli.command == "report":
         print(branches_report.report(cli.folder))

@@ -7,9 +7,12 @@ import itertools
 import pytest
 
 from analysis import branches_measure
+from analysis import branches_plan as bp
 from benchmarks import branches
 
 ARMS = ("none", "negated", "second-group", "sgt", "d", "chance")
+TRUNK_SECONDS, BRANCH_SECONDS = 12.0, 9.0
+"""a trunk iteration's seconds, and a branch's per iteration it continues"""
 POLICIES = ("qwen", "llama")
 
 
@@ -24,9 +27,12 @@ def study_row(seed: int, point: int, k: int, effects: dict[str, dict[str, float]
     runs = {arm: {p: {m: value(m, arm, i) for m in branches_measure.MEASURES} for i, p in enumerate(POLICIES)}
             for arm in ARMS}
     runs["trunk"] = runs["none"]
+    previous = {10: 0, 30: 10, 60: 30}[point]
     return {"preset": "qwen-llama", "seed": seed, "point": point, "k": k,
             "trunk": {p: m["accuracy"] for p, m in runs["trunk"].items()},
-            "arms": {arm: {p: m["accuracy"] for p, m in runs[arm].items()} for arm in ARMS}, "measures": runs}
+            "arms": {arm: {p: m["accuracy"] for p, m in runs[arm].items()} for arm in ARMS}, "measures": runs,
+            "seconds": {"trunk": TRUNK_SECONDS * (point - previous), **{arm: BRANCH_SECONDS * k for arm in ARMS}},
+            "started_at": {"trunk": previous, **{arm: point for arm in ARMS}}}
 
 
 def rows(k: int, effects: dict, noise: dict) -> list[dict]:
@@ -68,6 +74,25 @@ def test_a_cell_whose_controls_that_must_help_do_not_is_not_used_and_the_report_
     assert noisy_choice is None and max(c["power"] for c in noisy_cells.values()) < 0.8
 
 
+def test_part_3_sizes_the_calls_at_a_third_of_the_chosen_cells_negated_effect_and_charges_what_was_spent():
+    helps = {"loglik": {"negated": -1.5, "sgt": 0.3, "d": 0.1}}
+    study = {1: rows(1, helps, CLEAN_LOGLIK), 5: rows(5, helps, NOISY)}
+    pilot = rows(5, {}, NOISY)
+    cells, chosen = branches_measure.choice(study, DRAWS)
+    calls = branches_measure.calls_plan(study, pilot, cells, chosen, arms=16, draws=DRAWS)
+    assert chosen == (1, "loglik") and calls["effect"] == pytest.approx(0.5)
+    assert calls["costs"] == {"trunk_iteration": TRUNK_SECONDS, "branch": BRANCH_SECONDS * 1}
+    # by hand: each k's trunk to 60 on two seeds, and 6 arms x 3 points x 2 seeds of branches; the pilot likewise
+    study_seconds = 2 * 2 * 60 * TRUNK_SECONDS + 36 * BRANCH_SECONDS * (1 + 5)
+    pilot_seconds = 2 * 60 * TRUNK_SECONDS + 36 * BRANCH_SECONDS * 5
+    assert calls["spent_hours"]["study"] == pytest.approx(study_seconds / 2 / 3600)
+    assert calls["budget"]["hours_left"] == pytest.approx(20 - (study_seconds + pilot_seconds) / 2 / 3600)
+    # the seed count is rule 2's, in the cell's units: the same n as in units of the effect itself
+    sd = calls["sd_upper"]
+    assert calls["n"] == bp.seed_count(sd / calls["effect"], draws=DRAWS)[0] == \
+        bp.seed_count(sd, draws=DRAWS, target=calls["effect"])[0]
+
+
 def test_the_studys_branches_must_reproduce_the_pilots_and_their_own_logged_accuracy():
     study = rows(5, {"accuracy": {"negated": -0.01}}, NOISY)
     pilot = [{**r, "arms": {**r["arms"], "hacpo": {"qwen": 0.1, "llama": 0.2}}} for r in study]
@@ -90,3 +115,4 @@ def test_the_measure_command_checks_the_rows_then_prints_the_choice(tmp_path, ca
     branches.main(["measure", str(folders[1]), str(folders[5]), "--pilot", str(folders[5])])
     printed = capsys.readouterr().out
     assert "**Chosen: loglik at k = 1.**" in printed and printed.count("\n| ") == 7      # a header, six cells
+    assert "a third of |negated - none|: 0.3333" in printed and "**n = " in printed
