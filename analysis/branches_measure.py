@@ -20,12 +20,24 @@ MEASURES = {"accuracy": plan.POINTS, "iw_reward": plan.POINTS, "loglik": 1.0}
 """each measure (A, R, L) and the factor to its units: points, points, nats a problem; ties go in this order"""
 HELPERS = ("second-group", "sgt")
 """the controls that must help; one must have a positive mean in the chosen cell"""
+STUDY_K = (1, 5)
+"""the branch lengths the study runs each measure at"""
 SEEDS = plan.SEED_COUNTS[-1]
 CONTROLS_ALPHA = 0.05 / plan.CONTROL_FAMILIES["qwen-llama"]
 
 
+def measured_rows(rows: list[dict]) -> list[dict]:
+    """The rows, each of which must carry its runs' measures (a row written without --measures is refused)."""
+    unmeasured = [(r["seed"], r["point"], r["k"]) for r in rows if "measures" not in r]
+    if unmeasured:
+        raise ValueError(f"rows {unmeasured} carry no measures: run them again with --measures in a fresh folder")
+    return rows
+
+
 def as_measure(rows: list[dict], measure: str) -> list[dict]:
     """The rows with each run's `measure` in place of its logged accuracy, as branches_plan reads them."""
+    measured_rows(rows)
+
     def values(run: dict) -> dict:
         return {policy: measured[measure] for policy, measured in run.items()}
     return [{**r, "trunk": values(r["measures"]["trunk"]),
@@ -72,7 +84,8 @@ def calls_plan(by_k: dict[int, list[dict]], pilot: list[dict], cells: dict[tuple
     sd = max(upper for _, upper in spread.values())
     n, short, effect_at_80 = plan.seed_count(sd, draws, effect)
     cost = plan.Costs(plan.trunk_iteration_seconds(by_k[k]),
-                      float(np.mean(plan.whole_branches(by_k[k], {a for r in by_k[k] for a in r["arms"]}))))
+                      float(np.mean(plan.whole_branches(by_k[k], {a for r in by_k[k] for a in r["arms"]}))),
+                      float(np.mean([r["seconds"][plan.POINT_SECONDS] for r in by_k[k]])))
     pilot_by_k = {k_: [r for r in pilot if r["k"] == k_] for k_ in sorted({r["k"] for r in pilot})}
     spent = {"pilot": plan.pilot_seconds(pilot_by_k, plan.costs(pilot_by_k, 5).trunk_iteration),
              "study": plan.pilot_seconds(by_k, cost.trunk_iteration)}
@@ -83,10 +96,15 @@ def calls_plan(by_k: dict[int, list[dict]], pilot: list[dict], cells: dict[tuple
 
 
 def reproduced(study: list[dict], pilot: list[dict]) -> None:
-    """The registered checks before the choice is read: in every study row, each run's measured accuracy is what
-    it logged; at the pilot's k, each arm's logged accuracy is the pilot's, bit for bit."""
+    """The registered checks before the choice is read: the study is whole (both k, every seed at every point, the
+    same in each); in every row, each run's measured accuracy is what it logged; at the pilot's k, each arm's
+    logged accuracy is the pilot's, bit for bit."""
+    design = {k: {(r["seed"], r["point"]) for r in study if r["k"] == k} for k in STUDY_K}
+    if any(not cells or cells != design[STUDY_K[0]] for cells in design.values()) or \
+            {r["k"] for r in study} != set(STUDY_K):
+        raise ValueError(f"the study is not whole: (seed, point) per k {design}; run its every row first")
     pilot_rows = {(r["seed"], r["point"], r["k"]): r for r in pilot}
-    for r in study:
+    for r in measured_rows(study):
         logged = {"trunk": r["trunk"], **r["arms"]}
         for run, measured in r["measures"].items():
             if {p: m["accuracy"] for p, m in measured.items()} != logged[run]:

@@ -37,6 +37,8 @@ CONTROL_FAMILIES = {"qwen-llama": 6, "trio-prose": 9}
 TARGET, POWER, DRAWS = 1.0, 0.8, 10_000
 BUDGET_HOURS, PROCESSES, TRIO_COST = 20.0, 2, 3.0
 RATIO_ARMS = ("sequence_ratio", "capped_ratio", "kl")
+POINT_SECONDS = "trunk-measures"
+"""a row's seconds beside its trunk and branches: the measures' draws from the trunk and its measure"""
 
 
 def per_point(rows: list[dict], policies: list[str], arm: str, reference: str, scale: float = POINTS) -> list[float]:
@@ -112,13 +114,15 @@ def seed_count(sd: float, draws: int = DRAWS, target: float = TARGET) -> tuple[i
 
 @dataclass(frozen=True)
 class Costs:
-    """Seconds of one process: a trunk iteration, and one branch at the chosen k (evaluations included)."""
+    """Seconds of one process: a trunk iteration, one branch at the chosen k (evaluations included), and what a
+    branch point costs beside them (the measure study's draws from the trunk; none in the pilot)."""
     trunk_iteration: float
     branch: float
+    point: float = 0.0
 
     def seed(self, arms: int, points: list[int]) -> float:
         """One seed of one preset at qwen-llama's cost: the trunk to the last point and every arm at every point."""
-        return max(points) * self.trunk_iteration + arms * len(points) * self.branch
+        return max(points) * self.trunk_iteration + len(points) * (arms * self.branch + self.point)
 
 
 def trunk_iteration_seconds(rows: list[dict]) -> float:
@@ -153,13 +157,15 @@ def costs(by_k: dict[int, list[dict]], k: int) -> Costs:
 
 def pilot_seconds(by_k: dict[int, list[dict]], trunk_iteration: float) -> float:
     """The process-seconds the pilot spent: each k's trunks to their last point at `trunk_iteration` seconds an
-    iteration, and every branch, one resumed after a kill counted at its k's mean whole branch."""
+    iteration, every branch, one resumed after a kill counted at its k's mean whole branch, and what each point
+    cost beside them."""
     trunk = trunk_iteration * sum(max(r["point"] for r in rows if r["seed"] == s)
                                   for rows in by_k.values() for s in {r["seed"] for r in rows})
     branches = 0.0
     for rows in by_k.values():
         mean = float(np.mean(whole_branches(rows, {a for r in rows for a in r["arms"]})))
         branches += sum(r["seconds"][a] if ran_whole(r, a) else mean for r in rows for a in r["arms"])
+        branches += sum(r["seconds"].get(POINT_SECONDS, 0.0) for r in rows)
     return trunk + branches
 
 

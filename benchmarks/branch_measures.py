@@ -55,15 +55,18 @@ class BehaviourSamples:
 
 def sequence_logprobs(policy: policies.Policy, prompts: list[list[int]], completions: list[list[int]],
                       temperature: float, micro_batch: int = 64) -> torch.Tensor:
-    """[N] log pi(completion | prompt) of each row, the sum over its tokens, pi the policy at `temperature`."""
-    out = []
+    """[N] log pi(completion | prompt) of each row, the sum over its tokens, pi the policy at `temperature` (in
+    eval mode, as it samples)."""
+    out, was_training = [], policy.model.training
+    policy.model.eval()
     for i in range(0, len(prompts), micro_batch):
         input_ids, attention, mask = pack_sequences(prompts[i:i + micro_batch], completions[i:i + micro_batch],
                                                     policy.tokenizer.pad_token_id)
         with torch.no_grad():
             chosen, _ = token_logprobs_and_entropy(policy.model, input_ids.to(policy.device),
                                                    attention.to(policy.device), temperature)   # [n, L-1]
-        out.append((chosen.cpu() * mask).sum(-1))                                                 # [n]
+        out.append(torch.where(mask.bool(), chosen.cpu(), 0.0).sum(-1))      # [n]; a pad's -inf never enters
+    policy.model.train(was_training)
     return torch.cat(out)
 
 

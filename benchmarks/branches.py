@@ -147,6 +147,15 @@ Measures = Callable[[Path], Callable[[Path], dict]]
 (branch_measures.HeldOutMeasures)"""
 
 
+def at_iteration(run_dir: Path, iteration: int) -> Path:
+    """run_dir, whose last checkpoint must be at `iteration`: a measure reads the last, and a run trained further
+    before would give another policy's numbers."""
+    if checkpoint.checkpointed_iterations(run_dir) != iteration:
+        raise ValueError(f"{run_dir} is checkpointed at {checkpoint.checkpointed_iterations(run_dir)}, not at "
+                         f"{iteration}: measure it from a fresh --runs-dir")
+    return run_dir
+
+
 def branch_point(preset: str, seed: int, point: int, k: int, arms: list[str], runs_dir: Path,
                  extra: list[str] = (), train: Train = power.train_run, measures: Measures | None = None) -> dict:
     """The row of one branch point: the trunk trained (or resumed) to `point`, then each arm forked from its
@@ -156,7 +165,7 @@ def branch_point(preset: str, seed: int, point: int, k: int, arms: list[str], ru
     here (its checkpoint's), so that a row resumed midway, whose seconds count only what ran since, is read as
     such. The trunk's next point resumes from this one's checkpoint, so its branches fork from the run this
     one's continued. With `measures`, the row carries too each run's measures at its end, the trunk's at the
-    point."""
+    point, and the seconds its draws and measure took ("trunk-measures")."""
     trunk_name, trunk_flags = f"branches-{preset}-s{seed}-trunk", flags_of(preset, seed, "trunk", list(extra))
     trunk = args_of(trunk_flags, point, trunk_name, runs_dir)
     if point % trunk.eval_every or k < 1:
@@ -165,8 +174,12 @@ def branch_point(preset: str, seed: int, point: int, k: int, arms: list[str], ru
     started, started_at = time.perf_counter(), {"trunk": checkpoint.checkpointed_iterations(runs_dir / trunk_name)}
     trunk_dir = trained(train, trunk_name, trunk_flags, point, runs_dir)
     outcome, seconds = {}, {"trunk": time.perf_counter() - started}
-    measure = measures(trunk_dir) if measures else None
-    measured = {"trunk": measure(trunk_dir)} if measure else {}
+    measure, measured = None, {}
+    if measures:
+        started = time.perf_counter()
+        measure = measures(at_iteration(trunk_dir, point))
+        measured["trunk"] = measure(trunk_dir)
+        seconds["trunk-measures"] = time.perf_counter() - started
     for arm in arms:
         started = time.perf_counter()
         name, flags = f"branches-{preset}-s{seed}-it{point:03d}-{arm}", flags_of(preset, seed, arm, list(extra))
@@ -175,7 +188,7 @@ def branch_point(preset: str, seed: int, point: int, k: int, arms: list[str], ru
         started_at[arm] = checkpoint.checkpointed_iterations(runs_dir / name)
         outcome[arm] = accuracy_at(trained(train, name, flags, point + k, runs_dir), point + k)
         if measure:
-            measured[arm] = measure(runs_dir / name)
+            measured[arm] = measure(at_iteration(runs_dir / name, point + k))
         seconds[arm] = time.perf_counter() - started
     row = {"preset": preset, "seed": seed, "point": point, "k": k, "trunk": accuracy_at(trunk_dir, point),
            "arms": outcome, "seconds": seconds, "started_at": started_at}
@@ -214,6 +227,8 @@ def main(argv: list[str] | None = None) -> list[Path]:
     measure.add_argument("folders", type=Path, nargs="+")
     measure.add_argument("--pilot", type=Path, nargs="+", required=True, help="the pilot's folders, both k")
     cli = parser.parse_args(argv)
+    if cli.command == "run" and cli.measures:
+        torch.set_num_threads(1)    # as every run trains: the measured greedy accuracy is then the one it logged
     if cli.command == "measure":
         rows = [row for folder in cli.folders for row in branches_report.load(folder)]
         pilot = [row for folder in cli.pilot for row in branches_report.load(folder)]

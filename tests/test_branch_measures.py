@@ -57,6 +57,10 @@ def test_sequence_logprobs_are_the_samplers_own_at_its_temperature(policy):
     sampled = torch.stack([lp.sum() for lp in again.logprobs])
     assert [ids.tolist() for ids in again.completion_ids] == behaviour.completion_ids
     torch.testing.assert_close(behaviour.logprobs, sampled, atol=1e-4, rtol=0)
+    # in micro-batches that split the rows otherwise, each row pads to another length: the same log-probs
+    chunked = branch_measures.sequence_logprobs(policy, behaviour.prompt_ids, behaviour.completion_ids, 0.7,
+                                                micro_batch=4)
+    torch.testing.assert_close(chunked, behaviour.logprobs, atol=1e-5, rtol=0)
     expected = tasks.group_rewards(task, task.heldout, again.texts, 3)
     assert torch.equal(behaviour.rewards, expected)
 

@@ -57,6 +57,13 @@ def test_a_fork_carries_the_trunks_checkpoint_with_the_arms_settings_and_what_st
                       weights_only=False).cfg == "the trunk's"          # the trunk is left as it was
 
 
+def test_a_run_is_measured_only_at_the_iteration_its_row_names(tmp_path):
+    hand_trunk(tmp_path / "trunk", "cross-fidelity")                  # checkpointed at 2
+    assert branches.at_iteration(tmp_path / "trunk", 2) == tmp_path / "trunk"
+    with pytest.raises(ValueError, match="checkpointed at 2, not at 3"):
+        branches.at_iteration(tmp_path / "trunk", 3)
+
+
 def test_a_branch_point_off_the_evaluation_schedule_is_refused_before_anything_trains(tmp_path):
     with pytest.raises(ValueError, match="evaluation schedule"):
         branches.branch_point("qwen-llama", 7, 3, 1, ["none"], tmp_path, SMOKE)
@@ -144,10 +151,12 @@ def test_branches_differ_in_what_they_admit_and_in_nothing_else(tmp_path, cache_
     assert row["measures"]["chance"] == row["measures"]["none"] != row["measures"]["cross-fidelity"]
     for run in ("trunk", "cross-fidelity", "none"):
         assert {p: m["accuracy"] for p, m in row["measures"][run].items()} == row["arms"].get(run, row["trunk"])
+    for policy, at_point in row["measures"]["trunk"].items():     # an iteration of training moves both measures
+        assert all(row["measures"]["none"][policy][m] != at_point[m] for m in ("loglik", "iw_reward"))
     drawn = branch_measures.HeldOutMeasures(tmp_path / "branches-qwen-llama-s7-trunk").behaviour
     for policy, measured in row["measures"]["trunk"].items():
         assert measured["iw_reward"] == pytest.approx(drawn[policy].rewards.double().mean().item(), abs=1e-12)
-    assert set(row["seconds"]) == {"trunk", "cross-fidelity", "none", "chance"}       # what the budget reads
+    assert set(row["seconds"]) == {"trunk", "trunk-measures", "cross-fidelity", "none", "chance"}   # the budget reads
     assert all(seconds > 0 for seconds in row["seconds"].values())
     assert row["started_at"] == {"trunk": 0, "cross-fidelity": 2, "none": 2, "chance": 2}      # every run whole
 

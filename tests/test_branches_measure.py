@@ -4,15 +4,17 @@ accuracy, a cell whose helpers do not help is not used, and the study's branches
 
 import itertools
 
+import numpy as np
 import pytest
+import scipy.stats
 
 from analysis import branches_measure
 from analysis import branches_plan as bp
 from benchmarks import branches
 
 ARMS = ("none", "negated", "second-group", "sgt", "d", "chance")
-TRUNK_SECONDS, BRANCH_SECONDS = 12.0, 9.0
-"""a trunk iteration's seconds, and a branch's per iteration it continues"""
+TRUNK_SECONDS, BRANCH_SECONDS, POINT_SECONDS = 12.0, 9.0, 30.0
+"""a trunk iteration's seconds, a branch's per iteration it continues, and a point's draws and trunk measure"""
 POLICIES = ("qwen", "llama")
 
 
@@ -31,7 +33,8 @@ def study_row(seed: int, point: int, k: int, effects: dict[str, dict[str, float]
     return {"preset": "qwen-llama", "seed": seed, "point": point, "k": k,
             "trunk": {p: m["accuracy"] for p, m in runs["trunk"].items()},
             "arms": {arm: {p: m["accuracy"] for p, m in runs[arm].items()} for arm in ARMS}, "measures": runs,
-            "seconds": {"trunk": TRUNK_SECONDS * (point - previous), **{arm: BRANCH_SECONDS * k for arm in ARMS}},
+            "seconds": {"trunk": TRUNK_SECONDS * (point - previous), **{arm: BRANCH_SECONDS * k for arm in ARMS},
+                        "trunk-measures": POINT_SECONDS},
             "started_at": {"trunk": previous, **{arm: point for arm in ARMS}}}
 
 
@@ -55,14 +58,22 @@ def test_the_cell_whose_negated_control_separates_is_chosen_in_its_own_units():
     assert cells[(1, "loglik")]["mean"] == pytest.approx(-1.0)
     assert cells[(1, "accuracy")]["mean"] == pytest.approx(-1.0)
     assert cells[(1, "loglik")]["helps"] == pytest.approx({"second-group": 0.4, "sgt": 0.0})
+    # the controls' SD by hand: the larger receiver's per-point SD (llama's pattern is twice qwen's), over sqrt(3)
+    # points, at its upper 80% bound with 5 degrees of freedom
+    llama = [2.0 * sign * size for sign in (-1.0, 1.0) for size in (1.0, 0.5, 2.0)]
+    by_hand = 2.0 * np.std(llama, ddof=1) / np.sqrt(3) * np.sqrt(5 / scipy.stats.chi2.ppf(0.2, 5))
+    assert cells[(5, "loglik")]["controls_sd"] == pytest.approx(by_hand)
 
 
-def test_ties_go_to_the_smaller_k_then_accuracy():
+def test_ties_go_to_the_smaller_k_then_accuracy_then_the_weighted_reward():
     clean = {m: 1e-4 for m in branches_measure.MEASURES}
     hurt = {m: {"negated": -0.05, "sgt": 0.01} for m in branches_measure.MEASURES}
     cells, chosen = branches_measure.choice({5: rows(5, hurt, clean), 1: rows(1, hurt, clean)}, DRAWS)
     assert all(c["power"] == 1.0 for c in cells.values())
     assert chosen == (1, "accuracy")
+    noisy_accuracy = {**clean, "accuracy": 0.05}
+    study = {5: rows(5, hurt, clean), 1: rows(1, hurt, noisy_accuracy)}
+    assert branches_measure.choice(study, DRAWS)[1] == (1, "iw_reward")
 
 
 def test_a_cell_whose_controls_that_must_help_do_not_is_not_used_and_the_report_says_no_call():
@@ -81,10 +92,11 @@ def test_part_3_sizes_the_calls_at_a_third_of_the_chosen_cells_negated_effect_an
     cells, chosen = branches_measure.choice(study, DRAWS)
     calls = branches_measure.calls_plan(study, pilot, cells, chosen, arms=16, draws=DRAWS)
     assert chosen == (1, "loglik") and calls["effect"] == pytest.approx(0.5)
-    assert calls["costs"] == {"trunk_iteration": TRUNK_SECONDS, "branch": BRANCH_SECONDS * 1}
-    # by hand: each k's trunk to 60 on two seeds, and 6 arms x 3 points x 2 seeds of branches; the pilot likewise
-    study_seconds = 2 * 2 * 60 * TRUNK_SECONDS + 36 * BRANCH_SECONDS * (1 + 5)
-    pilot_seconds = 2 * 60 * TRUNK_SECONDS + 36 * BRANCH_SECONDS * 5
+    assert calls["costs"] == {"trunk_iteration": TRUNK_SECONDS, "branch": BRANCH_SECONDS * 1, "point": POINT_SECONDS}
+    # by hand: each k's trunk to 60 on two seeds, 6 arms x 3 points x 2 seeds of branches and 3 x 2 points'
+    # draws; the pilot likewise, whose rows here carry a point's seconds too
+    study_seconds = 2 * 2 * 60 * TRUNK_SECONDS + 36 * BRANCH_SECONDS * (1 + 5) + 2 * 6 * POINT_SECONDS
+    pilot_seconds = 2 * 60 * TRUNK_SECONDS + 36 * BRANCH_SECONDS * 5 + 6 * POINT_SECONDS
     assert calls["spent_hours"]["study"] == pytest.approx(study_seconds / 2 / 3600)
     assert calls["budget"]["hours_left"] == pytest.approx(20 - (study_seconds + pilot_seconds) / 2 / 3600)
     # the seed count is rule 2's, in the cell's units: the same n as in units of the effect itself
@@ -93,15 +105,21 @@ def test_part_3_sizes_the_calls_at_a_third_of_the_chosen_cells_negated_effect_an
         bp.seed_count(sd, draws=DRAWS, target=calls["effect"])[0]
 
 
-def test_the_studys_branches_must_reproduce_the_pilots_and_their_own_logged_accuracy():
-    study = rows(5, {"accuracy": {"negated": -0.01}}, NOISY)
-    pilot = [{**r, "arms": {**r["arms"], "hacpo": {"qwen": 0.1, "llama": 0.2}}} for r in study]
+def test_the_studys_branches_must_be_whole_and_reproduce_the_pilots_and_their_own_logged_accuracy():
+    study = rows(1, {}, NOISY) + rows(5, {"accuracy": {"negated": -0.01}}, NOISY)
+    pilot = [{**r, "arms": {**r["arms"], "hacpo": {"qwen": 0.1, "llama": 0.2}}} for r in study if r["k"] == 5]
     branches_measure.reproduced(study, pilot)                     # the pilot ran more arms: the shared ones match
+    for partial in (study[1:], study[:6]):                        # a row short, a k missing
+        with pytest.raises(ValueError, match="not whole"):
+            branches_measure.reproduced(partial, pilot)
     pilot[2]["arms"]["d"] = {"qwen": 0.0, "llama": 0.0}
     with pytest.raises(ValueError, match="do not reproduce"):
         branches_measure.reproduced(study, pilot)
     study[0]["measures"]["chance"]["qwen"]["accuracy"] += 0.0005
     with pytest.raises(ValueError, match="measured accuracy"):
+        branches_measure.reproduced(study, [])
+    del study[0]["measures"]
+    with pytest.raises(ValueError, match="carry no measures"):
         branches_measure.reproduced(study, [])
 
 

@@ -118,7 +118,7 @@ def test_the_plan_reads_the_pilots_rows_end_to_end():
     assert plan["n"] == 9 and not plan["underpowered"] and plan["after_cuts"] is None
     mean, sd, score = plan["separation"][5]
     assert mean == pytest.approx(-4.5) and score == pytest.approx(4.5 / sd)
-    assert plan["costs"] == {"trunk_iteration": pytest.approx(3 * 60 / 60), "branch": 60.0}
+    assert plan["costs"] == {"trunk_iteration": pytest.approx(3 * 60 / 60), "branch": 60.0, "point": 0.0}
     assert plan["pilot_hours"] == pytest.approx((2 * 3 * (5 * 60) + 2 * 3 * (60 + 4 * 120)) / 7200)
     text = bp.markdown(plan)
     assert "**k = 5**" in text and "**n = 9**" in text and "The calls' seeds: 3103-3111." in text
