@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass
 from pathlib import Path
 
 import matplotlib
 import numpy as np
 
-from analysis import stats
+from analysis import branches_measure, stats
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -34,9 +35,34 @@ SIGNALS = ("d", "tbd", "ccm", "rsd")
 """the premise's arms: P1' (d) and P2' (each term), called against chance (family A) and none (family B)"""
 MARGIN = 1.0
 """points: a contrast whose t interval lies within (-MARGIN, +MARGIN) is "within 1 point" """
-WORDS = {"chance": ("beats chance", "worse than chance", "within 1 point of chance"),
-         "none": ("helps", "hurts", "within 1 point of none")}
-"""each family's words (results/preregistration-branches.md): Holm's rejection up or down, or within the margin"""
+
+
+@dataclass(frozen=True)
+class Reading:
+    """What the report reads of each run: its logged greedy accuracy in points with part 1's margin, or a measure
+    of the measure study (branch_measures.py) in its units with the margin part 3 registers."""
+    measure: str = "accuracy"
+    margin: float = MARGIN
+    margin_text: str = "1 point"
+
+    @classmethod
+    def of(cls, measure: str, margin: float) -> Reading:
+        """The reading of `measure` with a margin in its units, said as "1 point" for part 1's."""
+        units = branches_measure.UNITS[measure]
+        return cls(measure, margin, f"{margin:.3g} {units[:-1] if margin == 1 else units}")
+
+    @property
+    def scale(self) -> float:
+        return branches_measure.MEASURES[self.measure]
+
+    def words(self) -> dict[str, tuple[str, str, str]]:
+        """each family's words (results/preregistration-branches.md): Holm's rejection up or down, or within the
+        margin"""
+        return {"chance": ("beats chance", "worse than chance", f"within {self.margin_text} of chance"),
+                "none": ("helps", "hurts", f"within {self.margin_text} of none")}
+
+
+ACCURACY = Reading()
 
 
 def load(folder: Path) -> list[dict]:
@@ -47,13 +73,14 @@ def load(folder: Path) -> list[dict]:
     return rows
 
 
-def seed_differences(rows: list[dict], preset: str, policy: str, arm: str, reference: str) -> dict[int, float]:
-    """seed -> the mean over its branch points of arm - reference accuracy for `policy`, in points, over the
-    points where both arms ran."""
+def seed_differences(rows: list[dict], preset: str, policy: str, arm: str, reference: str,
+                     scale: float = POINTS) -> dict[int, float]:
+    """seed -> the mean over its branch points of arm - reference accuracy for `policy` (times `scale`: in points),
+    over the points where both arms ran."""
     per_seed: dict[int, list[float]] = {}
     for r in rows:
         if r["preset"] == preset and arm in r["arms"] and reference in r["arms"]:
-            per_seed.setdefault(r["seed"], []).append(POINTS * (r["arms"][arm][policy] - r["arms"][reference][policy]))
+            per_seed.setdefault(r["seed"], []).append(scale * (r["arms"][arm][policy] - r["arms"][reference][policy]))
     return {seed: float(np.mean(d)) for seed, d in sorted(per_seed.items())}
 
 
@@ -68,8 +95,8 @@ def contrast(differences: dict[int, float], level: float = 0.95) -> dict:
     return out
 
 
-def analyze(rows: list[dict]) -> list[dict]:
-    """Per preset, receiver and arm, the arm against chance and against none (where both ran)."""
+def analyze(rows: list[dict], scale: float = POINTS) -> list[dict]:
+    """Per preset, receiver and arm, the arm against chance and against none (where both ran), times `scale`."""
     out = []
     for preset in sorted({r["preset"] for r in rows}):
         mine = [r for r in rows if r["preset"] == preset]
@@ -77,7 +104,7 @@ def analyze(rows: list[dict]) -> list[dict]:
         for policy in sorted({p for r in mine for p in r["trunk"]}):
             for arm in arms:
                 out.append({"preset": preset, "policy": policy, "arm": arm,
-                            **{f"against {ref}": contrast(seed_differences(mine, preset, policy, arm, ref))
+                            **{f"against {ref}": contrast(seed_differences(mine, preset, policy, arm, ref, scale))
                                for ref in ("chance", "none") if ref != arm}})
     return out
 
@@ -87,17 +114,17 @@ def holm_rejected(contrasts: list[dict], alpha: float = 0.05) -> list[bool]:
     return stats.holm([c.get("sign_flip_p", 1.0) for c in contrasts], alpha)[2]
 
 
-def word(c: dict, rejected: bool, words: tuple[str, str, str]) -> str:
+def word(c: dict, rejected: bool, words: tuple[str, str, str], margin: float = MARGIN) -> str:
     """A contrast's registered word, in its precedence: Holm's rejection with the mean's sign, else within the
     margin by its unadjusted t interval, else not resolved."""
     up, down, within = words
     if rejected:
         return up if c["mean"] > 0 else down
     low, high = c.get("t_interval", (-math.inf, math.inf))
-    return within if -MARGIN < low and high < MARGIN else "not resolved"
+    return within if -margin < low and high < margin else "not resolved"
 
 
-def calls(result: list[dict]) -> dict:
+def calls(result: list[dict], reading: Reading = ACCURACY) -> dict:
     """The registered calls from `analyze`'s contrasts: per preset, the controls' family against none (negated must
     hurt, one of second-group and sgt must help, per receiver), then families A (each signal against chance) and B
     (against none) with Holm over signals x receivers; per signal, P1'/P2' over the cells whose controls pass."""
@@ -119,13 +146,14 @@ def calls(result: list[dict]) -> dict:
             found = [contrast_of(preset, p, a, ref) for p, a in members]
             for (p, arm), c, r in zip(members, found, holm_rejected(found)):
                 cell_of = next(x for x in cells if (x["preset"], x["policy"]) == (preset, p))
-                cell_of.setdefault(family, {})[arm] = word(c, r, WORDS[ref]) if c["seeds"] else "no rows"
+                cell_of.setdefault(family, {})[arm] = (word(c, r, reading.words()[ref], reading.margin)
+                                                       if c["seeds"] else "no rows")
     verdicts = {}
     for arm in SIGNALS:
         said = [x["A"][arm] for x in cells if x["controls pass"]]
         if said and "beats chance" in said and "worse than chance" not in said:
             verdicts[arm] = "supported"
-        elif said and all(w in ("within 1 point of chance", "worse than chance") for w in said):
+        elif said and all(w in reading.words()["chance"][1:] for w in said):
             verdicts[arm] = "refuted"
         else:
             verdicts[arm] = "not resolved"
@@ -141,16 +169,17 @@ def cell(c: dict | None) -> str:
     return f"{c['mean']:+.2f} [{low:+.2f}, {high:+.2f}], p {stats.p_text(c['sign_flip_p'])}, {c['seeds']} seeds"
 
 
-def markdown(result: list[dict], rows: list[dict]) -> str:
+def markdown(result: list[dict], rows: list[dict], reading: Reading = ACCURACY) -> str:
     lines = ["# Paired branches: the report of their rows\n",
-             f"{len(rows)} rows (seed, branch point). Each cell: an arm's held-out greedy accuracy at the branch's end "
-             "less the reference arm's, points, averaged over a seed's branch points, then mean over seeds [95% t "
+             f"{len(rows)} rows (seed, branch point). Each cell: an arm's held-out {reading.measure} at the branch's "
+             f"end less the reference arm's (times {reading.scale:g}), averaged over a seed's branch points, then mean "
+             "over seeds [95% t "
              "interval], exact sign-flip p over seeds. The controls (negated must hurt; second-group and sgt, the "
              "candidates that must help) against none come first.\n",
              "| preset | receiver | arm | against chance | against none |", "|---|---|---|---|---|"]
     lines += [f"| {r['preset']} | {r['policy']} | {r['arm']} | {cell(r.get('against chance'))} "
               f"| {cell(r.get('against none'))} |" for r in result]
-    called = calls(result)
+    called = calls(result, reading)
     lines += ["\n## Calls (results/preregistration-branches.md)\n",
               "| preset | receiver | controls pass | " + " | ".join(f"{a} against chance" for a in SIGNALS)
               + " | " + " | ".join(f"{a} against none" for a in SIGNALS) + " |",
@@ -163,7 +192,7 @@ def markdown(result: list[dict], rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot(result: list[dict], path: Path) -> None:
+def plot(result: list[dict], path: Path, reading: Reading = ACCURACY) -> None:
     """Each arm's difference from chance per seed (dots) and its mean (bar), a panel per preset and receiver."""
     panels = sorted({(r["preset"], r["policy"]) for r in result})
     fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 3.5), squeeze=False)
@@ -177,17 +206,19 @@ def plot(result: list[dict], path: Path) -> None:
         ax.axhline(0, color="k", lw=0.5)
         ax.set_xticks(range(len(mine)), [r["arm"] for r in mine], rotation=60, fontsize=7)
         ax.set_title(f"{preset}: into {policy}", fontsize=8)
-        ax.set_ylabel("accuracy - chance's, points", fontsize=7)
+        ax.set_ylabel(f"{reading.measure} - chance's (x {reading.scale:g})", fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
 
-def report(folder: Path) -> str:
-    """report.md and report.png of the folder's rows; returns the markdown."""
+def report(folder: Path, reading: Reading = ACCURACY) -> str:
+    """report.md and report.png of the folder's rows, read as `reading` says; returns the markdown."""
     rows = load(folder)
-    result = analyze(rows)
-    text = markdown(result, rows)
+    if reading.measure != ACCURACY.measure:
+        rows = branches_measure.as_measure(rows, reading.measure)
+    result = analyze(rows, reading.scale)
+    text = markdown(result, rows, reading)
     (Path(folder) / "report.md").write_text(text)
-    plot(result, Path(folder) / "report.png")
+    plot(result, Path(folder) / "report.png", reading)
     return text

@@ -17,7 +17,8 @@ import numpy as np
 from analysis import branches_plan as plan
 
 MEASURES = {"accuracy": plan.POINTS, "iw_reward": plan.POINTS, "loglik": 1.0}
-"""each measure (A, R, L) and the factor to its units: points, points, nats a problem; ties go in this order"""
+"""each measure (A, R, L) and the factor to its units (UNITS); ties go in this order"""
+UNITS = {"accuracy": "points", "iw_reward": "points", "loglik": "nats"}
 HELPERS = ("second-group", "sgt")
 """the controls that must help; one must have a positive mean in the chosen cell"""
 STUDY_K = (1, 5)

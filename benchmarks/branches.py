@@ -219,6 +219,10 @@ def main(argv: list[str] | None = None) -> list[Path]:
     run.add_argument("extra", nargs="*", help="train.py flags after --, for every run (a smoke run's settings)")
     report = commands.add_parser("report", help="the report of a folder's rows (analysis/branches.py)")
     report.add_argument("folder", type=Path)
+    report.add_argument("--measure", choices=branches_measure.MEASURES, default=branches_report.ACCURACY.measure,
+                        help="what the report reads of each run (the measure study's choice)")
+    report.add_argument("--margin", type=float, default=branches_report.MARGIN,
+                        help="of 'within', in the measure's units (part 3's effect of interest)")
     plan = commands.add_parser("plan", help="what the pilot's rows set: k, n, the controls' power and the budget's "
                                             "cuts (analysis/branches_plan.py)")
     plan.add_argument("folders", type=Path, nargs="+")
@@ -239,7 +243,7 @@ def main(argv: list[str] | None = None) -> list[Path]:
         print(branches_measure.markdown(cells, chosen, calls))
         return []
     if cli.command == "report":
-        print(branches_report.report(cli.folder))
+        print(branches_report.report(cli.folder, branches_report.Reading.of(cli.measure, cli.margin)))
         return [cli.folder / "report.md"]
     if cli.command == "plan":
         rows = [row for folder in cli.folders for row in branches_report.load(folder)]

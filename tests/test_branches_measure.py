@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import scipy.stats
 
+from analysis import branches as branches_report
 from analysis import branches_measure
 from analysis import branches_plan as bp
 from benchmarks import branches
@@ -134,3 +135,16 @@ def test_the_measure_command_checks_the_rows_then_prints_the_choice(tmp_path, ca
     printed = capsys.readouterr().out
     assert "**Chosen: loglik at k = 1.**" in printed and printed.count("\n| ") == 7      # a header, six cells
     assert "a third of |negated - none|: 0.3333" in printed and "**n = " in printed
+
+
+def test_the_report_reads_the_chosen_measure_in_its_units_with_part_3s_margin(tmp_path):
+    for r in rows(1, {"loglik": {"d": 0.05}, "accuracy": {"d": 0.004}}, NOISY):
+        branches.write_whole(tmp_path / f"qwen-llama-s{r['seed']}-it{r['point']:03d}.json", r)
+    by_loglik = branches_report.report(tmp_path, branches_report.Reading.of("loglik", 0.5))
+    by_accuracy = branches_report.report(tmp_path)
+    d_row = next(line for line in by_loglik.splitlines() if line.startswith("| qwen-llama | qwen | d |"))
+    assert "| +0.05 [+0.05, +0.05]" in d_row                                   # nats, as the rows were built
+    assert "within 0.5 nats of chance" in by_loglik and "within 0.5 nats of chance" not in by_accuracy
+    d_row = next(line for line in by_accuracy.splitlines() if line.startswith("| qwen-llama | qwen | d |"))
+    assert "| +0.40 [+0.40, +0.40]" in d_row                                   # the logged accuracy, in points
+    assert branches_report.Reading.of("accuracy", 1.0) == branches_report.ACCURACY
