@@ -18,8 +18,8 @@ held-out accuracy on the protocol's 2,000 fixed problems at the branch's end, is
 sampling in the evaluation, the same problems for every arm, so an arm's difference from another is the change
 in the policy and nothing else. It moves in steps, though, and at the pilot's variance the controls would
 separate from `none` with power 0.04 (results/preregistration-branches.md, part 2): with --measures a row carries
-beside it two measures that move with the weights continuously (branch_measures.py), among which a registered
-study chooses (results/preregistration-branches-measure.md).
+beside it two measures that move with the weights continuously (branch_measures.py). A registered study of all
+three at k = 1 and 5 found none that lets the controls separate (results/branches-measure.md).
 
 The arms: `none`; the shares as they run (sgt, hacpo, cross-fidelity); a control that must hurt (negated: the
 trunk's own admission, every admitted offer's credit negated), beside the candidate controls that must help, SGT's
