@@ -101,7 +101,7 @@ def importance_weighted_reward(target_logprobs: torch.Tensor, behaviour: Behavio
     return (weights * behaviour.rewards.double()).sum(1).mean().item()
 
 
-def problems_seed(seed: int, point: int, policy: str) -> int:
+def draws_seed(seed: int, point: int, policy: str) -> int:
     """The seed of a branch point's draws from one policy: its run's seed, the point and the policy alone."""
     return random.Random(f"branch-measures/{seed}/{point}/{policy}").getrandbits(63)
 
@@ -118,7 +118,7 @@ class HeldOutMeasures:
         drawn = self.task.heldout[:problems]
         self.behaviour = {p.name: behaviour_samples(
             p, self.task, drawn, samples, self.max_new_tokens, self.temperature,
-            torch.Generator(p.device).manual_seed(problems_seed(config["seed"], point, p.name))) for p in trunk}
+            torch.Generator(p.device).manual_seed(draws_seed(config["seed"], point, p.name))) for p in trunk}
 
     def __call__(self, run_dir: Path) -> dict[str, dict[str, float]]:
         """Each policy's greedy accuracy, reference log-likelihood and importance-weighted reward at the run's
