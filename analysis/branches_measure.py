@@ -72,26 +72,38 @@ def choice(by_k: dict[int, list[dict]], draws: int = plan.DRAWS
 
 
 def calls_plan(by_k: dict[int, list[dict]], pilot: list[dict], cells: dict[tuple[int, str], dict],
-               chosen: tuple[int, str], arms: int, draws: int = plan.DRAWS) -> dict:
+               chosen: tuple[int, str], arms: int, draws: int = plan.DRAWS, points: list[int] | None = None,
+               cost_rows: list[dict] | None = None) -> dict:
     """Part 3's numbers: part 1's rules 2 and 3 on the chosen cell. The effect of interest is a third of the cell's
     |negated - none|; n is rule 2's, from the cell's `d - chance`; the budget is rule 3's, at the chosen k's
-    seconds a trunk iteration and a whole branch in this study's rows, less what the pilot and the study spent."""
+    seconds a trunk iteration and a whole branch in this study's rows, less what the pilot and the study spent.
+    A design with other branch points a seed (`points`) takes a seed's mean over as many, its per-point spread the
+    study's, and its seconds from rows run as it would run (`cost_rows`, on a pilot seed), which are charged too.
+    The controls' power is given at n and at the most seeds."""
     k, measure = chosen
     rows, scale = as_measure(by_k[k], measure), MEASURES[measure]
-    points = sorted({r["point"] for r in rows})
+    points = points or sorted({r["point"] for r in rows})
     effect = abs(cells[chosen]["mean"]) / 3
     spread = {p: plan.seed_mean_sd(plan.per_point(rows, [p], "d", "chance", scale), len(points))
               for p in plan.policies_of(rows)}
     sd = max(upper for _, upper in spread.values())
     n, short, effect_at_80 = plan.seed_count(sd, draws, effect)
-    cost = plan.Costs(plan.trunk_iteration_seconds(by_k[k]),
-                      float(np.mean(plan.whole_branches(by_k[k], {a for r in by_k[k] for a in r["arms"]}))),
-                      float(np.mean([r["seconds"][plan.POINT_SECONDS] for r in by_k[k]])))
+    control_sd = max(plan.seed_mean_sd(plan.per_point(rows, [p], "negated", "none", scale), len(points))[1]
+                     for p in plan.policies_of(rows))
+    timed = cost_rows or by_k[k]
+    cost = plan.Costs(plan.trunk_iteration_seconds(timed),
+                      float(np.mean(plan.whole_branches(timed, {a for r in timed for a in r["arms"]}))),
+                      float(np.mean([r["seconds"][plan.POINT_SECONDS] for r in timed])))
     pilot_by_k = {k_: [r for r in pilot if r["k"] == k_] for k_ in sorted({r["k"] for r in pilot})}
     spent = {"pilot": plan.pilot_seconds(pilot_by_k, plan.costs(pilot_by_k, 5).trunk_iteration),
-             "study": plan.pilot_seconds(by_k, cost.trunk_iteration)}
+             "study": plan.pilot_seconds(by_k, plan.trunk_iteration_seconds(by_k[k]))}
+    if cost_rows:
+        spent["costs"] = plan.pilot_seconds({k: cost_rows}, cost.trunk_iteration)
     return {"effect": effect, "sd_of_seed_mean": spread, "sd_upper": sd, "n": n, "underpowered": short,
-            "effect_at_80": effect_at_80, "costs": cost.__dict__,
+            "effect_at_80": effect_at_80, "costs": cost.__dict__, "points": points, "cell": chosen,
+            "controls_sd": control_sd,
+            "controls_power": {at: plan.power(at, cells[chosen]["mean"], control_sd, CONTROLS_ALPHA, draws)
+                               for at in sorted({n, SEEDS})},
             "spent_hours": {what: seconds / plan.PROCESSES / 3600 for what, seconds in spent.items()},
             "budget": plan.budget(cost, sum(spent.values()), n, arms, points)}
 
@@ -133,15 +145,19 @@ def markdown(cells: dict[tuple[int, str], dict], chosen: tuple[int, str] | None,
               "**No cell is used**: none reaches power 0.80 with a control that must help moving up; no call is made."]
     if calls:
         b = calls["budget"]
-        lines += ["", "Part 3's numbers (part 1's rules 2 and 3 on the chosen cell):",
+        lines += ["", f"Part 3's numbers, {calls['cell'][1]} at k = {calls['cell'][0]} (part 1's rules 2 and 3):",
                   f"- the effect of interest, a third of |negated - none|: {calls['effect']:.4f};",
                   "- the SD of a seed's mean d - chance, and its upper 80% bound: "
                   + "; ".join(f"{p} {sd:.4f} ({up:.4f})" for p, (sd, up) in calls["sd_of_seed_mean"].items())
                   + f"; **n = {calls['n']}**" + (f", underpowered: 80% power against {calls['effect_at_80']:.4f}"
                                                   if calls["underpowered"] else ", 80% power against the effect") + ";",
+                  f"- {len(calls['points'])} branch points a seed ({calls['points'][0]}-{calls['points'][-1]}); the "
+                  "controls' power at 0.05 / 6: " + ", ".join(f"{p:.2f} at {at} seeds"
+                                                               for at, p in calls["controls_power"].items()) + ";",
                   f"- seconds of one process: a trunk iteration {calls['costs']['trunk_iteration']:.1f}, a branch "
-                  f"{calls['costs']['branch']:.1f}; spent: the pilot {calls['spent_hours']['pilot']:.2f} h, the study "
-                  f"{calls['spent_hours']['study']:.2f} h; {b['hours_left']:.2f} h left; the calls take "
+                  f"{calls['costs']['branch']:.1f}, a point's measures {calls['costs']['point']:.1f}; spent: "
+                  + ", ".join(f"{what} {h:.2f} h" for what, h in calls["spent_hours"].items())
+                  + f"; {b['hours_left']:.2f} h left; the calls take "
                   f"{b['hours']:.2f} h" + (", **over the budget**" if b["over budget"] else "") + "; cuts: "
                   + ("; ".join(b["cuts"]) if b["cuts"] else "none") + f"; qwen-llama {b['qwen-llama seeds']} seeds, "
                   f"trio-prose {b['trio-prose seeds']} seeds, {b['trio-prose arms']} arms, points "

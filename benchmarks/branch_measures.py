@@ -21,7 +21,8 @@ branch points (results/branches-pilot/plan.md). Two measures move with the weigh
 
 `HeldOutMeasures(trunk_dir)` draws a branch point's samples from the trunk's checkpoint; called on a branch's run
 directory, it gives each policy's greedy accuracy, reference log-likelihood and importance-weighted reward at the
-branch's last checkpoint.
+branch's last checkpoint, or those of them it is asked for (`names`): the log-likelihood alone draws nothing and
+costs a forward pass over the held-out solutions.
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ IW_PROBLEMS = 500
 """held-out problems the importance-weighted reward reads (the first of the evaluation's)"""
 IW_SAMPLES = 8
 """completions drawn from the trunk per problem"""
+MEASURES = ("accuracy", "loglik", "iw_reward")
+"""every measure a branch can carry: A, L and R of the measure study"""
 
 
 @dataclass
@@ -109,8 +112,13 @@ def draws_seed(seed: int, point: int, policy: str) -> int:
 class HeldOutMeasures:
     """A branch point's measures, drawn from the trunk's run directory at its last checkpoint (the point)."""
 
-    def __init__(self, trunk_dir: Path, problems: int = IW_PROBLEMS, samples: int = IW_SAMPLES):
+    def __init__(self, trunk_dir: Path, names: tuple[str, ...] = MEASURES, problems: int = IW_PROBLEMS,
+                 samples: int = IW_SAMPLES):
+        unknown = set(names) - set(MEASURES)
+        if unknown or not names:
+            raise ValueError(f"measures {sorted(unknown) or 'none'} asked for: name some of {MEASURES}")
         config, task_cfg, trunk = evaluation.run_policies(trunk_dir)
+        self.names = tuple(names)
         self.step_format = task_cfg.step_format
         self.temperature, self.max_new_tokens = config["temperature"], config["max_new_tokens"]
         self.task = tasks.load_task("arith", config["seed"], 0, config["eval_size"], task_cfg)
@@ -118,20 +126,22 @@ class HeldOutMeasures:
         drawn = self.task.heldout[:problems]
         self.behaviour = {p.name: behaviour_samples(
             p, self.task, drawn, samples, self.max_new_tokens, self.temperature,
-            torch.Generator(p.device).manual_seed(draws_seed(config["seed"], point, p.name))) for p in trunk}
+            torch.Generator(p.device).manual_seed(draws_seed(config["seed"], point, p.name)))
+            for p in trunk} if "iw_reward" in names else {}
 
     def __call__(self, run_dir: Path) -> dict[str, dict[str, float]]:
-        """Each policy's greedy accuracy, reference log-likelihood and importance-weighted reward at the run's
-        last checkpoint."""
+        """Each policy's measures at the run's last checkpoint, those named and in MEASURES's order."""
         _, task_cfg, pols = evaluation.run_policies(run_dir)
         if task_cfg.step_format != self.step_format:
             raise ValueError(f"{run_dir} writes {task_cfg.step_format} steps, its trunk {self.step_format}")
-        measured = {}
-        for p in pols:
-            behaviour = self.behaviour[p.name]
-            target = sequence_logprobs(p, behaviour.prompt_ids, behaviour.completion_ids, self.temperature)
-            measured[p.name] = {
-                "accuracy": evaluation.heldout_accuracy(p, self.task.heldout, self.max_new_tokens, self.task),
-                "loglik": reference_loglik(p, self.task, self.task.heldout, self.step_format, self.temperature),
-                "iw_reward": importance_weighted_reward(target, behaviour)}
-        return measured
+        return {p.name: {name: self.measure(name, p) for name in MEASURES if name in self.names} for p in pols}
+
+    def measure(self, name: str, policy: policies.Policy) -> float:
+        """One measure of one policy at its present weights."""
+        if name == "accuracy":
+            return evaluation.heldout_accuracy(policy, self.task.heldout, self.max_new_tokens, self.task)
+        if name == "loglik":
+            return reference_loglik(policy, self.task, self.task.heldout, self.step_format, self.temperature)
+        behaviour = self.behaviour[policy.name]
+        target = sequence_logprobs(policy, behaviour.prompt_ids, behaviour.completion_ids, self.temperature)
+        return importance_weighted_reward(target, behaviour)

@@ -7,6 +7,7 @@ seed).
     python -m benchmarks.branches plan results/branches-pilot results/branches-pilot-k10   # the pilot's rules
     python -m benchmarks.branches measure results/branches-measure-k1 results/branches-measure-k5 \
         --pilot results/branches-pilot results/branches-pilot-k10        # analysis/branches_measure.py
+    # add --cell 1 loglik --points 5 10 ... --costs FOLDER: a design's numbers, its seconds from FOLDER's rows
 
 A trunk (the default run's cross-fidelity, at the comparison's evaluation protocol) trains to each branch point in
 turn; at each, every arm continues it k iterations from a copy of its checkpoint: every policy's weights and
@@ -18,8 +19,9 @@ held-out accuracy on the protocol's 2,000 fixed problems at the branch's end, is
 sampling in the evaluation, the same problems for every arm, so an arm's difference from another is the change
 in the policy and nothing else. It moves in steps, though, and at the pilot's variance the controls would
 separate from `none` with power 0.04 (results/preregistration-branches.md, part 2): with --measures a row carries
-beside it two measures that move with the weights continuously (branch_measures.py). A registered study of all
-three at k = 1 and 5 found none that lets the controls separate (results/branches-measure.md).
+beside it two measures that move with the weights continuously (branch_measures.py), or those of the three it
+names (`--measures loglik`). A registered study of all three at k = 1 and 5 found none that lets the controls
+separate at three points a seed (results/branches-measure.md).
 
 The arms: `none`; the shares as they run (sgt, hacpo, cross-fidelity); a control that must hurt (negated: the
 trunk's own admission, every admitted offer's credit negated), beside the candidate controls that must help, SGT's
@@ -39,6 +41,7 @@ midway resumes from its checkpoint.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import shutil
 import time
@@ -61,9 +64,10 @@ ROOT = Path(__file__).resolve().parent.parent
 
 PRESETS = {"qwen-llama": ("--pair", "qwen-llama"), "trio-prose": ("--pair", "trio", "--step-format", "prose")}
 """the testbeds branches run on: qwen-llama with line steps, and the trio with prose steps, where TBD varies"""
-TRUNK = ("--share", "cross-fidelity")
-"""the trunk every arm branches from: the default run's method"""
-RANKED = ("--share", "cross-fidelity", "--admission", "ranked")
+TRUNK = ("--share", "cross-fidelity", "--ccm-estimate", "last:2")
+"""the trunk every arm branches from: the default run's method with the CCM estimate the pilot ran, named so that
+a change of the default moves no registered branch"""
+RANKED = (*TRUNK, "--admission", "ranked")
 ARMS = {"none": ("--share", "none"), "sgt": ("--share", "sgt"),
         "hacpo": ("--share", "hacpo", "--hacpo-variant", "ours"), "cross-fidelity": TRUNK,
         "negated": (*TRUNK, "--negate-credit"), "second-group": ("--share", "none"),
@@ -195,6 +199,13 @@ def branch_point(preset: str, seed: int, point: int, k: int, arms: list[str], ru
     return {**row, "measures": measured} if measure else row
 
 
+def measures_of(names: list[str] | None) -> Measures | None:
+    """--measures as branch_point takes it: none without the flag, every measure where it names none."""
+    if names is None:
+        return None
+    return functools.partial(branch_measures.HeldOutMeasures, names=tuple(names or branch_measures.MEASURES))
+
+
 def write_whole(path: Path, row: dict) -> None:
     """A row written in full to a temporary file, then moved into place: a row file exists only complete."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -214,8 +225,9 @@ def main(argv: list[str] | None = None) -> list[Path]:
     run.add_argument("--arms", nargs="+", choices=ARMS, default=list(ARMS))
     run.add_argument("--runs-dir", type=Path, default=ROOT / "runs")
     run.add_argument("--out", type=Path, default=ROOT / "results" / "branches")
-    run.add_argument("--measures", action="store_true", help="each run's reference log-likelihood and "
-                     "importance-weighted reward too (benchmarks/branch_measures.py)")
+    run.add_argument("--measures", nargs="*", choices=branch_measures.MEASURES, metavar="MEASURE",
+                     help="each run's held-out measures too (benchmarks/branch_measures.py): those named of "
+                          f"{', '.join(branch_measures.MEASURES)}, or all where none is named")
     run.add_argument("extra", nargs="*", help="train.py flags after --, for every run (a smoke run's settings)")
     report = commands.add_parser("report", help="the report of a folder's rows (analysis/branches.py)")
     report.add_argument("folder", type=Path)
@@ -230,8 +242,12 @@ def main(argv: list[str] | None = None) -> list[Path]:
                                                   "against the pilot's (analysis/branches_measure.py)")
     measure.add_argument("folders", type=Path, nargs="+")
     measure.add_argument("--pilot", type=Path, nargs="+", required=True, help="the pilot's folders, both k")
+    measure.add_argument("--cell", nargs=2, metavar=("K", "MEASURE"), help="part 3's numbers for this cell, chosen "
+                         "or not, at --points a seed with --costs' seconds (results/preregistration-branches.md)")
+    measure.add_argument("--points", type=int, nargs="+", help="the branch points of a seed the calls would run")
+    measure.add_argument("--costs", type=Path, help="rows run as the calls would run them, on a pilot seed")
     cli = parser.parse_args(argv)
-    if cli.command == "run" and cli.measures:
+    if cli.command == "run" and cli.measures is not None:
         torch.set_num_threads(1)    # as every run trains: the measured greedy accuracy is then the one it logged
     if cli.command == "measure":
         rows = [row for folder in cli.folders for row in branches_report.load(folder)]
@@ -239,7 +255,11 @@ def main(argv: list[str] | None = None) -> list[Path]:
         branches_measure.reproduced(rows, pilot)
         by_k = {k: [r for r in rows if r["k"] == k] for k in sorted({r["k"] for r in rows})}
         cells, chosen = branches_measure.choice(by_k)
-        calls = branches_measure.calls_plan(by_k, pilot, cells, chosen, len(ARMS)) if chosen else None
+        named = (int(cli.cell[0]), cli.cell[1]) if cli.cell else chosen
+        cost_rows = branches_report.load(cli.costs) if cli.costs else None
+        arms = len({a for r in cost_rows for a in r["arms"]}) if cost_rows else len(ARMS)
+        calls = branches_measure.calls_plan(by_k, pilot, cells, named, arms, points=cli.points,
+                                            cost_rows=cost_rows) if named else None
         print(branches_measure.markdown(cells, chosen, calls))
         return []
     if cli.command == "report":
@@ -255,7 +275,7 @@ def main(argv: list[str] | None = None) -> list[Path]:
             path = cli.out / f"{cli.preset}-s{seed}-it{point:03d}.json"
             if not path.exists():
                 write_whole(path, branch_point(cli.preset, seed, point, cli.k, cli.arms, cli.runs_dir, cli.extra,
-                                               measures=branch_measures.HeldOutMeasures if cli.measures else None))
+                                               measures=measures_of(cli.measures)))
             print(f"{path.name}: written")
             written.append(path)
     return written

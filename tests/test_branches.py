@@ -156,9 +156,25 @@ def test_branches_differ_in_what_they_admit_and_in_nothing_else(tmp_path, cache_
     drawn = branch_measures.HeldOutMeasures(tmp_path / "branches-qwen-llama-s7-trunk").behaviour
     for policy, measured in row["measures"]["trunk"].items():
         assert measured["iw_reward"] == pytest.approx(drawn[policy].rewards.double().mean().item(), abs=1e-12)
+    # the log-likelihood alone: no samples drawn, and each run's value the one measured beside the others
+    alone = branch_measures.HeldOutMeasures(tmp_path / "branches-qwen-llama-s7-trunk", names=("loglik",))
+    assert alone.behaviour == {}
+    assert alone(tmp_path / "branches-qwen-llama-s7-it002-none") == \
+        {p: {"loglik": m["loglik"]} for p, m in row["measures"]["none"].items()}
     assert set(row["seconds"]) == {"trunk", "trunk-measures", "cross-fidelity", "none", "chance"}   # the budget reads
     assert all(seconds > 0 for seconds in row["seconds"].values())
     assert row["started_at"] == {"trunk": 0, "cross-fidelity": 2, "none": 2, "chance": 2}      # every run whole
+
+
+def test_measures_name_what_a_row_carries_and_an_unknown_one_is_refused_before_anything_trains(tmp_path):
+    assert branches.measures_of(None) is None                       # without --measures: accuracy as logged only
+    assert branches.measures_of([]).keywords == {"names": ("accuracy", "loglik", "iw_reward")}   # bare: every one
+    assert branches.measures_of(["loglik"]).keywords == {"names": ("loglik",)}
+    with pytest.raises(SystemExit):
+        branches.main(["run", "--seeds", "1", "--points", "10", "--measures", "perplexity"])
+    for names in ((), ("loglik", "perplexity")):
+        with pytest.raises(ValueError, match="name some of"):
+            branch_measures.HeldOutMeasures(tmp_path / "no-run", names=names)
 
 
 def test_the_second_group_arm_samples_twice_the_trunks_group_whatever_the_group_size():

@@ -106,6 +106,28 @@ def test_part_3_sizes_the_calls_at_a_third_of_the_chosen_cells_negated_effect_an
         bp.seed_count(sd, draws=DRAWS, target=calls["effect"])[0]
 
 
+def test_a_design_with_more_points_a_seed_shrinks_a_seeds_mean_by_their_root_and_is_charged_its_own_seconds():
+    helps = {"loglik": {"negated": -0.015, "sgt": 0.3}}         # negated within its noise at three points a seed
+    study = {1: rows(1, helps, CLEAN_LOGLIK), 5: rows(5, helps, NOISY)}
+    pilot = rows(5, {}, NOISY)
+    cells, _ = branches_measure.choice(study, DRAWS)
+    costed = [{**r, "seconds": {"trunk": 20.0 * (r["point"] - r["started_at"]["trunk"]),
+                                **{arm: 15.0 for arm in ARMS}, "trunk-measures": 5.0}} for r in rows(1, {}, NOISY)]
+    three = branches_measure.calls_plan(study, pilot, cells, (1, "loglik"), arms=9, draws=DRAWS)
+    twelve = branches_measure.calls_plan(study, pilot, cells, (1, "loglik"), arms=9, draws=DRAWS,
+                                         points=list(range(5, 65, 5)), cost_rows=costed)
+    assert three["controls_sd"] > 0 and twelve["controls_sd"] == pytest.approx(three["controls_sd"] / 2)   # sqrt(12/3)
+    assert twelve["costs"] == {"trunk_iteration": 20.0, "branch": 15.0, "point": 5.0}
+    # by hand: two trunks to 60 at 20 s, 6 arms x 3 points x 2 seeds at 15 s, six points' measures at 5 s
+    assert twelve["spent_hours"]["costs"] == pytest.approx((2 * 60 * 20 + 36 * 15 + 6 * 5) / 2 / 3600)
+    assert twelve["budget"]["hours_left"] == pytest.approx(three["budget"]["hours_left"]
+                                                           - twelve["spent_hours"]["costs"])
+    # a seed's calls at 12 points: its trunk to 60 and 9 arms at each point
+    seed_seconds = 60 * 20 + 12 * (9 * 15 + 5)
+    assert twelve["budget"]["hours"] >= twelve["budget"]["qwen-llama seeds"] * seed_seconds / 2 / 3600
+    assert three["controls_power"][16] < 0.8 < twelve["controls_power"][16]
+
+
 def test_the_studys_branches_must_be_whole_and_reproduce_the_pilots_and_their_own_logged_accuracy():
     study = rows(1, {}, NOISY) + rows(5, {"accuracy": {"negated": -0.01}}, NOISY)
     pilot = [{**r, "arms": {**r["arms"], "hacpo": {"qwen": 0.1, "llama": 0.2}}} for r in study if r["k"] == 5]
@@ -135,6 +157,13 @@ def test_the_measure_command_checks_the_rows_then_prints_the_choice(tmp_path, ca
     printed = capsys.readouterr().out
     assert "**Chosen: loglik at k = 1.**" in printed and printed.count("\n| ") == 7      # a header, six cells
     assert "a third of |negated - none|: 0.3333" in printed and "**n = " in printed
+    # a cell named, chosen or not, at another design's points, charged the seconds of rows run as it would run
+    branches.main(["measure", str(folders[1]), str(folders[5]), "--pilot", str(folders[5]), "--cell", "5", "accuracy",
+                   "--points", "10", "20", "30", "40", "50", "60", "--costs", str(folders[1])])
+    printed = capsys.readouterr().out
+    assert "Part 3's numbers, accuracy at k = 5" in printed and "6 branch points a seed (10-60)" in printed
+    # k = 1's rows: 9 s a branch; charged two trunks to 60 at 12 s, 36 branches, six points at 30 s, of 2 processes
+    assert "a branch 9.0" in printed and f"costs {(2 * 60 * 12 + 36 * 9 + 6 * 30) / 2 / 3600:.2f} h" in printed
 
 
 def test_the_report_reads_the_chosen_measure_in_its_units_with_part_3s_margin(tmp_path):
