@@ -160,6 +160,10 @@ def at_iteration(run_dir: Path, iteration: int) -> Path:
     return run_dir
 
 
+def trunk_name(preset: str, seed: int) -> str:
+    return f"branches-{preset}-s{seed}-trunk"
+
+
 def branch_point(preset: str, seed: int, point: int, k: int, arms: list[str], runs_dir: Path,
                  extra: list[str] = (), train: Train = power.train_run, measures: Measures | None = None) -> dict:
     """The row of one branch point: the trunk trained (or resumed) to `point`, then each arm forked from its
@@ -170,13 +174,13 @@ def branch_point(preset: str, seed: int, point: int, k: int, arms: list[str], ru
     such. The trunk's next point resumes from this one's checkpoint, so its branches fork from the run this
     one's continued. With `measures`, the row carries too each run's measures at its end, the trunk's at the
     point, and the seconds its draws and measure took ("trunk-measures")."""
-    trunk_name, trunk_flags = f"branches-{preset}-s{seed}-trunk", flags_of(preset, seed, "trunk", list(extra))
-    trunk = args_of(trunk_flags, point, trunk_name, runs_dir)
+    trunk_run, trunk_flags = trunk_name(preset, seed), flags_of(preset, seed, "trunk", list(extra))
+    trunk = args_of(trunk_flags, point, trunk_run, runs_dir)
     if point % trunk.eval_every or k < 1:
         raise ValueError(f"a branch point on the evaluation schedule (every {trunk.eval_every} iterations) and k >= 1, "
                          f"got {point} and {k}")
-    started, started_at = time.perf_counter(), {"trunk": checkpoint.checkpointed_iterations(runs_dir / trunk_name)}
-    trunk_dir = trained(train, trunk_name, trunk_flags, point, runs_dir)
+    started, started_at = time.perf_counter(), {"trunk": checkpoint.checkpointed_iterations(runs_dir / trunk_run)}
+    trunk_dir = trained(train, trunk_run, trunk_flags, point, runs_dir)
     outcome, seconds = {}, {"trunk": time.perf_counter() - started}
     measure, measured = None, {}
     if measures:
@@ -204,6 +208,16 @@ def measures_of(names: list[str] | None) -> Measures | None:
     if names is None:
         return None
     return functools.partial(branch_measures.HeldOutMeasures, names=tuple(names or branch_measures.MEASURES))
+
+
+def same_trunk(out: Path, preset: str, seed: int, trunk_dir: Path) -> None:
+    """A seed's rows are one trunk's: where its trunk was trained again (a row resumed in a new session, perhaps on
+    a machine whose warm-up lands elsewhere), it must reach the accuracy every row already written says it had."""
+    for path in sorted(out.glob(f"{preset}-s{seed}-it*.json")):
+        written = json.loads(path.read_text())
+        if accuracy_at(trunk_dir, written["point"]) != written["trunk"]:
+            raise ValueError(f"{trunk_dir} trained again does not reach {path.name}'s trunk accuracy at its point: "
+                             f"the seed's rows would mix two trunks; run the seed whole into a fresh --out")
 
 
 def write_whole(path: Path, row: dict) -> None:
@@ -274,8 +288,10 @@ def main(argv: list[str] | None = None) -> list[Path]:
         for point in sorted(cli.points):
             path = cli.out / f"{cli.preset}-s{seed}-it{point:03d}.json"
             if not path.exists():
-                write_whole(path, branch_point(cli.preset, seed, point, cli.k, cli.arms, cli.runs_dir, cli.extra,
-                                               measures=measures_of(cli.measures)))
+                row = branch_point(cli.preset, seed, point, cli.k, cli.arms, cli.runs_dir, cli.extra,
+                                   measures=measures_of(cli.measures))
+                same_trunk(cli.out, cli.preset, seed, cli.runs_dir / trunk_name(cli.preset, seed))
+                write_whole(path, row)
             print(f"{path.name}: written")
             written.append(path)
     return written

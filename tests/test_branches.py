@@ -88,6 +88,22 @@ def test_a_row_records_the_iteration_each_run_started_from_so_that_a_resumed_bra
     assert row["started_at"] == {"trunk": 2, "none": 3, "chance": 2}
 
 
+def test_a_seeds_rows_are_one_trunks_a_trunk_trained_again_elsewhere_is_refused(tmp_path):
+    trunk = tmp_path / "trunk"
+    trunk.mkdir()
+    (trunk / "metrics.jsonl").write_text("".join(json.dumps({"iteration": it, "policy": "qwen",
+                                                             "eval/heldout_accuracy": it / 100}) + "\n"
+                                                 for it in (5, 10, 15)))
+    for point, accuracy in ((5, 0.05), (10, 0.10)):
+        branches.write_whole(tmp_path / "rows" / f"qwen-llama-s7-it{point:03d}.json",
+                             {"point": point, "trunk": {"qwen": accuracy}})
+    branches.write_whole(tmp_path / "rows" / "qwen-llama-s8-it005.json", {"point": 5, "trunk": {"qwen": 0.9}})
+    branches.same_trunk(tmp_path / "rows", "qwen-llama", 7, trunk)     # seed 8's row is another trunk's
+    branches.write_whole(tmp_path / "rows" / "qwen-llama-s7-it010.json", {"point": 10, "trunk": {"qwen": 0.11}})
+    with pytest.raises(ValueError, match="it010.json's trunk accuracy"):
+        branches.same_trunk(tmp_path / "rows", "qwen-llama", 7, trunk)
+
+
 def row(seed: int, point: int, arms: dict[str, float]) -> dict:
     return {"preset": "qwen-llama", "seed": seed, "point": point, "k": 5, "trunk": {"qwen": 0.2},
             "arms": {arm: {"qwen": accuracy} for arm, accuracy in arms.items()}}
