@@ -94,9 +94,10 @@ class Args:
     ccm_estimate: str = diagnosis.CuratorConfig.ccm_estimate
     """cross-fidelity: how R_k's gradient norms are taken (grad_norms.ccm_scope): exact = over every trainable
     parameter; last:N = over the output layer (final norm and head, the head's call alone where it is tied to the
-    embedding) and the last N blocks, which differentiates nothing below them (last:0: no block at all). Default
-    last:2: at 11 registered seeds it cost no accuracy against exact (the matrix's block 2, docs/results.md) and
-    takes fewer seconds; every registered cross-fidelity run names exact"""
+    embedding) and the last N blocks, which differentiates nothing below them (last:0: no block at all, its norms
+    in closed form from the forward). Default last:0: at 11 registered seeds it cost no accuracy against last:2
+    (issue 69), which cost none against exact (the matrix's block 2, docs/results.md); every registered
+    cross-fidelity run names its estimate"""
     predictor: bool = True
     """cross-fidelity: let the fidelity predictor skip the gradient-norm diagnosis where it is sure"""
     ratio_cap: float = sharing.ShareConfig.ratio_cap

@@ -72,7 +72,7 @@ class CuratorConfig:
     ablate: tuple[str, ...] = ()
     tbd_measure: str = "credit"
     process_signal: str = "vpr"
-    ccm_estimate: str = "last:2"
+    ccm_estimate: str = "last:0"
     credit_mix: float = 0.5
     """RSD repair: the weight of the step's process signal against the outcome advantage"""
     reach_quantile: float = 0.9

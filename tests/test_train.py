@@ -340,7 +340,7 @@ def test_the_default_command_runs_the_curator_and_ends_with_what_it_did(tmp_path
              f"--warmup-scale 0.15 --temperature 1.0 --runs-dir {tmp_path} --cache-dir {cache_dir}")
     run_dir = train.main(tyro.cli(Args, args=shlex.split(short)))
     assert json.loads((run_dir / "config.json").read_text())["share"] == "cross-fidelity"
-    assert json.loads((run_dir / "config.json").read_text())["ccm_estimate"] == "last:2"
+    assert json.loads((run_dir / "config.json").read_text())["ccm_estimate"] == "last:0"
     printed = capsys.readouterr().out
     summary = printed[printed.index("curation over 1 iterations, per source -> receiver:"):]
     directions = re.findall(r"  (\w+) -> (\w+): (\d+) offers; admitted PRP \d+, XGRPO \d+, SGT \d+; rejected", summary)
