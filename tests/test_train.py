@@ -120,6 +120,23 @@ def test_a_killed_run_resumes_and_a_shorter_one_extends_to_where_an_uninterrupte
     assert list(map(metrics_log.timeless, records(whole))) == list(map(metrics_log.timeless, records(extended)))
 
 
+@pytest.mark.slow
+def test_the_evaluation_schedule_changes_nothing_a_run_trains_on(tmp_path, cache_dir):
+    # the branches' calls evaluate every 5 iterations where the comparison evaluates every 10: their trunks and
+    # branches must train as they would on any schedule, every metric and curation decision bit for bit
+    runs = {every: train.main(tiny_args(tmp_path, cache_dir, name=f"every-{every}", share="cross-fidelity",
+                                        iterations=3, eval_every=every)) for every in (1, 3)}
+    trained = {every: [metrics_log.timeless(r) for r in records(run_dir) if "eval/heldout_accuracy" not in r]
+               for every, run_dir in runs.items()}
+    assert len(trained[1]) == 3 * 2 and trained[1] == trained[3]
+    decisions = {every: [metrics_log.timeless(json.loads(line)) for line in
+                         (run_dir / "fidelity.jsonl").read_text().splitlines()] for every, run_dir in runs.items()}
+    assert decisions[1] and decisions[1] == decisions[3]
+    evaluated = {every: sorted({r["iteration"] for r in records(run_dir) if "eval/heldout_accuracy" in r})
+                 for every, run_dir in runs.items()}
+    assert evaluated == {1: [0, 1, 2, 3], 3: [0, 3]}
+
+
 def test_an_existing_run_is_not_overwritten_nor_resumed_with_other_settings(tmp_path, cache_dir):
     train.main(tiny_args(tmp_path, cache_dir, iterations=1))
     with pytest.raises(FileExistsError, match="--resume"):
