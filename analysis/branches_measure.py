@@ -45,6 +45,13 @@ def as_measure(rows: list[dict], measure: str) -> list[dict]:
              "arms": {arm: values(run) for arm, run in r["measures"].items() if arm != "trunk"}} for r in rows]
 
 
+def controls_sd(rows: list[dict], scale: float, points: int) -> float:
+    """The SD of a seed's mean `negated - none` over `points` branch points, at its upper 80% bound, for the
+    receiver where it is largest (part 1's simulation)."""
+    return max(plan.seed_mean_sd(plan.per_point(rows, [p], "negated", "none", scale), points)[1]
+               for p in plan.policies_of(rows))
+
+
 def cell(rows: list[dict], measure: str, draws: int = plan.DRAWS) -> dict:
     """One cell's `negated - none` (mean over every point and receiver, each receiver's SD), the controls' power,
     and each control that must help's mean against `none`, in the measure's units."""
@@ -53,8 +60,7 @@ def cell(rows: list[dict], measure: str, draws: int = plan.DRAWS) -> dict:
     points = len({r["point"] for r in rows})
     negated = plan.per_point(rows, policies, "negated", "none", scale)
     sds = {p: float(np.std(plan.per_point(rows, [p], "negated", "none", scale), ddof=1)) for p in policies}
-    control_sd = max(plan.seed_mean_sd(plan.per_point(rows, [p], "negated", "none", scale), points)[1]
-                     for p in policies)
+    control_sd = controls_sd(rows, scale, points)
     return {"mean": float(np.mean(negated)), "sd": sds, "controls_sd": control_sd,
             "power": plan.power(SEEDS, float(np.mean(negated)), control_sd, CONTROLS_ALPHA, draws),
             "helps": {arm: float(np.mean(plan.per_point(rows, policies, arm, "none", scale))) for arm in HELPERS}}
@@ -88,8 +94,7 @@ def calls_plan(by_k: dict[int, list[dict]], pilot: list[dict], cells: dict[tuple
               for p in plan.policies_of(rows)}
     sd = max(upper for _, upper in spread.values())
     n, short, effect_at_80 = plan.seed_count(sd, draws, effect)
-    control_sd = max(plan.seed_mean_sd(plan.per_point(rows, [p], "negated", "none", scale), len(points))[1]
-                     for p in plan.policies_of(rows))
+    control_sd = controls_sd(rows, scale, len(points))
     timed = cost_rows or by_k[k]
     cost = plan.Costs(plan.trunk_iteration_seconds(timed),
                       float(np.mean(plan.whole_branches(timed, {a for r in timed for a in r["arms"]}))),

@@ -270,6 +270,8 @@ def main(argv: list[str] | None = None) -> list[Path]:
         by_k = {k: [r for r in rows if r["k"] == k] for k in sorted({r["k"] for r in rows})}
         cells, chosen = branches_measure.choice(by_k)
         named = (int(cli.cell[0]), cli.cell[1]) if cli.cell else chosen
+        if named and named not in cells:
+            parser.error(f"--cell {cli.cell[0]} {cli.cell[1]} is not a study cell: one of {sorted(cells)}")
         cost_rows = branches_report.load(cli.costs) if cli.costs else None
         arms = len({a for r in cost_rows for a in r["arms"]}) if cost_rows else len(ARMS)
         calls = branches_measure.calls_plan(by_k, pilot, cells, named, arms, points=cli.points,

@@ -164,6 +164,10 @@ def test_the_measure_command_checks_the_rows_then_prints_the_choice(tmp_path, ca
     assert "Part 3's numbers, accuracy at k = 5" in printed and "6 branch points a seed (10-60)" in printed
     # k = 1's rows: 9 s a branch; charged two trunks to 60 at 12 s, 36 branches, six points at 30 s, of 2 processes
     assert "a branch 9.0" in printed and f"costs {(2 * 60 * 12 + 36 * 9 + 6 * 30) / 2 / 3600:.2f} h" in printed
+    with pytest.raises(SystemExit):                                  # k = 3 is no cell of the study
+        branches.main(["measure", str(folders[1]), str(folders[5]), "--pilot", str(folders[5]), "--cell", "3",
+                       "loglik"])
+    assert "is not a study cell" in capsys.readouterr().err
 
 
 def test_the_report_reads_the_chosen_measure_in_its_units_with_part_3s_margin(tmp_path):
