@@ -16,6 +16,7 @@ from collections import defaultdict
 
 import torch
 
+import grpo
 import sharing
 from diagnosis import Offer
 from sharing import LEVELS
@@ -115,12 +116,12 @@ def admit(offers: list[Offer], bands: list[int | None], receiver: sharing.Experi
         else:
             decisions.append(("rejected", "none", f"{rule}, not a verified success on a prompt the receiver failed"))
     for b, ks in rescues.items():
-        credit = sharing.rescue_advantages(receiver.rewards[b], torch.tensor([offers[k].reward for k in ks]),
-                                           share.scale_by_std)
+        credit = grpo.rescue_advantages(receiver.rewards[b], torch.tensor([offers[k].reward for k in ks]),
+                                        share.scale_by_std)
         for k, a in zip(ks, credit.tolist()):
             picks[k] = (offers[k], a)
     advantages = receiver.advantages.clone()                                           # [B, G]
     for b, rewards in pooled.items():
-        advantages[b] = sharing.xgrpo_advantages(receiver.rewards[b:b + 1], [torch.tensor([rewards])],
-                                                 share.scale_by_std)[0]
+        advantages[b] = grpo.xgrpo_advantages(receiver.rewards[b:b + 1], [torch.tensor([rewards])],
+                                              share.scale_by_std)[0]
     return decisions, picks, advantages

@@ -210,7 +210,8 @@ def make_offer(source: sharing.Experience, index: int, receiver: policies.Policy
     """The cheap diagnosis (TBD, RSD) of one rollout for one receiver; None when no step of it reaches the
     receiver's tokens (an empty completion, a lone cut byte, a text its tokenizer cannot spell). The hidden TBD
     measure comes later, over all the iteration's offers (`with_hidden_tbd`)."""
-    aligned = sharing.aligned_rollout(source, index, receiver)
+    aligned = tokalign.align_completion(source.rollouts.completion_ids[index].tolist(), source.policy.token_bytes,
+                                        receiver.tokenizer, receiver.token_bytes)
     if aligned is None:
         return None
     src, tgt, alignment = aligned

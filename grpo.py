@@ -2,7 +2,9 @@
 surrogate with per-token advantages and weights.
 
 Group advantages (GRPO, Shao et al. 2024):   A_i = (r_i - mean(r_group)) / (std(r_group) + eps)
-  or, as Dr. GRPO (Liu et al. 2025), without the division by the std.
+  or, as Dr. GRPO (Liu et al. 2025), without the division by the std. Shared experience changes the group, not the
+  formula (sharing.py): XGRPO pools the peers' rewards into the receiver's groups (`xgrpo_advantages`), SGT credits
+  a rescued success as a member of the receiver's failed group (`rescue_advantages`).
 Per-token loss, for token t of completion i with ratio rho = pi_theta / pi_old:
   l_it = -w_it * min(rho_it A_it, clip(rho_it, 1 - eps_low, 1 + eps_high) A_it) + beta * k3_it
   k3_it = exp(ref_it - logp_it) - (ref_it - logp_it) - 1               (Schulman's k3 estimator of KL)
@@ -48,6 +50,22 @@ def group_advantages(rewards: torch.Tensor, scale_by_std: bool = True, eps: floa
     if not scale_by_std:
         return centered
     return centered / (rewards.std(dim=1, keepdim=True, unbiased=False) + eps)
+
+
+def pooled_advantages(own: torch.Tensor, others: list[torch.Tensor], scale_by_std: bool = True) -> torch.Tensor:
+    """[B, G + sum S_j] the group advantages of the receiver's rewards own [B, G] pooled with others [B, S_j] on
+    the same prompts: the statistics XGRPO's baseline and SGT's rescue credit share."""
+    return group_advantages(torch.cat([own, *others], dim=1), scale_by_std)
+
+
+def xgrpo_advantages(own: torch.Tensor, peers: list[torch.Tensor], scale_by_std: bool = True) -> torch.Tensor:
+    """[B, G] the receiver's advantages against the pooled group: own [B, G] and peers' [B, G_j] rewards."""
+    return pooled_advantages(own, peers, scale_by_std)[:, :own.shape[1]]
+
+
+def rescue_advantages(own: torch.Tensor, rescued: torch.Tensor, scale_by_std: bool = True) -> torch.Tensor:
+    """[S] the advantages of S rescued rewards as members of the receiver's group own [G]."""
+    return pooled_advantages(own.unsqueeze(0), [rescued.unsqueeze(0)], scale_by_std)[0, own.numel():]
 
 
 def rewards_stats(rewards: torch.Tensor) -> dict[str, float]:

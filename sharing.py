@@ -13,12 +13,12 @@ trajectories to) and §4.5 (their definitions, since the Mutual RL paper body is
          are those of the models at the sampling temperature; top-p truncation is not folded in (policies.py), so
          with --top-p < 1 the weights are ratios of the untruncated distributions.
   XGRPO  value level. Peer rewards on the same prompt join the receiver's group statistics,
-             A_i = (r_i - mean(R_self u R_peers)) / std(R_self u R_peers),
+             A_i = (r_i - mean(R_self u R_peers)) / std(R_self u R_peers),                 (grpo.xgrpo_advantages)
          and the receiver trains on its own rollouts only.
   SGT    outcome level. Where the receiver's whole group failed a prompt and a peer succeeded, the peer's
          verified successes join the receiver's batch, weighted as in PRP, with the advantage they would have
          had as members of the receiver's group (the pooled group of its failures and the rescued successes,
-         so the rarer the rescue the larger the credit). Nothing else crosses.
+         so the rarer the rescue the larger the credit: grpo.rescue_advantages). Nothing else crosses.
 
 `exchange` applies one level to an iteration's experience of every policy and returns, per receiver, the
 advantages of its own rollouts and the peer trajectories it takes in, with metrics under `sharing/`. A baseline
@@ -148,19 +148,8 @@ SHARES: dict[str, Share] = {}
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# The three levels on rewards alone
+# SGT's rescues, on rewards alone (their credit, with XGRPO's baseline: grpo.py)
 # ---------------------------------------------------------------------------------------------------------------
-
-def pooled_advantages(own: torch.Tensor, others: list[torch.Tensor], scale_by_std: bool = True) -> torch.Tensor:
-    """[B, G + sum S_j] the group advantages of the receiver's rewards own [B, G] pooled with others [B, S_j] on
-    the same prompts: the statistics XGRPO's baseline and SGT's rescue credit share."""
-    return grpo.group_advantages(torch.cat([own, *others], dim=1), scale_by_std)
-
-
-def xgrpo_advantages(own: torch.Tensor, peers: list[torch.Tensor], scale_by_std: bool = True) -> torch.Tensor:
-    """[B, G] the receiver's advantages against the pooled group: own [B, G] and peers' [B, G_j] rewards."""
-    return pooled_advantages(own, peers, scale_by_std)[:, :own.shape[1]]
-
 
 def failed_groups(own: torch.Tensor, success: float) -> torch.Tensor:
     """[B] bool: the prompts where every rollout of the receiver's group own [B, G] failed (SGT's ground)."""
@@ -175,11 +164,6 @@ def sgt_rescues(own: torch.Tensor, peer: torch.Tensor, success: float) -> list[t
     failed = failed_groups(own, success)                                         # [B]
     rescued = (peer >= success) & failed.unsqueeze(1)                            # [B, G_peer]
     return [tuple(pair) for pair in rescued.nonzero().tolist()]
-
-
-def rescue_advantages(own: torch.Tensor, rescued: torch.Tensor, scale_by_std: bool = True) -> torch.Tensor:
-    """[S] the advantages of S rescued rewards as members of the receiver's group own [G]."""
-    return pooled_advantages(own.unsqueeze(0), [rescued.unsqueeze(0)], scale_by_std)[0, own.numel():]
 
 
 def truncated_weights(log_ratio: torch.Tensor, cap: float) -> torch.Tensor:
@@ -212,22 +196,8 @@ def receiver_logprobs(receiver: policies.Policy, prompts: list[list[int]], compl
     return out
 
 
-Aligned = tuple[tokalign.Encoding, tokalign.Encoding, tokalign.Alignment]   # source, receiver encoding, alignment
-
-
-def aligned_rollout(source: Experience, index: int, receiver: policies.Policy) -> Aligned | None:
-    """One of the source's rollouts retokenized by the receiver and aligned with it (tokalign); None where the
-    receiver's tokenizer cannot spell its text (token_bytes.encode_text) or holds no token of it (a lone cut byte)."""
-    src = tokalign.Encoding.from_ids(source.rollouts.completion_ids[index].tolist(), source.policy.token_bytes)
-    try:
-        tgt = tokalign.retokenize(src, receiver.tokenizer, receiver.token_bytes)
-    except ValueError:
-        return None
-    return (src, tgt, tokalign.align(src, tgt)) if tgt.ids else None
-
-
 def cross(source: Experience, picks: list[tuple[int, float]], receiver: policies.Policy, cfg: ShareConfig,
-          aligned: dict[int, Aligned] | None = None, credit: dict[int, torch.Tensor] | None = None
+          aligned: dict[int, tokalign.Aligned] | None = None, credit: dict[int, torch.Tensor] | None = None
           ) -> list[Crossing]:
     """Move the source's rollouts `picks` = (flat index, sequence advantage) into the receiver's tokenization, each
     receiver token carrying the sequence advantage redistributed by alignment proportion (tokalign.redistribute).
@@ -235,12 +205,14 @@ def cross(source: Experience, picks: list[tuple[int, float]], receiver: policies
     `aligned` holds rollouts already retokenized and aligned for this receiver, by flat index (the curator's
     offers), so that none is done twice; `credit`, by flat index, the per-token credit [m] the caller has
     already repaired (the curator's), which then crosses in place of the redistributed advantage. A rollout that
-    `aligned_rollout` cannot move is dropped (counted by crossing_metrics as sharing/dropped).
+    `tokalign.align_completion` cannot move is dropped (counted by crossing_metrics as sharing/dropped).
     """
     group_size = source.rollouts.group_size
     moved = []
     for index, advantage in picks:
-        found = (aligned or {}).get(index) or aligned_rollout(source, index, receiver)
+        found = (aligned or {}).get(index) or tokalign.align_completion(
+            source.rollouts.completion_ids[index].tolist(), source.policy.token_bytes, receiver.tokenizer,
+            receiver.token_bytes)
         if found is not None:
             moved.append((index, advantage, *found))
     if not moved:
@@ -304,7 +276,7 @@ def exchange(experiences: list[Experience], cfg: ShareConfig, receiver_name: str
         if cfg.mode == "none":
             out[name] = Received(receiver.advantages)
         elif cfg.mode == "xgrpo":
-            advantages = xgrpo_advantages(receiver.rewards, [p.rewards for p in peers], cfg.scale_by_std)
+            advantages = grpo.xgrpo_advantages(receiver.rewards, [p.rewards for p in peers], cfg.scale_by_std)
             own_flat = (receiver.advantages == 0).all(dim=1)                           # [B]
             out[name] = Received(advantages, metrics={
                 "sharing/received": float(sum(p.rewards.numel() for p in peers)),
@@ -333,7 +305,7 @@ def sgt_picks(own: torch.Tensor, peers: list[Experience], cfg: ShareConfig) -> l
     for b in sorted({b for found in rescues for b, _ in found}):
         members = [(k, j) for k, found in enumerate(rescues) for bb, j in found if bb == b]
         rewards = torch.stack([peers[k].rewards[b, j] for k, j in members])                    # [S]
-        credit = rescue_advantages(own[b], rewards, cfg.scale_by_std)                           # [S]
+        credit = grpo.rescue_advantages(own[b], rewards, cfg.scale_by_std)                           # [S]
         for (k, j), a in zip(members, credit.tolist()):
             out[k].append((b * peers[k].rollouts.group_size + j, a))
     return out

@@ -11,6 +11,7 @@ Decisions relied on (DESIGN.md §4):
   4.3  groups come from byte offsets by a two-pointer walk, O(n + m), not from an edit-distance DP.
   4.4  the density ratio is taken per group: log r_g = sum_{t in g} log pi_tgt(t) - sum_{s in g} log pi_src(s).
 
+`align_completion` takes one completion from a source's ids to the receiver's encoding and their alignment.
 The credit of each step reaches the receiver's tokens through `token_credit`: separators and the EOS carry the
 step they close (`credit_spans`), and the TBD repair moves it by byte overlap (`redistribute`).
 
@@ -196,6 +197,22 @@ def align(source: Encoding, target: Encoding) -> Alignment:
         exact.append(n < len(source.ids) and m < len(target.ids))
     inexact = sum(b - a for (a, b), ok in zip(spans, exact) if not ok)
     return Alignment(groups_src, groups_tgt, spans, exact, inexact / len(source.data) if source.data else 0.0)
+
+
+Aligned = tuple[Encoding, Encoding, Alignment]   # source encoding, receiver encoding, their alignment
+
+
+def align_completion(ids: list[int], source_token_bytes: list[bytes], tokenizer, token_bytes: list[bytes]
+                     ) -> Aligned | None:
+    """A source completion's token ids retokenized by the receiver (its tokenizer and token table) and aligned with
+    them; None where the receiver's tokenizer cannot spell the text (token_bytes.encode_text) or holds no token of
+    it (a lone cut byte)."""
+    src = Encoding.from_ids(ids, source_token_bytes)
+    try:
+        tgt = retokenize(src, tokenizer, token_bytes)
+    except ValueError:
+        return None
+    return (src, tgt, align(src, tgt)) if tgt.ids else None
 
 
 def char_to_byte_spans(text: str, spans: list[tuple[int, int]]) -> list[tuple[int, int]]:

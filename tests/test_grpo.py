@@ -22,6 +22,38 @@ def test_group_advantages_by_hand():
                                torch.tensor([[0.5, -0.5, -0.5, 0.5], [0.25, 0.25, 0.25, -0.75]]))
 
 
+def test_xgrpo_advantages_by_hand():
+    own = torch.tensor([[1.0, 0.0], [0.0, 0.0], [1.0, 1.0]])
+    peer = torch.tensor([[1.0, 1.0], [0.0, 0.0], [0.0, 0.0]])
+    s = math.sqrt(3) / 4  # row 0 pools [1, 0, 1, 1]: mean 3/4, population std sqrt(3)/4
+    expected = torch.tensor([[0.25 / (s + EPS), -0.75 / (s + EPS)],
+                             [0.0, 0.0],                          # nobody solved it: no signal, not NaN
+                             [0.5 / (0.5 + EPS)] * 2])            # own group alone is flat; pooled it is not
+    torch.testing.assert_close(grpo.xgrpo_advantages(own, [peer]), expected)
+    torch.testing.assert_close(grpo.xgrpo_advantages(own, [peer], scale_by_std=False),
+                               torch.tensor([[0.25, -0.75], [0.0, 0.0], [0.5, 0.5]]))
+
+
+def test_xgrpo_pools_every_peer_whatever_its_group_size():
+    own, a, b = torch.tensor([[0.0, 1.0]]), torch.tensor([[1.0, 1.0]]), torch.tensor([[0.0, 0.0, 0.0]])
+    # pooled [0, 1, 1, 1, 0, 0, 0]: mean 3/7, centred own rewards -3/7 and 4/7
+    torch.testing.assert_close(grpo.xgrpo_advantages(own, [a, b], scale_by_std=False),
+                               torch.tensor([[-3 / 7, 4 / 7]]))
+
+
+def test_rescue_advantages_by_hand():
+    # one success joins three failures: pooled [0, 0, 0, 1], mean 1/4, std sqrt(3)/4
+    s = math.sqrt(3) / 4
+    torch.testing.assert_close(grpo.rescue_advantages(torch.zeros(3), torch.ones(1)),
+                               torch.tensor([0.75 / (s + EPS)]))
+    # two successes: pooled [0, 0, 0, 1, 1], mean 2/5, std sqrt(6)/5 -- a rarer rescue earns more
+    s2 = math.sqrt(6) / 5
+    torch.testing.assert_close(grpo.rescue_advantages(torch.zeros(3), torch.ones(2)),
+                               torch.full((2,), 0.6 / (s2 + EPS)))
+    torch.testing.assert_close(grpo.rescue_advantages(torch.zeros(3), torch.ones(2), scale_by_std=False),
+                               torch.full((2,), 0.6))
+
+
 def test_zero_variance_groups_give_exact_zeros():
     # seven 0.3s: their float32 mean is not 0.3, so their std is not 0 (3e-8), yet the group carries no signal
     rewards = torch.tensor([[1.0] * 7, [0.0] * 7, [0.3] * 7, [0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0]])

@@ -11,31 +11,13 @@ from hypothesis import strategies as st
 
 import grpo
 import sharing
+import tokalign
 import train
 from baselines import hacpo
 from testbed import arith, policies, presets, tiny, token_bytes
 from test_train import TASK, tiny_args
 
 EPS = 1e-4  # grpo.group_advantages' default
-
-
-def test_xgrpo_advantages_by_hand():
-    own = torch.tensor([[1.0, 0.0], [0.0, 0.0], [1.0, 1.0]])
-    peer = torch.tensor([[1.0, 1.0], [0.0, 0.0], [0.0, 0.0]])
-    s = math.sqrt(3) / 4  # row 0 pools [1, 0, 1, 1]: mean 3/4, population std sqrt(3)/4
-    expected = torch.tensor([[0.25 / (s + EPS), -0.75 / (s + EPS)],
-                             [0.0, 0.0],                          # nobody solved it: no signal, not NaN
-                             [0.5 / (0.5 + EPS)] * 2])            # own group alone is flat; pooled it is not
-    torch.testing.assert_close(sharing.xgrpo_advantages(own, [peer]), expected)
-    torch.testing.assert_close(sharing.xgrpo_advantages(own, [peer], scale_by_std=False),
-                               torch.tensor([[0.25, -0.75], [0.0, 0.0], [0.5, 0.5]]))
-
-
-def test_xgrpo_pools_every_peer_whatever_its_group_size():
-    own, a, b = torch.tensor([[0.0, 1.0]]), torch.tensor([[1.0, 1.0]]), torch.tensor([[0.0, 0.0, 0.0]])
-    # pooled [0, 1, 1, 1, 0, 0, 0]: mean 3/7, centred own rewards -3/7 and 4/7
-    torch.testing.assert_close(sharing.xgrpo_advantages(own, [a, b], scale_by_std=False),
-                               torch.tensor([[-3 / 7, 4 / 7]]))
 
 
 def naive_rescues(own, peer):
@@ -60,19 +42,6 @@ def random_binary_rewards(seed, *shapes):
 def test_sgt_rescues_equal_a_naive_loop(groups, g_own, g_peer, seed):
     own, peer = random_binary_rewards(seed, (groups, g_own), (groups, g_peer))
     assert sharing.sgt_rescues(own, peer, 1.0) == naive_rescues(own, peer)
-
-
-def test_rescue_advantages_by_hand():
-    # one success joins three failures: pooled [0, 0, 0, 1], mean 1/4, std sqrt(3)/4
-    s = math.sqrt(3) / 4
-    torch.testing.assert_close(sharing.rescue_advantages(torch.zeros(3), torch.ones(1)),
-                               torch.tensor([0.75 / (s + EPS)]))
-    # two successes: pooled [0, 0, 0, 1, 1], mean 2/5, std sqrt(6)/5 -- a rarer rescue earns more
-    s2 = math.sqrt(6) / 5
-    torch.testing.assert_close(sharing.rescue_advantages(torch.zeros(3), torch.ones(2)),
-                               torch.full((2,), 0.6 / (s2 + EPS)))
-    torch.testing.assert_close(sharing.rescue_advantages(torch.zeros(3), torch.ones(2), scale_by_std=False),
-                               torch.full((2,), 0.6))
 
 
 @settings(max_examples=200, deadline=None)
@@ -184,7 +153,7 @@ def test_hacpo_advantages_equal_a_naive_loop_and_with_equal_capabilities_xgrpo(g
     torch.testing.assert_close(hacpo.capability_advantages(pooled, reweight, own, scale_by_std),
                                naive_capability_advantages(pooled, reweight, own, scale_by_std))
     equal = hacpo.capability_advantages(pooled, torch.ones(sum(sizes)), own, scale_by_std)[:, own]
-    torch.testing.assert_close(equal, sharing.xgrpo_advantages(rewards[0], rewards[1:], scale_by_std))
+    torch.testing.assert_close(equal, grpo.xgrpo_advantages(rewards[0], rewards[1:], scale_by_std))
 
 
 @pytest.mark.parametrize("rewards, reweight, own", [
@@ -292,7 +261,8 @@ def test_a_crossing_from_alignments_already_made_equals_one_made_from_scratch(un
     llama, cfg = untrained["llama"], sharing.ShareConfig("prp", temperature=0.7)
     picks = [(0, 0.5), (1, -0.5)]
     fresh = sharing.cross(peer, picks, llama, cfg)
-    aligned = {i: sharing.aligned_rollout(peer, i, llama) for i, _ in picks}
+    aligned = {i: tokalign.align_completion(peer.rollouts.completion_ids[i].tolist(), peer.policy.token_bytes,
+                                         llama.tokenizer, llama.token_bytes) for i, _ in picks}
 
     def refuse(*args, **kwargs):
         raise AssertionError("retokenized twice")
@@ -459,7 +429,7 @@ def test_none_and_xgrpo_move_no_trajectory(untrained):
     assert alone.crossings == [] and torch.equal(alone.advantages, receiver.advantages)
     pooled = sharing.exchange([receiver, peer], sharing.ShareConfig("xgrpo", temperature=1.0))["llama"]
     assert pooled.crossings == []
-    torch.testing.assert_close(pooled.advantages, sharing.xgrpo_advantages(receiver.rewards, [peer.rewards]))
+    torch.testing.assert_close(pooled.advantages, grpo.xgrpo_advantages(receiver.rewards, [peer.rewards]))
     assert pooled.metrics["sharing/revived_groups"] == 2      # prompts 0 and 2 were flat for llama alone
     s = math.sqrt(3) / 4                                       # every pooled row here has mean 1/4 or 3/4
     shifts = [0.25 / (s + EPS)] * 2 + [abs(0.25 / (s + EPS) - 0.5 / (0.5 + EPS)),

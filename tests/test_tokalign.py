@@ -111,6 +111,21 @@ def test_a_completion_cut_inside_a_character_is_trimmed_and_reported(real):
     assert alignment.residual == pytest.approx(1 / 4) and alignment.exact[-1] is False
 
 
+def test_align_completion_moves_text_and_returns_none_where_nothing_reaches_the_receiver(real, monkeypatch):
+    tok, table = real["qwen2"]
+    ids = tok("It is 12.\nDone.", add_special_tokens=False)["input_ids"]
+    src, tgt, alignment = tokalign.align_completion(ids, table, *real["llama"])
+    assert src.data == tgt.data == b"It is 12.\nDone."
+    assert groups(alignment) == naive_alignment(src, tgt)
+    lone_cut_byte = [tok.convert_tokens_to_ids("æ")]              # the first byte of a character, nothing after it
+    assert tokalign.align_completion(lone_cut_byte, table, *real["llama"]) is None
+
+    def cannot_spell(tokenizer, text):
+        raise ValueError("this metaspace tokenizer has no byte-fallback tokens to spell a literal U+2581 in the text")
+    monkeypatch.setattr(tokalign, "encode_text", cannot_spell)
+    assert tokalign.align_completion(ids, table, *real["llama"]) is None
+
+
 def test_non_canonical_source_ids_align_by_bytes(real):
     tok, table = real["qwen2"]
     pieces = [tok.convert_tokens_to_ids(t) for t in ["H", "ello", "Ġw", "orld"]]  # not how Qwen would encode it
