@@ -108,7 +108,7 @@ class ActorSide:
         return self.team.get(self.actor.cross.remote(credit, advantages, stats))
 
 
-def room(nodes: list[dict[str, float]], cpus: float, gpus: float) -> int:
+def actors_that_fit(nodes: list[dict[str, float]], cpus: float, gpus: float) -> int:
     """How many actors of `cpus` CPUs and `gpus` GPUs the nodes' resources hold, none split across nodes."""
     def fits(available: float, need: float) -> float:
         return available // need if need else float("inf")
@@ -143,10 +143,11 @@ class RayTeam:
             self.close()
             raise
         nodes = [n["Resources"] for n in ray.nodes() if n["Alive"]]
-        if room(nodes, args.cpus_per_policy, gpus) < count:
+        fit = actors_that_fit(nodes, args.cpus_per_policy, gpus)
+        if fit < count:
             self.close()
             raise ValueError(
-                f"the Ray cluster has room for {room(nodes, args.cpus_per_policy, gpus)} of the {count} policies' "
+                f"the Ray cluster has room for {fit} of the {count} policies' "
                 f"actors at {args.cpus_per_policy} CPUs and {gpus} GPUs each (its nodes: "
                 f"{[{k: r.get(k, 0) for k in ('CPU', 'GPU')} for r in nodes]}): add nodes with "
                 f"`ray start --address=HEAD_IP:6379`, or lower --cpus-per-policy / --gpus-per-policy")

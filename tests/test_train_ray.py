@@ -102,9 +102,9 @@ def test_a_killed_actor_ends_the_run_within_seconds_naming_its_policy(tmp_path, 
 
 
 def test_a_cluster_without_room_for_every_actor_is_refused_at_start(tmp_path, cache_dir, local_ray):
-    assert train_ray.room([{"CPU": 4.0, "GPU": 1.0}, {"CPU": 2.0}], 1, 1) == 1
-    assert train_ray.room([{"CPU": 4.0, "GPU": 1.0}, {"CPU": 2.0}], 2, 0) == 3
-    assert train_ray.room([{"CPU": 4.0, "GPU": 1.0}], 1, 0.5) == 2
+    assert train_ray.actors_that_fit([{"CPU": 4.0, "GPU": 1.0}, {"CPU": 2.0}], 1, 1) == 1
+    assert train_ray.actors_that_fit([{"CPU": 4.0, "GPU": 1.0}, {"CPU": 2.0}], 2, 0) == 3
+    assert train_ray.actors_that_fit([{"CPU": 4.0, "GPU": 1.0}], 1, 0.5) == 2
     with pytest.raises(ValueError, match="room for 0 of the 2"):
         train_ray.RayTeam(on_ray(tmp_path, cache_dir, gpus_per_policy=1.0))
     with pytest.raises(ValueError, match="--gpus-per-policy"):
