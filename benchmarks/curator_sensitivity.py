@@ -38,6 +38,7 @@ from typing import Callable, NamedTuple
 
 import torch
 
+import admission
 import coevolution
 import curator
 import diagnosis
@@ -223,8 +224,8 @@ def live_offers(it: Iteration, receiver: sharing.Experience) -> list:
     offers = [o for peer in it.experiences if peer is not receiver for i in range(len(peer.rollouts.texts))
               if (o := diagnosis.make_offer(peer, i, receiver.policy, it.task,
                                             it.problems[i // peer.rollouts.group_size], it.stats))]
-    idle = curator.inert_prompts([e.rewards for e in it.experiences])                          # [B]
-    return [o for o in offers if not idle[o.prompt_index]]
+    inert = admission.inert_prompts([e.rewards for e in it.experiences])                       # [B]
+    return [o for o in offers if not inert[o.prompt_index]]
 
 
 def load_pair(args: Args) -> list:
