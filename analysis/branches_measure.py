@@ -96,9 +96,7 @@ def calls_plan(by_k: dict[int, list[dict]], pilot: list[dict], cells: dict[tuple
     n, short, effect_at_80 = plan.seed_count(sd, draws, effect)
     control_sd = controls_sd(rows, scale, len(points))
     timed = cost_rows or by_k[k]
-    cost = plan.Costs(plan.trunk_iteration_seconds(timed),
-                      float(np.mean(plan.whole_branches(timed, {a for r in timed for a in r["arms"]}))),
-                      float(np.mean([r["seconds"][plan.POINT_SECONDS] for r in timed])))
+    cost = plan.rate(timed)
     pilot_by_k = {k_: [r for r in pilot if r["k"] == k_] for k_ in sorted({r["k"] for r in pilot})}
     spent = {"pilot": plan.pilot_seconds(pilot_by_k, plan.costs(pilot_by_k, 5).trunk_iteration),
              "study": plan.pilot_seconds(by_k, plan.trunk_iteration_seconds(by_k[k]))}
@@ -106,11 +104,21 @@ def calls_plan(by_k: dict[int, list[dict]], pilot: list[dict], cells: dict[tuple
         spent["costs"] = plan.pilot_seconds({k: cost_rows}, cost.trunk_iteration)
     return {"effect": effect, "sd_of_seed_mean": spread, "sd_upper": sd, "n": n, "underpowered": short,
             "effect_at_80": effect_at_80, "costs": cost.__dict__, "points": points, "cell": chosen,
-            "controls_sd": control_sd,
+            "controls_sd": control_sd, "negated": cells[chosen]["mean"],
             "controls_power": {at: plan.power(at, cells[chosen]["mean"], control_sd, CONTROLS_ALPHA, draws)
                                for at in sorted({n, SEEDS})},
             "spent_hours": {what: seconds / plan.PROCESSES / 3600 for what, seconds in spent.items()},
             "budget": plan.budget(cost, sum(spent.values()), n, arms, points)}
+
+
+def cut(calls: dict, live: list[dict], set_aside: list[dict], arms: int, lost_points: int,
+        draws: int = plan.DRAWS) -> dict:
+    """Part 3's calls under rule 3's last cut, from the calls' own seconds (analysis/branches_plan.fourth_cut), and
+    the power at the seeds it leaves: against the effect of interest, and the controls' at 0.05 / 6."""
+    left = plan.fourth_cut(live, set_aside, calls["budget"]["hours_left"], calls["n"], arms, calls["points"],
+                           lost_points=lost_points)
+    return {**left, "power": plan.power(left["n"], calls["effect"], calls["sd_upper"], plan.ALPHA_CALLS, draws),
+            "controls_power": plan.power(left["n"], calls["negated"], calls["controls_sd"], CONTROLS_ALPHA, draws)}
 
 
 def reproduced(study: list[dict], pilot: list[dict]) -> None:
@@ -135,9 +143,10 @@ def reproduced(study: list[dict], pilot: list[dict]) -> None:
                              "pilot's accuracies")
 
 
-def markdown(cells: dict[tuple[int, str], dict], chosen: tuple[int, str] | None, calls: dict | None = None) -> str:
-    """The study's table and its choice, every cell's numbers beside it, and part 3's numbers where a cell is
-    chosen."""
+def markdown(cells: dict[tuple[int, str], dict], chosen: tuple[int, str] | None, calls: dict | None = None,
+             last_cut: dict | None = None) -> str:
+    """The study's table and its choice, every cell's numbers beside it, part 3's numbers where a cell is chosen,
+    and the seeds rule 3's last cut leaves them where it was applied."""
     lines = ["# The branches' measure: the study's cells (results/preregistration-branches-measure.md)", "",
              f"negated - none over every point and receiver; the controls' power at {SEEDS} seeds and 0.05 / 6.", "",
              "| k | measure | negated - none | SD per receiver | power | second-group - none | sgt - none |",
@@ -167,4 +176,16 @@ def markdown(cells: dict[tuple[int, str], dict], chosen: tuple[int, str] | None,
                   + ("; ".join(b["cuts"]) if b["cuts"] else "none") + f"; qwen-llama {b['qwen-llama seeds']} seeds, "
                   f"trio-prose {b['trio-prose seeds']} seeds, {b['trio-prose arms']} arms, points "
                   f"{b['trio-prose points']}."]
+    if last_cut:
+        c, first = last_cut, plan.FIRST_CALL_SEED
+        lines += ["", "Rule 3's last cut, from the calls' own seconds (no outcome read):",
+                  f"- seconds of one process here: a trunk iteration {c['costs']['trunk_iteration']:.1f}, a branch "
+                  f"{c['costs']['branch']:.1f}, a point's measures {c['costs']['point']:.1f}; a seed "
+                  f"{c['seed_hours']:.2f} h of two processes;",
+                  f"- the calls spent {c['spent_hours']:.2f} h ({c['lost_points']} points killed before their row "
+                  f"included); {c['hours_left']:.2f} h left; the rest of **n = {c['n']}** seeds ({first}-"
+                  f"{first + c['n'] - 1}) takes {c['hours']:.2f} h" + (", **over the budget**" if c["over budget"]
+                                                                      else "") + ";",
+                  f"- at n = {c['n']}: power {c['power']:.2f} against the effect of interest; the controls' power at "
+                  f"0.05 / 6 {c['controls_power']:.2f}."]
     return "\n".join(lines) + "\n"

@@ -37,6 +37,8 @@ CONTROL_FAMILIES = {"qwen-llama": 6, "trio-prose": 9}
 TARGET, POWER, DRAWS = 1.0, 0.8, 10_000
 BUDGET_HOURS, PROCESSES, TRIO_COST = 20.0, 2, 3.0
 RATIO_ARMS = ("sequence_ratio", "capped_ratio", "kl")
+FIRST_CALL_SEED = 3103
+"""the calls' seeds are FIRST_CALL_SEED onwards, n of them; the pilot's, 3101-3102, precede them"""
 POINT_SECONDS = "trunk-measures"
 """a row's seconds beside its trunk and branches: the measures' draws from the trunk and its measure"""
 
@@ -144,6 +146,13 @@ def whole_branches(rows: list[dict], arms: set[str]) -> list[float]:
     return [r["seconds"][a] for r in rows for a in r["arms"] if a in arms and ran_whole(r, a)]
 
 
+def rate(rows: list[dict]) -> Costs:
+    """The rows' own seconds of one process: a trunk iteration, a whole branch and a point's measures."""
+    branches = whole_branches(rows, {a for r in rows for a in r["arms"]})
+    return Costs(trunk_iteration_seconds(rows), float(np.mean(branches)),
+                 float(np.mean([r["seconds"].get(POINT_SECONDS, 0.0) for r in rows])))
+
+
 def costs(by_k: dict[int, list[dict]], k: int) -> Costs:
     """The pilot's seconds per trunk iteration (at k = 5) and per branch at k: the mean over every whole branch at
     k = 5, where all arms ran, times the ratio of the arms both k ran at k to at 5."""
@@ -210,6 +219,33 @@ def budget(c: Costs, spent_seconds: float, n: int, arms: int, points: list[int])
     plan["hours"] = hours(plan["qwen-llama seeds"], plan["trio-prose seeds"], *trio)
     plan["over budget"] = plan["hours"] > left
     return plan
+
+
+def fourth_cut(live: list[dict], set_aside: list[dict], left_hours: float, n: int, arms: int, points: list[int],
+               first_seed: int = FIRST_CALL_SEED, lost_points: int = 0) -> dict:
+    """Rule 3's last cut, qwen-llama's n down to 9, applied while the calls run, from their rows' seconds alone (no
+    outcome is read). Spent: the rows', counted as the pilot's were (`pilot_seconds`), the set-aside ones' at their
+    own rate, and `lost_points` points killed before their row was written, each at a seed's mean point. Left to
+    run, for the n seeds from first_seed: each trunk from its last row to the last point and every missing point's
+    branches, at the rate of the rows running now (`live`). n is the most seeds, 9 to `n`, that fit in what is left
+    of `left_hours`; 9, over the budget, where even 9 does not."""
+    cost = rate(live)
+    point = cost.seed(arms, points) / len(points)
+    spent = lost_points * point + sum(pilot_seconds({0: rows}, trunk_iteration_seconds(rows))
+                                      for rows in (live, set_aside) if rows)
+    left = left_hours - spent / PROCESSES / 3600
+
+    def hours(seeds: int) -> float:
+        seconds = 0.0
+        for seed in range(first_seed, first_seed + seeds):
+            done = {r["point"] for r in live if r["seed"] == seed}
+            seconds += (max(points) - max(done, default=0)) * cost.trunk_iteration
+            seconds += sum(arms * cost.branch + cost.point for p in points if p not in done)
+        return seconds / PROCESSES / 3600
+    chosen = max((m for m in range(SEED_COUNTS[0], n + 1) if hours(m) <= left), default=SEED_COUNTS[0])
+    return {"costs": cost.__dict__, "spent_hours": spent / PROCESSES / 3600, "hours_left": left,
+            "seed_hours": cost.seed(arms, points) / PROCESSES / 3600, "n": chosen, "hours": hours(chosen),
+            "over budget": hours(chosen) > left, "lost_points": lost_points}
 
 
 def plan(rows: list[dict], arms: int) -> dict:
@@ -279,5 +315,5 @@ def markdown(p: dict) -> str:
         lines.append(f"   At the {after['n']} seeds the budget leaves: power {after['power']:.2f} against 1 point, 80% "
                      f"against {after['effect_at_80']:.1f}; the controls' "
                      + ", ".join(f"{preset} {v:.2f}" for preset, v in after["controls_power"].items()) + ".")
-    lines.append(f"\nThe calls' seeds: 3103-{3102 + n}.")
+    lines.append(f"\nThe calls' seeds: {FIRST_CALL_SEED}-{FIRST_CALL_SEED + n - 1}.")
     return "\n".join(lines) + "\n"

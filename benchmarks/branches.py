@@ -260,6 +260,9 @@ def main(argv: list[str] | None = None) -> list[Path]:
                          "or not, at --points a seed with --costs' seconds (results/preregistration-branches.md)")
     measure.add_argument("--points", type=int, nargs="+", help="the branch points of a seed the calls would run")
     measure.add_argument("--costs", type=Path, help="rows run as the calls would run them, on a pilot seed")
+    measure.add_argument("--calls", type=Path, nargs="+", metavar="FOLDER", help="rule 3's last cut from the calls' "
+                         "seconds: their rows running now, then any set aside (only their seconds are read)")
+    measure.add_argument("--lost-points", type=int, default=0, help="the calls' points killed before their row")
     cli = parser.parse_args(argv)
     if cli.command == "run" and cli.measures is not None:
         torch.set_num_threads(1)    # as every run trains: the measured greedy accuracy is then the one it logged
@@ -276,7 +279,11 @@ def main(argv: list[str] | None = None) -> list[Path]:
         arms = len({a for r in cost_rows for a in r["arms"]}) if cost_rows else len(ARMS)
         calls = branches_measure.calls_plan(by_k, pilot, cells, named, arms, points=cli.points,
                                             cost_rows=cost_rows) if named else None
-        print(branches_measure.markdown(cells, chosen, calls))
+        last_cut = None
+        if cli.calls and calls:
+            live, *aside = [branches_report.load(folder) for folder in cli.calls]
+            last_cut = branches_measure.cut(calls, live, [r for rows in aside for r in rows], arms, cli.lost_points)
+        print(branches_measure.markdown(cells, chosen, calls, last_cut))
         return []
     if cli.command == "report":
         print(branches_report.report(cli.folder, branches_report.Reading.of(cli.measure, cli.margin)))

@@ -164,6 +164,14 @@ def test_the_measure_command_checks_the_rows_then_prints_the_choice(tmp_path, ca
     assert "Part 3's numbers, accuracy at k = 5" in printed and "6 branch points a seed (10-60)" in printed
     # k = 1's rows: 9 s a branch; charged two trunks to 60 at 12 s, 36 branches, six points at 30 s, of 2 processes
     assert "a branch 9.0" in printed and f"costs {(2 * 60 * 12 + 36 * 9 + 6 * 30) / 2 / 3600:.2f} h" in printed
+    # rule 3's last cut, k = 1's rows as the calls running now and k = 5's as set aside: charged k = 1's trunks to
+    # 60 at 12 s, 36 branches at 9 s and six points at 30 s; k = 5's at their own 45 s a branch; three lost points
+    # at k = 1's mean point, a seed (60 x 12 + 3 x (6 x 9 + 30)) over its 3 points
+    branches.main(["measure", str(folders[1]), str(folders[5]), "--pilot", str(folders[5]), "--cell", "1", "loglik",
+                   "--costs", str(folders[1]), "--calls", str(folders[1]), str(folders[5]), "--lost-points", "3"])
+    printed = capsys.readouterr().out
+    spent = (2 * 60 * 12 + 36 * 9 + 6 * 30) + (2 * 60 * 12 + 36 * 45 + 6 * 30) + 3 * (60 * 12 + 3 * (6 * 9 + 30)) / 3
+    assert f"the calls spent {spent / 7200:.2f} h (3 points killed before their row included)" in printed
     with pytest.raises(SystemExit):                                  # k = 3 is no cell of the study
         branches.main(["measure", str(folders[1]), str(folders[5]), "--pilot", str(folders[5]), "--cell", "3",
                        "loglik"])

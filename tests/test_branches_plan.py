@@ -94,6 +94,25 @@ def test_the_budgets_cuts_go_in_the_registered_order_by_hand():
     assert roomy["cuts"] == [] and roomy["trio-prose seeds"] == 12 and not roomy["over budget"]
 
 
+def test_the_last_cut_charges_what_the_calls_spent_and_fits_the_rest_at_the_running_rows_rate_by_hand():
+    points, arms = [5, 10, 15, 20], {"a": (0.1, 0.1), "b": (0.1, 0.1)}
+    live = [row(3103, 5, 1, arms), row(3103, 10, 1, arms, trunk_from=5), row(3104, 5, 1, arms)]
+    set_aside = [row(3104, 5, 1, arms, seconds=40.0)]
+    # here: a trunk iteration 2 s (10 s for 5 iterations), a branch 10 s, a seed 20 x 2 + 4 x 2 x 10 = 120 s, a
+    # point 30 s; spent: the live trunks to 10 and 5 (30 s) and six branches (60 s), the set-aside row at its own
+    # 8 s an iteration (40 s) and two branches (80 s), two lost points (60 s)
+    spent = 30 + 60 + 40 + 80 + 60
+    # the rest: 3103's trunk from 10 to 20 and its 2 missing points (60 s), 3104's from 5 and 3 points (90 s), 120 s
+    # for each other seed; 1,200 s left fit 10 seeds (1,110 s), not 11 (1,230 s)
+    cut = bp.fourth_cut(live, set_aside, (1200 + spent) / 7200, 12, 2, points, lost_points=2)
+    assert cut["costs"] == {"trunk_iteration": 2.0, "branch": 10.0, "point": 0.0}
+    assert cut["spent_hours"] == pytest.approx(spent / 7200) and cut["seed_hours"] == pytest.approx(120 / 7200)
+    assert cut["n"] == 10 and cut["hours"] == pytest.approx(1110 / 7200) and not cut["over budget"]
+    assert bp.fourth_cut(live, set_aside, 1.0, 12, 2, points, lost_points=2)["n"] == 12       # no cut where all fit
+    tight = bp.fourth_cut(live, set_aside, (900 + spent) / 7200, 12, 2, points, lost_points=2)
+    assert tight["n"] == 9 and tight["over budget"]                   # 9 seeds take 990 s of the 900 left
+
+
 def pilot(hurt_at_10: float = 0.0, trunk_at_10: float = 0.2) -> list[dict]:
     """Both k's rows: d beats chance by about a point, negated hurts by 4.5 points (more at k = 10 by
     `hurt_at_10`, as noisily); every run 60 s at k = 5 and 120 s at k = 10, the trunk's 60 s a segment."""
