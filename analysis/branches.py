@@ -1,14 +1,15 @@
 """The branches' report from their rows alone (benchmarks/branches.py, issue 68): per preset, receiver and arm, the
-arm's held-out accuracy at a branch's end less a reference arm's at the same branch (the random arm, `chance`, and
-`none`), in points.
+arm's held-out measure at a branch's end (its logged accuracy, or a measure the row carries) less a reference arm's at
+the same branch (the random arm, `chance`, and `none`), in the measure's units.
 
     python -m benchmarks.branches report results/branches      # report.md and report.png in the folder
 
 The unit is the seed: a seed's branch points are one trunk's run, so its differences are averaged over its points
-first, and the test is over seeds, the exact two-sided sign-flip test (stats.sign_flip_p), with Student's t
-interval beside the mean (results/reporting-rule.md). The controls come first: the arm that must hurt (negated)
-and the candidates that must help (sgt, second-group) against `none`; a measure whose controls do not separate
-from `none` is not read for any call. Then the registered calls (`calls`, results/preregistration-branches.md):
+first (every seed at the same points: a folder with a seed cut short, or of several k, is refused), and the test is
+over seeds, the exact two-sided sign-flip test (stats.sign_flip_p), with Student's t interval beside the mean
+(results/reporting-rule.md). The controls come first: the arm that must hurt (negated) and the candidates that must
+help (sgt, second-group) against `none`; a receiver whose controls do not separate from `none` is not called, and
+the report says which failed. Then the registered calls (`calls`, results/preregistration-branches.md):
 families A (each signal against chance) and B (against none) with Holm, and P1'/P2' over the cells that passed.
 """
 
@@ -44,16 +45,22 @@ class Reading:
     measure: str = "accuracy"
     margin: float = MARGIN
     margin_text: str = "1 point"
+    units: str = "points"
 
     @classmethod
     def of(cls, measure: str, margin: float) -> Reading:
         """The reading of `measure` with a margin in its units, said as "1 point" for part 1's."""
         units = branches_measure.UNITS[measure]
-        return cls(measure, margin, f"{margin:.3g} {units[:-1] if margin == 1 else units}")
+        return cls(measure, margin, f"{margin:.3g} {units[:-1] if margin == 1 else units}", units)
 
     @property
     def scale(self) -> float:
         return branches_measure.MEASURES[self.measure]
+
+    @property
+    def decimals(self) -> int:
+        """a nat's differences between arms are thousandths, a point's tenths"""
+        return 4 if self.units == "nats" else 2
 
     def words(self) -> dict[str, tuple[str, str, str]]:
         """each family's words (results/preregistration-branches.md): Holm's rejection up or down, or within the
@@ -73,9 +80,27 @@ def load(folder: Path) -> list[dict]:
     return rows
 
 
+def one_design(rows: list[dict]) -> list[dict]:
+    """The rows, refused unless they are one design: one k, and every seed of a preset at the same branch points,
+    since a seed's mean over fewer points would count in the test as a whole seed."""
+    if len({r["k"] for r in rows}) > 1:
+        raise ValueError(f"rows of k {sorted({r['k'] for r in rows})} in one folder: report each k's rows apart")
+    for preset in sorted({r["preset"] for r in rows}):
+        points = {}
+        for r in rows:
+            if r["preset"] == preset:
+                points.setdefault(r["seed"], set()).add(r["point"])
+        every = set().union(*points.values())
+        short = {seed: sorted(every - mine) for seed, mine in sorted(points.items()) if mine != every}
+        if short:
+            raise ValueError(f"{preset}: seeds cut short, with the branch points each lacks: {short}; run them first "
+                             "(`python -m benchmarks.branches run` resumes a seed where its rows stop)")
+    return rows
+
+
 def seed_differences(rows: list[dict], preset: str, policy: str, arm: str, reference: str,
                      scale: float = POINTS) -> dict[int, float]:
-    """seed -> the mean over its branch points of arm - reference accuracy for `policy` (times `scale`: in points),
+    """seed -> the mean over its branch points of arm - reference for `policy` (times `scale`: accuracy in points),
     over the points where both arms ran."""
     per_seed: dict[int, list[float]] = {}
     for r in rows:
@@ -137,10 +162,12 @@ def calls(result: list[dict], reading: Reading = ACCURACY) -> dict:
         controls = [(p, arm) for p in policies for arm in CONTROLS]
         rejected = dict(zip(controls, holm_rejected([contrast_of(preset, p, a, "none") for p, a in controls])))
         for p in policies:
-            passed = (rejected[(p, "negated")] and contrast_of(preset, p, "negated", "none")["mean"] < 0
-                      and any(rejected[(p, a)] and contrast_of(preset, p, a, "none")["mean"] > 0
-                              for a in ("second-group", "sgt")))
-            cells.append({"preset": preset, "policy": p, "controls pass": passed})
+            hurts = rejected[(p, "negated")] and contrast_of(preset, p, "negated", "none")["mean"] < 0
+            helps = any(rejected[(p, a)] and contrast_of(preset, p, a, "none")["mean"] > 0
+                        for a in ("second-group", "sgt"))
+            why = [why for failed, why in ((not hurts, "negated does not hurt"),
+                                           (not helps, "neither second-group nor sgt helps")) if failed]
+            cells.append({"preset": preset, "policy": p, "controls pass": hurts and helps, "why not": why})
         for ref, family in (("chance", "A"), ("none", "B")):
             members = [(p, arm) for p in policies for arm in SIGNALS]
             found = [contrast_of(preset, p, a, ref) for p, a in members]
@@ -160,35 +187,46 @@ def calls(result: list[dict], reading: Reading = ACCURACY) -> dict:
     return {"cells": cells, "verdicts": verdicts}
 
 
-def cell(c: dict | None) -> str:
+def cell(c: dict | None, decimals: int = 2) -> str:
     if not c or not c["seeds"]:
         return "—"
     if "t_interval" not in c:
-        return f"{c['mean']:+.2f} (1 seed)"
+        return f"{c['mean']:+.{decimals}f} (1 seed)"
     low, high = c["t_interval"]
-    return f"{c['mean']:+.2f} [{low:+.2f}, {high:+.2f}], p {stats.p_text(c['sign_flip_p'])}, {c['seeds']} seeds"
+    return (f"{c['mean']:+.{decimals}f} [{low:+.{decimals}f}, {high:+.{decimals}f}], "
+            f"p {stats.p_text(c['sign_flip_p'])}, {c['seeds']} seeds")
+
+
+def called_row(x: dict) -> str:
+    """A receiver's calls: the words where its controls pass; where they do not, why, and no word (its numbers
+    stand above, descriptive)."""
+    if not x["controls pass"]:
+        return (f"| {x['preset']} | {x['policy']} | no, not called: {' and '.join(x['why not'])} | "
+                + " | ".join("—" for _ in range(2 * len(SIGNALS))) + " |")
+    return (f"| {x['preset']} | {x['policy']} | yes | " + " | ".join(x["A"][a] for a in SIGNALS) + " | "
+            + " | ".join(x["B"][a] for a in SIGNALS) + " |")
 
 
 def markdown(result: list[dict], rows: list[dict], reading: Reading = ACCURACY) -> str:
     lines = ["# Paired branches: the report of their rows\n",
              f"{len(rows)} rows (seed, branch point). Each cell: an arm's held-out {reading.measure} at the branch's "
-             f"end less the reference arm's (times {reading.scale:g}), averaged over a seed's branch points, then mean "
-             "over seeds [95% t "
-             "interval], exact sign-flip p over seeds. The controls (negated must hurt; second-group and sgt, the "
-             "candidates that must help) against none come first.\n",
+             f"end less the reference arm's, in {reading.units}, averaged over a seed's branch points, then mean over "
+             "seeds [95% t interval], exact sign-flip p over seeds. The controls (negated must hurt; second-group and "
+             "sgt, the candidates that must help) against none come first.\n",
              "| preset | receiver | arm | against chance | against none |", "|---|---|---|---|---|"]
-    lines += [f"| {r['preset']} | {r['policy']} | {r['arm']} | {cell(r.get('against chance'))} "
-              f"| {cell(r.get('against none'))} |" for r in result]
+    lines += [f"| {r['preset']} | {r['policy']} | {r['arm']} | {cell(r.get('against chance'), reading.decimals)} "
+              f"| {cell(r.get('against none'), reading.decimals)} |" for r in result]
     called = calls(result, reading)
     lines += ["\n## Calls (results/preregistration-branches.md)\n",
               "| preset | receiver | controls pass | " + " | ".join(f"{a} against chance" for a in SIGNALS)
               + " | " + " | ".join(f"{a} against none" for a in SIGNALS) + " |",
               "|---|---|---|" + "---|" * 2 * len(SIGNALS)]
-    lines += [f"| {x['preset']} | {x['policy']} | {'yes' if x['controls pass'] else 'no: not called'} | "
-              + " | ".join(x["A"][a] for a in SIGNALS) + " | " + " | ".join(x["B"][a] for a in SIGNALS) + " |"
-              for x in called["cells"]]
+    lines += [called_row(x) for x in called["cells"]]
     lines += ["", "P1' (d) and P2' (tbd, ccm, rsd), over the cells whose controls pass: "
               + ", ".join(f"{a} {v}" for a, v in called["verdicts"].items()) + "."]
+    if not any(x["controls pass"] for x in called["cells"]):
+        lines += ["", "No receiver's controls separate, so no call is made: at this grain the branches did not see "
+                      "what reversing the credit of every admitted offer does."]
     return "\n".join(lines) + "\n"
 
 
@@ -206,7 +244,7 @@ def plot(result: list[dict], path: Path, reading: Reading = ACCURACY) -> None:
         ax.axhline(0, color="k", lw=0.5)
         ax.set_xticks(range(len(mine)), [r["arm"] for r in mine], rotation=60, fontsize=7)
         ax.set_title(f"{preset}: into {policy}", fontsize=8)
-        ax.set_ylabel(f"{reading.measure} - chance's (x {reading.scale:g})", fontsize=7)
+        ax.set_ylabel(f"{reading.measure} - chance's ({reading.units})", fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -214,7 +252,7 @@ def plot(result: list[dict], path: Path, reading: Reading = ACCURACY) -> None:
 
 def report(folder: Path, reading: Reading = ACCURACY) -> str:
     """report.md and report.png of the folder's rows, read as `reading` says; returns the markdown."""
-    rows = load(folder)
+    rows = one_design(load(folder))
     if reading.measure != ACCURACY.measure:
         rows = branches_measure.as_measure(rows, reading.measure)
     result = analyze(rows, reading.scale)

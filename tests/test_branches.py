@@ -112,12 +112,13 @@ def row(seed: int, point: int, arms: dict[str, float]) -> dict:
 def test_the_report_averages_a_seeds_points_first_then_tests_over_seeds_by_hand(tmp_path):
     rows = [row(1, 10, {"none": 0.30, "chance": 0.31, "d": 0.33}), row(1, 20, {"none": 0.40, "chance": 0.40,
                                                                                  "d": 0.44}),
-            row(2, 10, {"none": 0.50, "chance": 0.52, "d": 0.53}), row(3, 10, {"none": 0.1, "chance": 0.1, "d": 0.12})]
+            row(2, 10, {"none": 0.50, "chance": 0.52, "d": 0.53}), row(2, 20, {"none": 0.6, "chance": 0.6, "d": 0.61}),
+            row(3, 10, {"none": 0.1, "chance": 0.1, "d": 0.12}), row(3, 20, {"none": 0.2, "chance": 0.2, "d": 0.22})]
     for r in rows:
         (tmp_path / f"qwen-llama-s{r['seed']}-it{r['point']:03d}.json").write_text(json.dumps(r))
     branches.main(["report", str(tmp_path)])
     result = {r["arm"]: r for r in branches_report.analyze(branches_report.load(tmp_path))}
-    # d - chance: seed 1 (2 + 4) / 2 = 3 points, seed 2 1 point, seed 3 2 points; all positive: p = 2 / 8
+    # d - chance: seed 1 (2 + 4) / 2 = 3 points, seed 2 (1 + 1) / 2, seed 3 (2 + 2) / 2; all positive: p = 2 / 8
     d = result["d"]["against chance"]
     assert d["differences"] == pytest.approx({1: 3.0, 2: 1.0, 3: 2.0}) and d["mean"] == pytest.approx(2.0)
     assert d["sign_flip_p"] == pytest.approx(0.25)
@@ -125,6 +126,19 @@ def test_the_report_averages_a_seeds_points_first_then_tests_over_seeds_by_hand(
     assert "against chance" not in result["chance"]
     assert (tmp_path / "report.md").read_text().count("| qwen-llama | qwen |") == 3 + 1      # 3 arms, 1 call row
     assert (tmp_path / "report.png").stat().st_size > 0
+
+
+def test_the_report_refuses_a_seed_cut_short_or_rows_of_two_k_naming_what_is_missing(tmp_path):
+    arms = {"none": 0.3, "chance": 0.3, "d": 0.3}
+    for r in (row(1, 10, arms), row(1, 20, arms), row(2, 10, arms)):
+        branches.write_whole(tmp_path / "short" / f"qwen-llama-s{r['seed']}-it{r['point']:03d}.json", r)
+    with pytest.raises(ValueError, match=r"seeds cut short, with the branch points each lacks: \{2: \[20\]\}"):
+        branches.main(["report", str(tmp_path / "short")])
+    assert not (tmp_path / "short" / "report.md").exists()
+    for r in (row(1, 10, arms), {**row(2, 10, arms), "k": 10}):
+        branches.write_whole(tmp_path / "two-k" / f"qwen-llama-s{r['seed']}-it{r['point']:03d}.json", r)
+    with pytest.raises(ValueError, match=r"rows of k \[5, 10\] in one folder"):
+        branches.main(["report", str(tmp_path / "two-k")])
 
 
 def lines(run_dir: Path, name: str = "metrics.jsonl") -> list[dict]:
@@ -216,12 +230,22 @@ def test_the_registered_calls_by_hand_the_controls_first_then_holm_the_words_and
     called = branches_report.calls(branches_report.analyze(rows))
     cells = {x["policy"]: x for x in called["cells"]}
     assert cells["qwen"]["controls pass"] and not cells["llama"]["controls pass"]
+    assert cells["llama"]["why not"] == ["negated does not hurt"] and cells["qwen"]["why not"] == []
     assert cells["qwen"]["A"] == {"d": "beats chance", "tbd": "within 1 point of chance", "ccm": "not resolved",
                                   "rsd": "worse than chance"}
     assert cells["qwen"]["B"]["d"] == "helps" and cells["qwen"]["B"]["rsd"] == "hurts"
     # P1' supported (beats chance, worse nowhere); tbd and rsd refuted (within 1 point, or worse); ccm not resolved
     assert called["verdicts"] == {"d": "supported", "tbd": "refuted", "ccm": "not resolved", "rsd": "refuted"}
-    # nothing called where no cell's controls pass
+    text = branches_report.markdown(branches_report.analyze(rows), rows)
+    assert "| qwen-llama | llama | no, not called: negated does not hurt | — | — |" in text    # numbers only
+    assert "no call is made" not in text
+    # nothing called where no cell's controls pass, and the report says why
     for r in rows:
         r["arms"]["negated"]["qwen"] = 0.40
-    assert set(branches_report.calls(branches_report.analyze(rows))["verdicts"].values()) == {"not resolved"}
+        for policy in ("qwen", "llama"):
+            r["arms"]["second-group"][policy] = r["arms"]["sgt"][policy] = 0.40
+    result = branches_report.analyze(rows)
+    assert set(branches_report.calls(result)["verdicts"].values()) == {"not resolved"}
+    assert "no, not called: negated does not hurt and neither second-group nor sgt helps" in \
+        branches_report.markdown(result, rows)
+    assert "No receiver's controls separate, so no call is made" in branches_report.markdown(result, rows)

@@ -184,8 +184,13 @@ def test_the_report_reads_the_chosen_measure_in_its_units_with_part_3s_margin(tm
     by_loglik = branches_report.report(tmp_path, branches_report.Reading.of("loglik", 0.5))
     by_accuracy = branches_report.report(tmp_path)
     d_row = next(line for line in by_loglik.splitlines() if line.startswith("| qwen-llama | qwen | d |"))
-    assert "| +0.05 [+0.05, +0.05]" in d_row                                   # nats, as the rows were built
-    assert "within 0.5 nats of chance" in by_loglik and "within 0.5 nats of chance" not in by_accuracy
+    assert "| +0.0500 [+0.0500, +0.0500]" in d_row                             # nats, as the rows were built
+    # two seeds separate no control, so the report prints no word; the calls' words carry the margin's units
+    reading = branches_report.Reading.of("loglik", 0.5)
+    as_loglik = branches_report.analyze(branches_measure.as_measure(branches_report.load(tmp_path), "loglik"), 1.0)
+    assert [x["A"]["d"] for x in branches_report.calls(as_loglik, reading)["cells"]] == \
+        ["within 0.5 nats of chance"] * 2
+    assert "nats" not in by_accuracy and "no call is made" in by_loglik
     d_row = next(line for line in by_accuracy.splitlines() if line.startswith("| qwen-llama | qwen | d |"))
     assert "| +0.40 [+0.40, +0.40]" in d_row                                   # the logged accuracy, in points
     assert branches_report.Reading.of("accuracy", 1.0) == branches_report.ACCURACY
