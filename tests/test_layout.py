@@ -106,6 +106,7 @@ def test_no_import_circle_among_the_project_modules_demos_and_scripts_included()
 def test_the_top_level_holds_the_proposal_and_the_loops():
     top = sorted(p.stem for p in ROOT.glob("*.py"))
     assert len(top) <= 18 and {"train", "train_ray", "args", "eval", "curator", "reachability"} <= set(top)
+    assert f"the {len(top)} files at the top level" in (ROOT / "README.md").read_text()
     assert not set(top) & {m.split(".")[1] for m in modules(ROOT) if "." in m}
 
 

@@ -2,11 +2,15 @@
 starts from exactly their weights, only a run asking for exactly that warm-up takes them (every other seed warms up
 as before), and a run's start record says where each warm-up came from."""
 
+import dataclasses
 import re
+import shutil
+import sys
 
 import torch
 
 from args import Args
+from benchmarks import warmup_curve
 from testbed import arith, checkpoint, policies, presets, tiny
 
 REGENERATE = "python -m benchmarks.warmup_curve --package"
@@ -41,6 +45,32 @@ def test_the_packaged_warm_ups_are_the_default_runs_and_a_default_run_starts_fro
         assert list(loaded) == list(stored) and all(torch.equal(loaded[k], stored[k]) for k in stored)
         assert loaded[next(iter(stored))].dtype == torch.float32
         assert policies.warm_starts[policy.name].startswith("packaged: ")
+
+
+def test_the_regenerate_command_replaces_the_packaged_files_with_warm_ups_the_default_run_asks_for(
+        cache_dir, tmp_path, monkeypatch):
+    """REGENERATE through the script's own entry point, on a three-step warm-up recipe so that it takes seconds."""
+    quick = [dataclasses.replace(spec, tiny=dataclasses.replace(spec.tiny, warmup_steps=3))
+             for spec in presets.preset(Args().pair, "tiny")]
+    monkeypatch.setitem(presets.PRESETS["tiny"], Args().pair, quick)
+    packaged = tmp_path / "warmups"
+    packaged.mkdir()
+    for shipped in tiny.PACKAGED_WARMUPS.glob("*.pt"):
+        shutil.copy(shipped, packaged / shipped.name)
+    monkeypatch.setattr(tiny, "PACKAGED_WARMUPS", packaged)
+    monkeypatch.setattr(sys, "argv", ["warmup_curve", *REGENERATE.split()[3:]])
+    threads = torch.get_num_threads()
+    try:
+        warmup_curve.main()
+    finally:
+        torch.set_num_threads(threads)          # the command sets one thread for the process
+    wanted = default_files(cache_dir)
+    assert sorted(p.name for p in packaged.glob("*.pt")) == sorted(wanted.values())     # the old files gone
+    for i, spec in enumerate(quick):
+        made = torch.load(packaged / wanted[spec.name])
+        vocab = len(tiny.tiny_tokenizer(spec.family, "line", cache_dir))
+        start = tiny.tiny_model(spec.family, spec.tiny, vocab, presets.tiny_seed(spec, i, Args().seed)).state_dict()
+        assert list(made) == list(start) and any(not torch.equal(made[k], start[k]) for k in start)   # warmed up
 
 
 def test_no_registered_seed_asks_for_a_packaged_warm_up(cache_dir):
