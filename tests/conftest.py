@@ -1,7 +1,13 @@
 import os
+import resource
+import site
+import subprocess
 
 import pytest
 import torch
+
+from sandbox_world import LIMITS, PLANTED, no_sandbox_process_left, snapshot
+from testbed import tasks
 
 # a seeded test holds at 1 and at 2 threads (TEST_THREADS chooses); under pytest-xdist's workers (-n auto, a worker a
 # core) each takes one, so that the workers do not contend for the cores
@@ -44,3 +50,35 @@ def scripted_rewards(monkeypatch):
                 return experience(one, args, task, problems, *rest)
         monkeypatch.setattr(learner, "experience", scripted_experience)
     return script
+
+
+@pytest.fixture(scope="module")
+def has_close_elements():
+    return next(e for e in tasks.load_task("humaneval", 0, 1000, 1000).train + tasks.load_task(
+        "humaneval", 0, 1000, 1000).heldout if e.id == "HumanEval/0")
+
+
+@pytest.fixture
+def outside(tmp_path, monkeypatch):
+    """The trainer's world a program must not touch: a watched folder, site-packages, /tmp and $HOME, the
+    trainer's environment (a secret in it) and limits, and a bystander process."""
+    watched = tmp_path / "trainer"
+    watched.mkdir()
+    (watched / "checkpoint.pt").write_text("weights")
+    monkeypatch.setenv("TRAINER_SECRET", "hunter2-do-not-leak")
+    site_packages = site.getsitepackages()[0]
+    before = snapshot(watched), [resource.getrlimit(r) for r in LIMITS], os.stat(site_packages).st_mode
+    bystander = subprocess.Popen(["sleep", "60"])
+    yield watched
+    try:
+        assert snapshot(watched) == before[0]
+        for folder in ("/tmp", os.path.expanduser("~"), "/", site_packages):
+            assert not any(os.path.exists(os.path.join(folder, name)) for name in PLANTED)
+        assert [resource.getrlimit(r) for r in LIMITS] == before[1]
+        assert os.stat(site_packages).st_mode == before[2]
+        assert bystander.poll() is None
+        if os.geteuid() == 0:
+            assert no_sandbox_process_left()
+    finally:
+        bystander.kill()
+        bystander.wait()
