@@ -181,6 +181,10 @@ def branch_point(preset: str, seed: int, point: int, k: int, arms: list[str], ru
                          f"got {point} and {k}")
     started, started_at = time.perf_counter(), {"trunk": checkpoint.checkpointed_iterations(runs_dir / trunk_run)}
     trunk_dir = trained(train, trunk_run, trunk_flags, point, runs_dir)
+    if checkpoint.checkpointed_iterations(trunk_dir) != point:
+        raise ValueError(f"{trunk_dir} is checkpointed at {checkpoint.checkpointed_iterations(trunk_dir)}, past "
+                         f"point {point}: a trunk trains only forward, so run a seed's points in order; to run a "
+                         "seed again whole, move its run folders out of --runs-dir first")
     outcome, seconds = {}, {"trunk": time.perf_counter() - started}
     measure, measured = None, {}
     if measures:
@@ -193,6 +197,9 @@ def branch_point(preset: str, seed: int, point: int, k: int, arms: list[str], ru
         name, flags = f"branches-{preset}-s{seed}-it{point:03d}-{arm}", flags_of(preset, seed, arm, list(extra))
         if not (runs_dir / name).exists():
             fork(trunk_dir, runs_dir / name, trunk, args_of(flags, point + k, name, runs_dir))
+        elif accuracy_at(runs_dir / name, point) != accuracy_at(trunk_dir, point):
+            raise ValueError(f"{runs_dir / name} was forked from another trunk (its accuracy at {point} is not this "
+                             "trunk's): move it out of --runs-dir and run the point again")
         started_at[arm] = checkpoint.checkpointed_iterations(runs_dir / name)
         outcome[arm] = accuracy_at(trained(train, name, flags, point + k, runs_dir), point + k)
         if measure:

@@ -88,6 +88,22 @@ def test_a_row_records_the_iteration_each_run_started_from_so_that_a_resumed_bra
     assert row["started_at"] == {"trunk": 2, "none": 3, "chance": 2}
 
 
+def test_a_trunk_past_its_point_or_a_branch_forked_from_another_trunk_is_refused_before_a_row_is_written(tmp_path):
+    def stand_in(name: str, flags: list[str], iterations: int, runs_dir: Path) -> tuple[bool, str]:
+        """train.py as far as the runner reads it: a run already past `iterations` is left as it is."""
+        return True, name
+    every_2 = ["--eval-every", "2"]
+    hand_trunk(tmp_path / "past" / "branches-qwen-llama-s7-trunk", "cross-fidelity")              # at 2
+    with pytest.raises(ValueError, match="checkpointed at 2, past point 0: a trunk trains only forward"):
+        branches.branch_point("qwen-llama", 7, 0, 1, ["none"], tmp_path / "past", every_2, stand_in)
+    hand_trunk(tmp_path / "stale" / "branches-qwen-llama-s7-trunk", "cross-fidelity")             # 0.5 at 2
+    old = tmp_path / "stale" / "branches-qwen-llama-s7-it002-none"
+    hand_trunk(old, "none")
+    (old / "metrics.jsonl").write_text('{"iteration": 2, "policy": "qwen", "eval/heldout_accuracy": 0.7}\n')
+    with pytest.raises(ValueError, match="it002-none was forked from another trunk"):
+        branches.branch_point("qwen-llama", 7, 2, 1, ["none"], tmp_path / "stale", every_2, stand_in)
+
+
 def test_a_seeds_rows_are_one_trunks_a_trunk_trained_again_elsewhere_is_refused(tmp_path):
     trunk = tmp_path / "trunk"
     trunk.mkdir()
