@@ -45,17 +45,20 @@ class Reading:
     measure: str = "accuracy"
     margin: float = MARGIN
     margin_text: str = "1 point"
-    units: str = "points"
 
     @classmethod
     def of(cls, measure: str, margin: float) -> Reading:
         """The reading of `measure` with a margin in its units, said as "1 point" for part 1's."""
         units = branches_measure.UNITS[measure]
-        return cls(measure, margin, f"{margin:.3g} {units[:-1] if margin == 1 else units}", units)
+        return cls(measure, margin, f"{margin:.3g} {units[:-1] if margin == 1 else units}")
 
     @property
     def scale(self) -> float:
         return branches_measure.MEASURES[self.measure]
+
+    @property
+    def units(self) -> str:
+        return branches_measure.UNITS[self.measure]
 
     @property
     def decimals(self) -> int:
@@ -164,7 +167,7 @@ def calls(result: list[dict], reading: Reading = ACCURACY) -> dict:
         for p in policies:
             hurts = rejected[(p, "negated")] and contrast_of(preset, p, "negated", "none")["mean"] < 0
             helps = any(rejected[(p, a)] and contrast_of(preset, p, a, "none")["mean"] > 0
-                        for a in ("second-group", "sgt"))
+                        for a in branches_measure.HELPERS)
             why = [why for failed, why in ((not hurts, "negated does not hurt"),
                                            (not helps, "neither second-group nor sgt helps")) if failed]
             cells.append({"preset": preset, "policy": p, "controls pass": hurts and helps, "why not": why})
