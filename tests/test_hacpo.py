@@ -1,7 +1,8 @@
 """HACPO's two variants (hacpo.py, --hacpo-variant) against naive references: the issue's hand example trained by
 each variant's update written out sample by sample, the official one from the authors' recipe
 (zzx-peter/HACRL-code, recipe/hacpo: compute_hacpo_advantages, compute_hacpo_loss, the self-first minibatches),
-today's from DESIGN.md §4.16; what the official exchange sends; a run."""
+today's from DESIGN.md §4.16; what the official exchange sends; a run; and each equation (capability, its ratios,
+the advantages, the sequence ratio and its weights) by hand, against a naive loop or as a property."""
 
 import copy
 import json
@@ -10,6 +11,8 @@ import statistics
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import grpo
 import learner
@@ -17,7 +20,7 @@ import sharing
 import train
 from args import Args
 from baselines import hacpo
-from test_sharing import PROMPTS, experience, naive_logprobs, untrained  # noqa: F401
+from test_sharing import EPS, PROMPTS, experience, naive_logprobs, untrained  # noqa: F401
 from test_train import tiny_args
 
 TEMPERATURE = 0.7
@@ -262,3 +265,139 @@ def test_every_hacpo_flag_reaches_its_setting_and_grafts_too():
     from baselines import graft
     assert Args(share="graft", graft_delta=0.6).share_config.settings == graft.Settings(delta=0.6)
     assert Args(share="sgt").share_config.settings is None
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# HACPO's equations (hacpo.py)
+# ---------------------------------------------------------------------------------------------------------------
+
+def test_hacpo_capability_is_the_mean_reward_of_the_last_window_iterations(tmp_path):
+    caps = hacpo.Capabilities(window=2)
+    for rewards in ([[0.0, 0.0], [0.0, 0.0]], [[1.0, 1.0], [1.0, 1.0]], [[1.0, 0.0]]):   # iteration means 0, 1, 1/2
+        caps.observe("a", torch.tensor(rewards))
+    caps.observe("b", torch.tensor([[1.0, 0.0, 0.0, 0.0]]))
+    expected = torch.tensor([0.75, 0.25], dtype=torch.float64)                  # a: the last two, (1 + 1/2) / 2
+    torch.testing.assert_close(caps.of(["a", "b"]), expected)
+    torch.save(caps, tmp_path / "state.pt")                                     # what a checkpoint keeps
+    torch.testing.assert_close(torch.load(tmp_path / "state.pt", weights_only=False).of(["a", "b"]), expected)
+    with pytest.raises(KeyError, match="no rewards"):
+        caps.of(["a", "c"])
+    for bad in (torch.tensor([[float("nan"), 1.0]]), torch.zeros(2, 0)):
+        with pytest.raises(ValueError, match="finite reward"):
+            caps.observe("a", bad)
+    with pytest.raises(ValueError, match="window"):
+        hacpo.Capabilities(window=0)
+
+
+def test_hacpo_capability_ratios_by_hand_and_at_their_bounds():
+    # P = 0.6, 0.3, 0.01 and 0 (never succeeded): 0.6 / 0.01 = 60 and 0.3 / 0 hit the bound 10 (or 1/10);
+    # two policies that both never succeeded are equals
+    ratios = hacpo.capability_ratios(torch.tensor([0.6, 0.3, 0.01, 0.0], dtype=torch.float64), bound=10.0)
+    torch.testing.assert_close(ratios, torch.tensor([[1.0, 2.0, 10.0, 10.0],
+                                                     [0.5, 1.0, 10.0, 10.0],
+                                                     [0.1, 0.1, 1.0, 10.0],
+                                                     [0.1, 0.1, 0.1, 1.0]], dtype=torch.float64))
+    torch.testing.assert_close(hacpo.capability_ratios(torch.tensor([0.0, 0.0]), bound=10.0), torch.ones(2, 2))
+    torch.testing.assert_close(hacpo.capability_ratios(torch.tensor([0.9, 0.1]), bound=1.0), torch.ones(2, 2))
+    with pytest.raises(ValueError, match="bound"):
+        hacpo.capability_ratios(torch.tensor([0.5, 0.5]), bound=0.5)
+    with pytest.raises(ValueError, match="non-negative"):
+        hacpo.capability_ratios(torch.tensor([0.5, -0.1]), bound=10.0)
+
+
+def test_hacpo_advantages_by_hand():
+    # a receiver half as capable as its peer: its own rewards count once, the peer's half (eq. 7), the std is the
+    # joint group's (eq. 6)
+    reweight, own = torch.tensor([1.0, 1.0, 0.5, 0.5]), torch.tensor([True, True, False, False])
+    rewards = torch.tensor([[1.0, 0.0, 1.0, 1.0],   # baseline (1 + 0 + 1/2 + 1/2) / 4 = 1/2; std sqrt(3)/4
+                            [1.0, 1.0, 1.0, 1.0],   # every response alike: no signal, whatever the weights
+                            [0.0, 0.0, 0.0, 0.0]])
+    s = math.sqrt(3) / 4
+    torch.testing.assert_close(hacpo.capability_advantages(rewards, reweight, own),
+                               torch.tensor([[0.5 / (s + EPS), -0.5 / (s + EPS), 0.5 / (s + EPS), 0.5 / (s + EPS)],
+                                             [0.0] * 4, [0.0] * 4]))
+    torch.testing.assert_close(hacpo.capability_advantages(rewards, reweight, own, scale_by_std=False),
+                               torch.tensor([[0.5, -0.5, 0.5, 0.5], [0.0] * 4, [0.0] * 4]))
+    # the float32 mean of three rewards 0.8223115 misses it by 6e-8: still exactly no signal
+    uniform = hacpo.capability_advantages(torch.full((1, 5), 0.822311520576477), torch.tensor([1, 1, 1, 0.3, 0.3]),
+                                          torch.tensor([True, True, True, False, False]))
+    assert uniform.tolist() == [[0.0] * 5]
+    # a receiver four times as capable as its peer: the peer's success counts 4, the baseline (1 + 1 + 4) / 4 = 3/2
+    # would exceed every reward, so the receiver's own mean 1 is the baseline
+    torch.testing.assert_close(hacpo.capability_advantages(torch.tensor([[1.0, 1.0, 1.0, 0.0]]),
+                                                           torch.tensor([1.0, 1.0, 4.0, 4.0]), own),
+                               torch.tensor([[0.0, 0.0, 0.0, -1 / (s + EPS)]]))
+
+
+def naive_capability_advantages(rewards, reweight, own, scale_by_std):
+    out = []
+    for row in rewards.tolist():
+        baseline = sum(w * r for w, r in zip(reweight.tolist(), row)) / len(row)
+        if not min(row) <= baseline <= max(row):
+            mine = [r for r, o in zip(row, own.tolist()) if o]
+            baseline = sum(mine) / len(mine)
+        mean = sum(row) / len(row)
+        std = math.sqrt(sum((r - mean) ** 2 for r in row) / len(row))
+        scale = std + EPS if scale_by_std else 1.0
+        out.append([0.0 if max(row) == min(row) else (r - baseline) / scale for r in row])
+    return torch.tensor(out)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 5), st.lists(st.integers(1, 4), min_size=2, max_size=3), st.booleans(),
+       st.integers(0, 2**31 - 1))
+def test_hacpo_advantages_equal_a_naive_loop_and_with_equal_capabilities_xgrpo(groups, sizes, scale_by_std, seed):
+    gen = torch.Generator().manual_seed(seed)
+    rewards = [torch.randint(0, 3, (groups, g), generator=gen).float() / 2 for g in sizes]   # rewards 0, 1/2, 1
+    pooled, own = torch.cat(rewards, dim=1), torch.arange(sum(sizes)) < sizes[0]
+    reweight = torch.where(own, 1.0, 0.1 + 9.9 * torch.rand(sum(sizes), generator=gen))
+    torch.testing.assert_close(hacpo.capability_advantages(pooled, reweight, own, scale_by_std),
+                               naive_capability_advantages(pooled, reweight, own, scale_by_std))
+    equal = hacpo.capability_advantages(pooled, torch.ones(sum(sizes)), own, scale_by_std)[:, own]
+    torch.testing.assert_close(equal, grpo.xgrpo_advantages(rewards[0], rewards[1:], scale_by_std))
+
+
+@pytest.mark.parametrize("rewards, reweight, own", [
+    (torch.zeros(2, 0), torch.ones(0), torch.ones(0, dtype=torch.bool)),                       # empty groups
+    (torch.tensor([[1.0, float("nan")]]), torch.ones(2), torch.tensor([True, False])),
+    (torch.ones(1, 2), torch.ones(3), torch.tensor([True, False])),                              # a weight too many
+    (torch.ones(1, 2), torch.tensor([1.0, 0.0]), torch.tensor([True, False])),                  # a zero weight
+    (torch.ones(1, 2), torch.ones(2), torch.tensor([False, False]))])                           # no own response
+def test_hacpo_advantages_refuse_bad_groups(rewards, reweight, own):
+    with pytest.raises(ValueError):
+        hacpo.capability_advantages(rewards, reweight, own)
+
+
+def test_hacpo_sequence_ratio_normalizes_each_side_by_its_own_length():
+    # the receiver's three tokens average -0.4, the source's two -0.2: s = exp(-0.2) (eq. 11)
+    log_s = hacpo.sequence_log_ratio(torch.tensor([-0.2, -0.4, -0.6]), torch.tensor([-0.1, -0.3]))
+    assert log_s.item() == pytest.approx(-0.2)
+    with pytest.raises(ValueError, match="NaN"):
+        hacpo.sequence_log_ratio(torch.tensor([-0.2, float("nan")]), torch.tensor([-0.1]))
+    with pytest.raises(ValueError, match="at least one token"):
+        hacpo.sequence_log_ratio(torch.tensor([]), torch.tensor([-0.1]))
+
+
+def test_hacpo_weights_by_hand_inside_and_outside_the_clip_range():
+    s = torch.tensor([0.9, 0.81, 0.79, 1.0, 1.05, 0.0], dtype=torch.float64)   # log 0 = -inf
+    # delta 0.2: [0.8, 1] holds 0.9, 0.81 and 1; 0.79, 1.05 and 0 carry no gradient
+    torch.testing.assert_close(hacpo.cross_weights(s.log(), alpha=1.0, delta=0.2),
+                               torch.tensor([0.81, 0.6561, 0, 1, 0, 0], dtype=torch.float64))
+    torch.testing.assert_close(hacpo.cross_weights(s.log(), alpha=0.0, delta=0.2),
+                               torch.tensor([0.9, 0.81, 0, 1, 0, 0], dtype=torch.float64))
+    torch.testing.assert_close(hacpo.cross_weights(s.log(), alpha=2.0, delta=0.25),
+                               torch.tensor([0.729, 0.81 ** 3, 0.79 ** 3, 1, 0, 0], dtype=torch.float64))
+    for alpha, delta, log_s in ((-0.5, 0.2, s.log()), (1.0, 1.5, s.log()), (1.0, 0.2, torch.tensor([float("nan")]))):
+        with pytest.raises(ValueError):
+            hacpo.cross_weights(log_s, alpha, delta)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.floats(-50, 50), min_size=1, max_size=30), st.floats(0, 4), st.floats(0, 1))
+def test_hacpo_weights_never_upweight_and_vanish_outside_the_clip_range(log_ratios, alpha, delta):
+    log_s = torch.tensor(log_ratios, dtype=torch.float64)
+    weights = hacpo.cross_weights(log_s, alpha, delta)
+    assert ((weights >= 0) & (weights <= 1)).all()
+    outside = (log_s > 0) | (log_s.exp() < 1 - delta)
+    assert (weights[outside] == 0).all()
+    torch.testing.assert_close(weights[~outside], log_s[~outside].exp() ** (1 + alpha))
