@@ -9,6 +9,8 @@ import torch
 from sandbox_world import LIMITS, PLANTED, no_sandbox_process_left, snapshot
 from testbed import tasks
 
+FAMILIES = ("qwen2", "llama", "mistral")    # the tokenizer families the project packages
+
 # a seeded test holds at 1 and at 2 threads (TEST_THREADS chooses); under pytest-xdist's workers (-n auto, a worker a
 # core) each takes one, so that the workers do not contend for the cores
 torch.set_num_threads(int(os.environ.get("TEST_THREADS", "1" if os.environ.get("PYTEST_XDIST_WORKER") else "2")))
@@ -25,8 +27,12 @@ def real():
     """family -> (its full packaged tokenizer, that tokenizer's token bytes)"""
     from testbed import tiny
     from testbed import token_bytes
-    return {f: (tiny.full_tokenizer(f), token_bytes.token_bytes_table(tiny.full_tokenizer(f)))
-            for f in ("qwen2", "llama", "mistral")}
+    return {f: (tiny.full_tokenizer(f), token_bytes.token_bytes_table(tiny.full_tokenizer(f))) for f in FAMILIES}
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def family(request):
+    return request.param
 
 
 @pytest.fixture(scope="session")
