@@ -168,8 +168,8 @@ def calls(result: list[dict], reading: Reading = ACCURACY) -> dict:
             hurts = rejected[(p, "negated")] and contrast_of(preset, p, "negated", "none")["mean"] < 0
             helps = any(rejected[(p, a)] and contrast_of(preset, p, a, "none")["mean"] > 0
                         for a in branches_measure.HELPERS)
-            why = [why for failed, why in ((not hurts, "negated does not hurt"),
-                                           (not helps, "neither second-group nor sgt helps")) if failed]
+            no_help = f"neither {' nor '.join(branches_measure.HELPERS)} helps"
+            why = [why for failed, why in ((not hurts, "negated does not hurt"), (not helps, no_help)) if failed]
             cells.append({"preset": preset, "policy": p, "controls pass": hurts and helps, "why not": why})
         for ref, family in (("chance", "A"), ("none", "B")):
             members = [(p, arm) for p in policies for arm in SIGNALS]
